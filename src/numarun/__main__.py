@@ -1,0 +1,3 @@
+from numarun.cli import main
+
+raise SystemExit(main())

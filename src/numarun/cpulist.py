@@ -1,0 +1,67 @@
+"""The kernel's CPU-list syntax: ``0-3,8,10-11``.
+
+The same syntax is used by sysfs (``cpulist``, ``shared_cpu_list``), by ``taskset -c``,
+by ``numactl --physcpubind`` and by ``/proc/<pid>/status`` (``Cpus_allowed_list``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from numarun.errors import UsageError
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Parse ``0-3,8,10-11`` into a sorted tuple of unique integers.
+
+    Whitespace around the list and around items is ignored; an empty string is the empty set
+    (the kernel writes an empty line for a NUMA node without CPUs). The kernel's stride form
+    ``0-15:2`` (every second CPU) is accepted. Anything else raises :class:`UsageError` whose
+    message names the offending item.
+    """
+    cpus: set[int] = set()
+    for raw in text.strip().split(","):
+        item = raw.strip()
+        if not item:
+            if raw != "" or text.strip():
+                raise UsageError(f"invalid CPU list {text.strip()!r}: empty item")
+            continue
+        stride = 1
+        if ":" in item:
+            item, _, stride_text = item.partition(":")
+            stride = _to_int(stride_text, text)
+            if stride < 1:
+                raise UsageError(f"invalid CPU list {text.strip()!r}: stride must be >= 1")
+        if "-" in item:
+            lo_text, _, hi_text = item.partition("-")
+            lo, hi = _to_int(lo_text, text), _to_int(hi_text, text)
+            if hi < lo:
+                raise UsageError(f"invalid CPU list {text.strip()!r}: range {item} runs backwards")
+            cpus.update(range(lo, hi + 1, stride))
+        else:
+            cpus.add(_to_int(item, text))
+    return tuple(sorted(cpus))
+
+
+def format_cpulist(cpus: Iterable[int]) -> str:
+    """Format integers as the shortest kernel CPU list: ``[0, 1, 2, 3, 8]`` -> ``0-3,8``.
+
+    Two adjacent CPUs are written ``4-5``, like the kernel does. The empty set is ``""``.
+    """
+    ordered = sorted(set(cpus))
+    parts: list[str] = []
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
+
+
+def _to_int(item: str, whole: str) -> int:
+    item = item.strip()
+    if not item.isdigit():
+        raise UsageError(f"invalid CPU list {whole.strip()!r}: {item!r} is not a CPU number")
+    return int(item)
