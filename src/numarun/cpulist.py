@@ -10,15 +10,22 @@ from collections.abc import Iterable
 
 from numarun.errors import UsageError
 
+# Above any kernel's NR_CPUS (8192 with CONFIG_MAXSMP); bounds "0-4000000000" before it becomes
+# a four-billion-element set.
+MAX_CPU = 65535
+
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
     """Parse ``0-3,8,10-11`` into a sorted tuple of unique integers.
 
     Whitespace around the list and around items is ignored; an empty string is the empty set
     (the kernel writes an empty line for a NUMA node without CPUs). The kernel's stride form
-    ``0-15:2`` (every second CPU) is accepted. Anything else raises :class:`UsageError` whose
-    message names the offending item.
+    ``0-15:2`` (every second CPU) is accepted. Anything else, including a CPU number above
+    :data:`MAX_CPU`, raises :class:`UsageError` whose message names the offending item.
     """
+    fast = _parse_plain(text)
+    if fast is not None:
+        return fast
     cpus: set[int] = set()
     for raw in text.strip().split(","):
         item = raw.strip()
@@ -60,8 +67,40 @@ def format_cpulist(cpus: Iterable[int]) -> str:
     return ",".join(parts)
 
 
+def _parse_plain(text: str) -> tuple[int, ...] | None:
+    """The common sysfs shape (ASCII digits, ranges, commas, no spaces or strides), or None.
+
+    Topology reading parses a few hundred lists; this path skips the per-item checks and
+    leaves anything unusual, including every error, to the full parser.
+    """
+    stripped = text.strip()
+    if not stripped:
+        return ()
+    if not stripped.isascii() or " " in stripped or ":" in stripped or "\t" in stripped:
+        return None
+    cpus: list[int] = []
+    for item in stripped.split(","):
+        lo_text, dash, hi_text = item.partition("-")
+        if not lo_text.isdigit() or (dash and not hi_text.isdigit()):
+            return None
+        if dash:
+            lo, hi = int(lo_text), int(hi_text)
+            if hi < lo or hi > MAX_CPU:
+                return None
+            cpus.extend(range(lo, hi + 1))
+        elif int(lo_text) > MAX_CPU:
+            return None
+        else:
+            cpus.append(int(lo_text))
+    return tuple(sorted(set(cpus)))
+
+
 def _to_int(item: str, whole: str) -> int:
     item = item.strip()
-    if not item.isdigit():
+    # isdigit() alone admits "²" and other Unicode digits that int() rejects or misreads.
+    if not (item.isascii() and item.isdigit()):
         raise UsageError(f"invalid CPU list {whole.strip()!r}: {item!r} is not a CPU number")
-    return int(item)
+    value = int(item)
+    if value > MAX_CPU:
+        raise UsageError(f"invalid CPU list {whole.strip()!r}: CPU {value} is above {MAX_CPU}")
+    return value

@@ -11,7 +11,16 @@ root, and reads each file at most once.
 
 from __future__ import annotations
 
+import io
+import os
+import tarfile
+import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
+
+from numarun.cpulist import format_cpulist, parse_cpulist
+from numarun.errors import TopologyError, UsageError
 
 
 @dataclass(frozen=True)
@@ -62,7 +71,9 @@ class NumaNode:
     id: int
     cpus: tuple[int, ...]  # online CPUs of the node
     memory_bytes: int  # MemTotal; 0 for nodes without memory
-    distances: tuple[int, ...]  # SLIT row, indexed like ``Topology.nodes``' ids order
+    # SLIT row, one entry per node of ``Topology.nodes`` in that order; 0 where the kernel gives
+    # none (offline nodes, and every entry of an offline node's own row)
+    distances: tuple[int, ...]
     package: int | None  # package of its CPUs; None for memory-only nodes
     online: bool = True  # False for possible-but-offline nodes
 
@@ -112,3 +123,668 @@ class Topology:
     nics: tuple[Nic, ...]
     gpu_env: tuple[tuple[str, str], ...] = ()  # env the workers need so GPU i is rank i's
     warnings: tuple[str, ...] = field(default=())
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading.
+
+_CPU = "sys/devices/system/cpu"
+_NODE = "sys/devices/system/node"
+_PCI = "sys/bus/pci/devices"
+
+# PCI base class + subclass (class >> 8) of display controllers and processing accelerators.
+_GPU_CLASSES = frozenset({0x0300, 0x0302, 0x0380, 0x1200})
+_GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel"}
+_NIC_CLASSES = {0x0200: "ethernet", 0x0207: "infiniband"}
+
+
+def _read_text(path: str) -> str | None:
+    """The whole file, or None when it is missing or unreadable (sysfs raises EIO etc.).
+
+    os.open/os.read rather than open(): a DGX tree is a few hundred tiny files and the io
+    stack's setup dominates their cost.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, 65536)
+        if len(data) == 65536:  # sysfs attributes fit in a page; other files may not
+            chunks = [data]
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            data = b"".join(chunks)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return data.decode("ascii", errors="replace")
+
+
+def _list_dir(path: str) -> list[str] | None:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return None
+
+
+class _Reader:
+    """Reads files under a root, each at most once, and remembers what it read (for snapshots)."""
+
+    def __init__(self, root: str) -> None:
+        self.prefix = root.rstrip("/") + "/"
+        self.files: dict[str, str | None] = {}
+        self.dirs: dict[str, list[str] | None] = {}
+
+    def text(self, rel: str) -> str | None:
+        if rel in self.files:
+            return self.files[rel]
+        data = _read_text(self.prefix + rel)
+        self.files[rel] = data
+        return data
+
+    def stripped(self, rel: str) -> str | None:
+        data = self.text(rel)
+        return None if data is None else data.strip()
+
+    def cpus(self, rel: str) -> tuple[int, ...] | None:
+        """A CPU (or node) list file; None when missing; TopologyError when garbled."""
+        data = self.text(rel)
+        if data is None:
+            return None
+        try:
+            return parse_cpulist(data)
+        except UsageError:
+            raise TopologyError(
+                f"{self.prefix}{rel} holds {data.strip()!r}, not a CPU list; "
+                "is this a sysfs tree? (make one with `numarun snapshot`)"
+            ) from None
+
+    def integer(self, rel: str, base: int = 10) -> int | None:
+        data = self.text(rel)
+        if data is None:
+            return None
+        try:
+            return int(data.strip(), base)
+        except ValueError:
+            raise TopologyError(
+                f"{self.prefix}{rel} holds {data.strip()!r}, not a number; "
+                "is this a sysfs tree? (make one with `numarun snapshot`)"
+            ) from None
+
+    def listdir(self, rel: str) -> list[str] | None:
+        if rel in self.dirs:
+            return self.dirs[rel]
+        names = _list_dir(self.prefix + rel)
+        self.dirs[rel] = names
+        return names
+
+
+def read_topology(
+    root: str | Path = "/",
+    *,
+    cpus_allowed: Sequence[int] | str | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> Topology:
+    """Read the machine from ``root/sys`` (``/`` = this machine).
+
+    Each sysfs file is opened at most once. Only online CPUs appear. ``allowed_cpus`` is
+    ``os.sched_getaffinity(0)`` restricted to online CPUs when ``root`` is ``/``, and every online
+    CPU of the tree otherwise; ``cpus_allowed`` (a list of ints or a ``"0-3,8"`` string) narrows
+    it. GPU visibility follows ``environ`` (default ``os.environ``): ``CUDA_VISIBLE_DEVICES`` for
+    NVIDIA; ``ROCR_VISIBLE_DEVICES`` then ``HIP_VISIBLE_DEVICES`` (or, when unset,
+    ``CUDA_VISIBLE_DEVICES``, which HIP honours too) for AMD. NVML enriches GPU names and UUIDs
+    only when ``root`` is ``/``.
+
+    Raises :class:`TopologyError` when ``root/sys/devices/system/cpu/online`` cannot be read or
+    a sysfs file is garbled, or when no CPU is left allowed; :class:`UsageError` when
+    ``cpus_allowed`` names CPUs that are not online (or, at ``/``, not in this process's
+    affinity) or is malformed, and when a visible-devices variable lists a device twice, names
+    a GPU by UUID without NVML, or names a MIG instance.
+    """
+    return _read(str(root), cpus_allowed, os.environ if environ is None else environ, True)[0]
+
+
+def _is_host_root(root: str) -> bool:
+    return os.path.realpath(root) == "/"
+
+
+def _read(
+    root: str,
+    cpus_allowed: Sequence[int] | str | None,
+    environ: Mapping[str, str],
+    use_nvml: bool,
+) -> tuple[Topology, _Reader]:
+    reader = _Reader(root)
+    online = reader.cpus(f"{_CPU}/online")
+    if not online:
+        raise TopologyError(
+            f"cannot read {reader.prefix}{_CPU}/online: {root!r} is not a Linux sysfs root; "
+            "point --sysfs-root at a tree made by `numarun snapshot`"
+        )
+    host = _is_host_root(root)
+    warnings: list[str] = []
+    node_ids, node_cpus, node_memory, node_rows, online_nodes = _read_nodes(reader, online)
+    if not node_ids:
+        warnings.append("the kernel reports no NUMA nodes; treating the machine as one node 0")
+        node_ids, node_cpus, online_nodes = [0], {0: online}, [0]
+        node_memory, node_rows = {0: 0}, {0: (10,)}
+    node_of = {cpu: n for n, cpus in node_cpus.items() for cpu in cpus}
+    homeless = [c for c in online if c not in node_of]
+    if homeless:
+        warnings.append(f"CPUs {format_cpulist(homeless)} belong to no NUMA node")
+
+    siblings_of, package_of, cache_of, cache_info = _read_cpus(reader, online, node_of)
+    cpus = tuple(
+        Cpu(c, siblings_of[c][0], package_of[c], node_of.get(c), cache_of[c]) for c in online
+    )
+    cores = tuple(
+        Core(c.id, siblings_of[c.id], c.package, c.node, c.cache) for c in cpus if c.core == c.id
+    )
+    caches = tuple(
+        CacheGroup(gid, level, size, members)
+        for gid, (level, size, members) in sorted(cache_info.items())
+    )
+    packages = _packages(cpus)
+    nodes = _nodes(node_ids, online_nodes, node_cpus, node_memory, node_rows, package_of)
+
+    allowed = _allowed_cpus(online, cpus_allowed, host)
+    all_gpus, nics = _read_pci(reader, online, nodes, warnings)
+    if use_nvml and host and any(g.vendor == "nvidia" for g in all_gpus):
+        from numarun import nvml
+
+        all_gpus = nvml.enrich(all_gpus)
+    visible = select_visible_gpus(all_gpus, environ)
+    gpu_env = _gpu_env(all_gpus, environ, warnings)
+    topology = Topology(
+        root=root,
+        online_cpus=online,
+        allowed_cpus=allowed,
+        cpus=cpus,
+        cores=cores,
+        caches=caches,
+        packages=packages,
+        nodes=nodes,
+        gpus=visible,
+        all_gpus=all_gpus,
+        nics=nics,
+        gpu_env=gpu_env,
+        warnings=tuple(warnings),
+    )
+    return topology, reader
+
+
+def _read_nodes(
+    reader: _Reader, online: tuple[int, ...]
+) -> tuple[
+    list[int],
+    dict[int, tuple[int, ...]],
+    dict[int, int],
+    dict[int, tuple[int, ...]],
+    list[int],
+]:
+    """Node ids (possible), online CPUs per node, MemTotal bytes, raw distance rows, online ids."""
+    possible = reader.cpus(f"{_NODE}/possible")
+    if possible is None:
+        return [], {}, {}, {}, []
+    online_nodes = reader.cpus(f"{_NODE}/online")
+    if online_nodes is None:
+        online_nodes = possible
+    online_set = set(online)
+    node_cpus: dict[int, tuple[int, ...]] = {}
+    memory: dict[int, int] = {}
+    rows: dict[int, tuple[int, ...]] = {}
+    for n in online_nodes:
+        cpus = reader.cpus(f"{_NODE}/node{n}/cpulist") or ()
+        node_cpus[n] = tuple(c for c in cpus if c in online_set)
+        memory[n] = _mem_total(reader.text(f"{_NODE}/node{n}/meminfo"))
+        row = reader.stripped(f"{_NODE}/node{n}/distance")
+        try:
+            rows[n] = tuple(int(x) for x in row.split()) if row else ()
+        except ValueError:
+            raise TopologyError(
+                f"{reader.prefix}{_NODE}/node{n}/distance holds {row!r}, not distances; "
+                "is this a sysfs tree? (make one with `numarun snapshot`)"
+            ) from None
+    ids = sorted(set(possible) | set(online_nodes))
+    return ids, node_cpus, memory, rows, sorted(online_nodes)
+
+
+def _mem_total(meminfo: str | None) -> int:
+    """MemTotal in bytes from a node's meminfo ("Node 0 MemTotal:  1056677668 kB"); 0 if absent."""
+    if not meminfo:
+        return 0
+    for line in meminfo.splitlines():
+        if "MemTotal:" in line:
+            fields = line.split("MemTotal:", 1)[1].split()
+            if fields and fields[0].isdigit():
+                scale = 1024 if len(fields) < 2 or fields[1].lower() == "kb" else 1
+                return int(fields[0]) * scale
+    return 0
+
+
+def _read_cpus(
+    reader: _Reader, online: tuple[int, ...], node_of: Mapping[int, int]
+) -> tuple[
+    dict[int, tuple[int, ...]],
+    dict[int, int],
+    dict[int, int],
+    dict[int, tuple[int, int | None, tuple[int, ...]]],
+]:
+    """Per online CPU: its SMT siblings, package and cache group; and each group's facts.
+
+    Files are read for one CPU per core (siblings), per package (package_cpus_list) and per
+    cache group (shared_cpu_list); the other members learn their answer from those lists.
+    """
+    online_set = set(online)
+    siblings_of: dict[int, tuple[int, ...]] = {}
+    package_of: dict[int, int] = {}
+    cache_of: dict[int, int] = {}
+    cache_info: dict[int, tuple[int, int | None, tuple[int, ...]]] = {}
+    layout: list[tuple[str, tuple[str, ...]]] = []  # (largest index name, cache dir listing)
+    for cpu in online:
+        base = f"{_CPU}/cpu{cpu}"
+        if cpu not in siblings_of:
+            listed = reader.cpus(f"{base}/topology/thread_siblings_list")
+            core = tuple(sorted({c for c in listed or () if c in online_set} | {cpu}))
+            for c in core:
+                siblings_of.setdefault(c, core)
+        if cpu not in package_of:
+            package = reader.integer(f"{base}/topology/physical_package_id")
+            package = package if package is not None and package >= 0 else 0
+            members = reader.cpus(f"{base}/topology/package_cpus_list")
+            if members is None:
+                members = reader.cpus(f"{base}/topology/core_siblings_list")
+            for c in (*(members or ()), *siblings_of[cpu]):
+                if c in online_set:
+                    package_of.setdefault(c, package)
+        if cpu not in cache_of:
+            found = _largest_cache(reader, base, layout)
+            if found is None:
+                # No cacheinfo (some VMs and ARM boards): the node stands in for the complex.
+                node = node_of.get(cpu)
+                group = tuple(c for c in online if node_of.get(c) == node and c not in cache_of)
+                level, size = 0, None
+            else:
+                level, size, shared = found
+                group = tuple(sorted({c for c in shared if c in online_set} | {cpu}))
+                group = tuple(c for c in group if c not in cache_of)
+            for c in group:
+                cache_of[c] = group[0]
+            cache_info[group[0]] = (level, size, group)
+    return siblings_of, package_of, cache_of, cache_info
+
+
+def _largest_cache(
+    reader: _Reader, base: str, layout: list[tuple[str, tuple[str, ...]]]
+) -> tuple[int, int | None, tuple[int, ...]] | None:
+    """(level, size in bytes, shared CPUs) of the highest-level data or unified cache.
+
+    ``layout`` remembers the first CPU's answer; a CPU whose cache directory lists the same
+    indices reads only that index's level and type to confirm it, not every index.
+    """
+    names = reader.listdir(f"{base}/cache")
+    if names is None:
+        return None
+    indices = tuple(sorted(n for n in names if n.startswith("index")))
+    best: tuple[int, str] | None = None
+    if layout and layout[0][1] == indices:
+        hint = layout[0][0]
+        level = reader.integer(f"{base}/cache/{hint}/level")
+        kind = reader.stripped(f"{base}/cache/{hint}/type")
+        if level is not None and kind in ("Data", "Unified"):
+            best = (level, hint)
+    if best is None:
+        for index in indices:
+            kind = reader.stripped(f"{base}/cache/{index}/type")
+            if kind not in ("Data", "Unified"):
+                continue
+            level = reader.integer(f"{base}/cache/{index}/level")
+            if level is not None and (best is None or level > best[0]):
+                best = (level, index)
+        if best is None:
+            return None
+        if not layout:
+            layout.append((best[1], indices))
+    level, index = best
+    shared = reader.cpus(f"{base}/cache/{index}/shared_cpu_list") or ()
+    return level, _cache_size(reader.stripped(f"{base}/cache/{index}/size")), shared
+
+
+def _cache_size(text: str | None) -> int | None:
+    """Bytes from the kernel's "32768K" (also accepts "M", "G" and plain bytes)."""
+    if not text:
+        return None
+    scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
+    digits = text[:-1] if scale != 1 else text
+    return int(digits) * scale if digits.isdigit() else None
+
+
+def _packages(cpus: tuple[Cpu, ...]) -> tuple[Package, ...]:
+    by_id: dict[int, list[Cpu]] = {}
+    for cpu in cpus:
+        by_id.setdefault(cpu.package, []).append(cpu)
+    return tuple(
+        Package(
+            pid,
+            tuple(c.id for c in members),
+            tuple(sorted({c.node for c in members if c.node is not None})),
+        )
+        for pid, members in sorted(by_id.items())
+    )
+
+
+def _nodes(
+    node_ids: list[int],
+    online_nodes: list[int],
+    node_cpus: Mapping[int, tuple[int, ...]],
+    node_memory: Mapping[int, int],
+    node_rows: Mapping[int, tuple[int, ...]],
+    package_of: Mapping[int, int],
+) -> tuple[NumaNode, ...]:
+    column = {n: i for i, n in enumerate(online_nodes)}
+    result = []
+    for n in node_ids:
+        row = node_rows.get(n, ())
+        distances = tuple(
+            row[column[m]] if m in column and column[m] < len(row) else 0 for m in node_ids
+        )
+        cpus = node_cpus.get(n, ())
+        result.append(
+            NumaNode(
+                id=n,
+                cpus=cpus,
+                memory_bytes=node_memory.get(n, 0),
+                distances=distances,
+                package=package_of[cpus[0]] if cpus else None,
+                online=n in column,
+            )
+        )
+    return tuple(result)
+
+
+def _allowed_cpus(
+    online: tuple[int, ...], cpus_allowed: Sequence[int] | str | None, host: bool
+) -> tuple[int, ...]:
+    online_set = set(online)
+    base = online
+    if host:
+        affinity = os.sched_getaffinity(0)
+        base = tuple(c for c in online if c in affinity)
+    if cpus_allowed is None:
+        allowed = base
+    else:
+        if isinstance(cpus_allowed, str):
+            wanted = parse_cpulist(cpus_allowed)
+        else:
+            if any(not isinstance(c, int) or isinstance(c, bool) or c < 0 for c in cpus_allowed):
+                raise UsageError(f"CPUs allowed {list(cpus_allowed)!r} must be CPU numbers >= 0")
+            wanted = tuple(sorted(set(cpus_allowed)))
+        outside = [c for c in wanted if c not in online_set]
+        if outside:
+            raise UsageError(
+                f"--cpus-allowed names CPUs {format_cpulist(outside)} that are not online "
+                f"(online: {format_cpulist(online)})"
+            )
+        base_set = set(base)
+        outside = [c for c in wanted if c not in base_set]
+        if outside:
+            raise UsageError(
+                f"--cpus-allowed names CPUs {format_cpulist(outside)} outside this process's "
+                f"affinity {format_cpulist(base)}; widen it (taskset / cgroup) or drop them"
+            )
+        allowed = wanted
+    if not allowed:
+        raise TopologyError(
+            "no CPUs allowed: the CPU set to plan for is empty; pass --cpus-allowed with "
+            f"some of the online CPUs {format_cpulist(online)}"
+        )
+    return allowed
+
+
+def _pci_sort_key(address: str) -> tuple[int, ...]:
+    """(domain, bus, device, function) of "0000:18:00.0"; unparsable names sort last."""
+    try:
+        domain, bus, rest = address.split(":")
+        device, function = rest.split(".")
+        return (int(domain, 16), int(bus, 16), int(device, 16), int(function, 16))
+    except ValueError:
+        return (1 << 32,)
+
+
+def _read_pci(
+    reader: _Reader,
+    online: tuple[int, ...],
+    nodes: tuple[NumaNode, ...],
+    warnings: list[str],
+) -> tuple[tuple[Gpu, ...], tuple[Nic, ...]]:
+    """GPUs in PCI address order (``index == pci_index``, all visible) and NICs."""
+    addresses = sorted(reader.listdir(_PCI) or (), key=lambda a: (_pci_sort_key(a), a))
+    online_set = set(online)
+    cpu_nodes = [n for n in nodes if n.cpus]
+    gpus: list[Gpu] = []
+    nics: list[Nic] = []
+    for address in addresses:
+        base = f"{_PCI}/{address}"
+        pci_class = reader.integer(f"{base}/class", 16)
+        if pci_class is None:
+            continue
+        subclass = pci_class >> 8
+        if subclass not in _GPU_CLASSES and subclass not in _NIC_CLASSES:
+            continue
+        vendor_id = reader.integer(f"{base}/vendor", 16)
+        if subclass in _GPU_CLASSES and vendor_id not in _GPU_VENDORS:
+            continue
+        raw_node = reader.integer(f"{base}/numa_node")
+        listed = reader.cpus(f"{base}/local_cpulist")
+        if listed is None:
+            local = online
+        elif online_set.issuperset(listed):
+            local = listed
+        else:
+            local = tuple(c for c in listed if c in online_set)
+        node = _device_node(raw_node, local, cpu_nodes)
+        address = address.lower()
+        if subclass in _GPU_CLASSES:
+            if node is None:
+                warnings.append(
+                    f"GPU {address} reports no usable NUMA node and its local CPUs "
+                    f"{format_cpulist(local)} match no single node; it is treated as local "
+                    "to every allowed CPU"
+                )
+            assert vendor_id is not None
+            index = len(gpus)
+            gpus.append(Gpu(index, index, address, _GPU_VENDORS[vendor_id], node, local))
+        else:
+            names = sorted(reader.listdir(f"{base}/net") or ())
+            names += sorted(reader.listdir(f"{base}/infiniband") or ())
+            if not names:
+                # virtio-net hangs its interface below a virtioN child device.
+                for child in sorted(reader.listdir(base) or ()):
+                    if child.startswith("virtio"):
+                        names += sorted(reader.listdir(f"{base}/{child}/net") or ())
+            nics.append(Nic(address, tuple(names), _NIC_CLASSES[subclass], node))
+    return tuple(gpus), tuple(nics)
+
+
+def _device_node(
+    raw_node: int | None, local: tuple[int, ...], cpu_nodes: list[NumaNode]
+) -> int | None:
+    """The device's NUMA node with CPUs, or None when it cannot be told.
+
+    A node the kernel reports is used when it has CPUs. Otherwise (-1, or a memory-only node):
+    the only node with CPUs on a one-node machine; else the one node whose online CPUs equal
+    the device's local CPUs; else None.
+    """
+    if raw_node is not None and raw_node >= 0 and any(n.id == raw_node for n in cpu_nodes):
+        return raw_node
+    if len(cpu_nodes) == 1:
+        return cpu_nodes[0].id
+    matches = [n.id for n in cpu_nodes if n.cpus == local]
+    return matches[0] if len(matches) == 1 else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Visibility.
+
+
+def select_visible_gpus(gpus: Sequence[Gpu], environ: Mapping[str, str]) -> tuple[Gpu, ...]:
+    """The GPUs a worker sees, in the order it numbers them, re-indexed from 0.
+
+    NVIDIA GPUs follow ``CUDA_VISIBLE_DEVICES`` as the CUDA runtime reads it (indices into PCI
+    order, or ``GPU-<uuid prefix>`` resolved through the UUIDs NVML gave): unset means all; ""
+    means none; the list stops at the first entry that is not a valid index or known UUID
+    (``-1``, ``abc``, out of range), as CUDA stops. AMD GPUs follow ``ROCR_VISIBLE_DEVICES``,
+    then ``HIP_VISIBLE_DEVICES`` (or ``CUDA_VISIBLE_DEVICES`` when that is unset) indexing into
+    what ROCR left, with the same stopping rule. Intel GPUs are all visible. Visible NVIDIA GPUs
+    come first, then AMD, then Intel.
+
+    Raises :class:`UsageError` for a device listed twice, for an NVIDIA UUID entry when no GPU
+    has a UUID (NVML missing: install ``numarun[nvidia]``), for AMD UUID entries, and for MIG
+    instances.
+    """
+    nvidia = [g for g in gpus if g.vendor == "nvidia"]
+    amd = [g for g in gpus if g.vendor == "amd"]
+    intel = [g for g in gpus if g.vendor == "intel"]
+    chosen: list[Gpu] = []
+    cuda = environ.get("CUDA_VISIBLE_DEVICES")
+    if nvidia:
+        chosen += nvidia if cuda is None else _select(nvidia, cuda, "CUDA_VISIBLE_DEVICES")
+    if amd:
+        rocr = environ.get("ROCR_VISIBLE_DEVICES")
+        if rocr is not None:
+            amd = _select(amd, rocr, "ROCR_VISIBLE_DEVICES")
+        hip_name = "HIP_VISIBLE_DEVICES" if "HIP_VISIBLE_DEVICES" in environ else None
+        if hip_name is None and cuda is not None:
+            hip_name = "CUDA_VISIBLE_DEVICES"
+        if hip_name is not None:
+            amd = _select(amd, environ[hip_name], hip_name)
+        chosen += amd
+    chosen += intel
+    return tuple(
+        Gpu(i, g.pci_index, g.pci_address, g.vendor, g.numa_node, g.local_cpus, g.name, g.uuid)
+        for i, g in enumerate(chosen)
+    )
+
+
+def _select(gpus: list[Gpu], value: str, variable: str) -> list[Gpu]:
+    chosen: list[Gpu] = []
+    for raw in value.split(","):
+        entry = raw.strip()
+        if entry.upper().startswith("MIG-"):
+            raise UsageError(
+                f"{variable}={value!r} names a MIG instance; numarun binds whole GPUs, "
+                "list GPU indices instead"
+            )
+        if entry.upper().startswith("GPU-"):
+            gpu = _by_uuid(gpus, entry, variable, value)
+        else:
+            index = int(entry) if entry.isdigit() else -1
+            gpu = gpus[index] if 0 <= index < len(gpus) else None
+        if gpu is None:
+            break  # the runtime ignores this entry and everything after it
+        if gpu in chosen:
+            raise UsageError(f"{variable}={value!r} lists GPU {entry} twice; list each device once")
+        chosen.append(gpu)
+    return chosen
+
+
+def _by_uuid(gpus: list[Gpu], entry: str, variable: str, value: str) -> Gpu | None:
+    if gpus and gpus[0].vendor != "nvidia":
+        raise UsageError(
+            f"{variable}={value!r} names AMD GPUs by UUID, which numarun cannot resolve; "
+            "list GPU indices instead"
+        )
+    if not any(g.uuid for g in gpus):
+        raise UsageError(
+            f"{variable}={value!r} names GPUs by UUID but no UUIDs are known (they come from "
+            "NVML on this machine: pip install 'numarun[nvidia]'; a --sysfs-root tree has "
+            "none); list GPU indices instead"
+        )
+    prefix = entry.lower()
+    matches = [g for g in gpus if g.uuid and g.uuid.lower().startswith(prefix)]
+    return matches[0] if len(matches) == 1 else None
+
+
+def _gpu_env(
+    gpus: Sequence[Gpu], environ: Mapping[str, str], warnings: list[str]
+) -> tuple[tuple[str, str], ...]:
+    if not any(g.vendor == "nvidia" for g in gpus):
+        return ()
+    order = environ.get("CUDA_DEVICE_ORDER")
+    if order is None:
+        return (("CUDA_DEVICE_ORDER", "PCI_BUS_ID"),)
+    if order != "PCI_BUS_ID":
+        warnings.append(
+            f"CUDA_DEVICE_ORDER={order} is set: CUDA may number GPUs differently from PCI "
+            "order, so rank i's GPU may not be the one bound near its CPUs; unset it or use "
+            "PCI_BUS_ID"
+        )
+    return ()
+
+
+# ---------------------------------------------------------------------------------------------
+# Snapshots.
+
+
+def snapshot(root: str | Path, out_path: str | Path) -> int:
+    """Write ``out_path`` (.tar.gz) holding exactly the sysfs files :func:`read_topology` reads.
+
+    Paths in the archive are relative to ``root`` (``sys/devices/system/cpu/online``...), and
+    every directory the reader lists is recorded with its entries, so ``read_topology`` of the
+    extracted directory gives the same machine (with every online CPU allowed, as for any
+    non-``/`` root). NVML is not consulted and visibility variables are ignored. Returns the
+    number of files written. Raises :class:`TopologyError` when ``root`` is not a sysfs root.
+    """
+    _topology, reader = _read(str(root), None, {}, False)
+    entries: dict[str, bytes | None] = {}  # path -> file contents, None for a directory
+    for rel, names in reader.dirs.items():
+        if names is None:
+            continue
+        _add_parents(entries, rel)
+        entries[rel] = None
+        for name in names:
+            entries.setdefault(f"{rel}/{name}", None)
+    for rel, text in reader.files.items():
+        if text is not None:
+            _add_parents(entries, rel)
+            entries[rel] = text.encode("ascii", errors="replace")
+    now = time.time()
+    count = 0
+    with tarfile.open(out_path, "w:gz") as archive:
+        for rel in sorted(entries):
+            data = entries[rel]
+            info = tarfile.TarInfo(rel)
+            info.mtime = int(now)
+            if data is None:
+                info.type = tarfile.DIRTYPE
+                info.mode = 0o755
+                archive.addfile(info)
+            else:
+                info.size = len(data)
+                info.mode = 0o444
+                archive.addfile(info, io.BytesIO(data))
+                count += 1
+    return count
+
+
+def _add_parents(entries: dict[str, bytes | None], rel: str) -> None:
+    parts = rel.split("/")
+    for i in range(1, len(parts)):
+        entries.setdefault("/".join(parts[:i]), None)
+
+
+__all__ = [
+    "CacheGroup",
+    "Core",
+    "Cpu",
+    "Gpu",
+    "Nic",
+    "NumaNode",
+    "Package",
+    "Topology",
+    "read_topology",
+    "select_visible_gpus",
+    "snapshot",
+]

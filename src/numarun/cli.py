@@ -1,0 +1,201 @@
+"""The ``numarun`` command: parses, prints, and maps errors to exit codes. Decides nothing.
+
+``numarun topo | plan | snapshot ...`` are subcommands; anything else is a launch, handled by
+:mod:`numarun.launcher` with torchrun-compatible flags (``numarun --nproc-per-node 8 train.py``).
+A binary literally named ``topo``, ``plan`` or ``snapshot`` is launched as ``./topo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from numarun.errors import NumarunError, UsageError
+
+SUBCOMMANDS = ("topo", "plan", "snapshot")
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad usage as one line (exit 2) instead of usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UsageError(f"{message} (see '{self.prog} --help')")
+
+
+def _topology_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--sysfs-root",
+        "--sysfs_root",
+        metavar="DIR",
+        default="/",
+        help="read the machine from DIR/sys/... (a snapshot or fake tree) instead of /",
+    )
+    parser.add_argument(
+        "--cpus-allowed",
+        "--cpus_allowed",
+        metavar="LIST",
+        default=None,
+        help="plan for these CPUs (e.g. 0-31,64-95) instead of this process's affinity",
+    )
+
+
+def _read(args: argparse.Namespace):  # -> Topology
+    from numarun.topology import read_topology
+
+    return read_topology(args.sysfs_root, cpus_allowed=args.cpus_allowed)
+
+
+def _cmd_topo(argv: Sequence[str]) -> int:
+    parser = _Parser(prog="numarun topo", description="Show the machine as numarun sees it.")
+    _topology_args(parser)
+    parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    args = parser.parse_args(argv)
+    topo = _read(args)
+    from numarun.topo_view import render_topology, topology_to_json
+
+    if args.json:
+        print(json.dumps(topology_to_json(topo), indent=2))
+    else:
+        print(render_topology(topo))
+    return 0
+
+
+def _nprocs(text: str, topo) -> int:  # topo: Topology
+    if text == "gpu":
+        if not topo.gpus:
+            raise UsageError("--nproc-per-node gpu: no visible GPUs on this machine")
+        return len(topo.gpus)
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(
+            f"--nproc-per-node must be a positive integer or 'gpu', not {text!r}"
+        ) from None
+    if value < 1:
+        raise UsageError(f"--nproc-per-node must be at least 1, not {value}")
+    return value
+
+
+def _cmd_plan(argv: Sequence[str]) -> int:
+    from numarun.plan import MODES
+
+    parser = _Parser(
+        prog="numarun plan",
+        description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing.",
+    )
+    _topology_args(parser)
+    parser.add_argument(
+        "--nproc-per-node",
+        "--nproc_per_node",
+        metavar="N",
+        default="gpu",
+        help="ranks on this node: an integer or 'gpu' (one per visible GPU; the default)",
+    )
+    parser.add_argument(
+        "--numa-binding",
+        "--numa_binding",
+        metavar="MODE",
+        default=None,
+        help=f"one of {', '.join(MODES)}; 'explicit' is implied by --rank-cpus",
+    )
+    parser.add_argument(
+        "--rank-cpus",
+        "--rank_cpus",
+        metavar="LIST",
+        action="append",
+        default=None,
+        help="explicit CPUs for the next rank (repeat once per rank, in rank order)",
+    )
+    parser.add_argument(
+        "--binding-fallback",
+        "--binding_fallback",
+        action="store_true",
+        help="when binding is impossible, plan unbound with a warning instead of failing",
+    )
+    parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    args = parser.parse_args(argv)
+
+    from numarun.cpulist import parse_cpulist
+    from numarun.plan import format_plan_table, make_plan, plan_to_json
+
+    mode = args.numa_binding
+    rank_cpus = None
+    if args.rank_cpus is not None:
+        if mode not in (None, "explicit"):
+            raise UsageError(
+                f"--rank-cpus gives explicit CPUs; it cannot be combined with --numa-binding {mode}"
+            )
+        mode = "explicit"
+        rank_cpus = [parse_cpulist(text) for text in args.rank_cpus]
+    if mode is not None and mode not in MODES:
+        raise UsageError(f"unknown --numa-binding mode {mode!r}; choose one of {', '.join(MODES)}")
+    if mode is None:
+        raise UsageError(
+            "numarun plan needs --numa-binding MODE or --rank-cpus LIST "
+            f"(modes: {', '.join(MODES)})"
+        )
+    topo = _read(args)
+    nprocs = (
+        len(rank_cpus)
+        if rank_cpus is not None and args.nproc_per_node == "gpu"
+        else (_nprocs(args.nproc_per_node, topo))
+    )
+    plan = make_plan(topo, nprocs, mode, rank_cpus=rank_cpus, allow_unbound=args.binding_fallback)
+    if args.json:
+        print(_json_one_rank_per_line(plan_to_json(plan, topo)))
+    else:
+        print(format_plan_table(plan, topo))
+    return 0
+
+
+def _json_one_rank_per_line(document: dict) -> str:
+    """JSON with one rank per line: diffable, and readable without a pager at 256 CPUs."""
+    ranks = document.get("ranks", [])
+    rest = {key: value for key, value in document.items() if key != "ranks"}
+    lines = ",\n".join("    " + json.dumps(rank) for rank in ranks)
+    head = json.dumps(rest, indent=2)[:-2]  # drop the closing "\n}"
+    return head + ',\n  "ranks": [\n' + lines + "\n  ]\n}"
+
+
+def _cmd_snapshot(argv: Sequence[str]) -> int:
+    parser = _Parser(
+        prog="numarun snapshot",
+        description="Save exactly the sysfs files numarun reads, to attach to a bug report. "
+        "Replay with --sysfs-root after extracting it.",
+    )
+    parser.add_argument("out", metavar="OUT.tar.gz", help="archive to write")
+    parser.add_argument(
+        "--sysfs-root",
+        "--sysfs_root",
+        metavar="DIR",
+        default="/",
+        help="snapshot a tree under DIR instead of this machine",
+    )
+    args = parser.parse_args(argv)
+    from numarun.topology import snapshot
+
+    count = snapshot(args.sysfs_root, args.out)
+    print(f"wrote {args.out}" + (f" ({count} files)" if isinstance(count, int) else ""))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status (0 success, 2 bad input)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if args and args[0] in SUBCOMMANDS:
+            command = {"topo": _cmd_topo, "plan": _cmd_plan, "snapshot": _cmd_snapshot}[args[0]]
+            return command(args[1:])
+        from numarun import launcher
+
+        return launcher.main(args)
+    except NumarunError as error:
+        print(f"numarun: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `numarun topo | head` closed our stdout: not an error worth a traceback.
+        return 1
