@@ -1,0 +1,412 @@
+"""Worker error files (torchrun's ``error.json``) and the summary printed when a run fails.
+
+Error file, as ``@record`` from ``torch.distributed.elastic.multiprocessing.errors`` writes it
+to ``$TORCHELASTIC_ERROR_FILE`` on an uncaught exception (``timestamp``: a *string* of integer
+epoch seconds)::
+
+    {"message": {"message": "RuntimeError: boom",
+                 "extraInfo": {"py_callstack": "Traceback ...", "timestamp": "1712345678"}}}
+
+torchrun also reads a newer form where ``message`` is a string and ``extraInfo`` /
+``timestamp`` sit at the top level; :func:`read_error_file` accepts both.
+
+Root cause (torchrun's rule, ``ChildFailedError.get_first_failure``): of the workers that failed
+on their own, the one whose failure time is smallest -- the error file's timestamp when it has
+one, else the time numarun observed the death. Error-file times are whole seconds, so failures
+within the same second are ordered by the observed death time.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "RankReport",
+    "WorkerError",
+    "describe_exit",
+    "format_summary",
+    "rank_report",
+    "read_error_file",
+    "root_cause",
+    "write_error_file",
+]
+
+_RULE = "=" * 72
+_THIN = "-" * 72
+# Bounds on what the summary quotes, so one bad rank cannot flood the screen.
+_MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
+_STDERR_TAIL_LINES = 20
+_STDERR_TAIL_BYTES = 64 * 1024
+_MAX_PIDS_LISTED = 8
+
+
+@dataclass(frozen=True)
+class WorkerError:
+    """What a worker's error file says: the one-line message, its traceback, when (epoch s).
+
+    ``traceback`` and ``timestamp`` are None when the file does not carry them.
+    """
+
+    message: str
+    traceback: str | None
+    timestamp: int | None
+
+
+@dataclass(frozen=True)
+class RankReport:
+    """One worker's end, as the summary needs it.
+
+    ``exit_code`` follows Popen: >= 0 exit status, -N killed by signal N, None unknown
+    (unkillable). ``state`` is the supervisor's: ``"succeeded"``, ``"failed"`` (ended on its own
+    with a non-zero status or a signal), ``"terminated"`` (stopped by numarun's teardown) or
+    ``"unkillable"``. ``log_dir`` is the rank's directory holding ``stdout.log`` /
+    ``stderr.log`` when its output was redirected, else None. ``ended_at`` is ``time.time()``
+    when the death was observed. ``proc_state`` is the ``/proc`` state letter of an unkillable
+    worker (``"D"``).
+    """
+
+    local_rank: int
+    rank: int
+    pid: int | None
+    exit_code: int | None
+    signal_name: str | None
+    state: str
+    error: WorkerError | None
+    log_dir: Path | None
+    ended_at: float | None
+    proc_state: str | None = None
+
+
+def read_error_file(path: str | os.PathLike[str] | None) -> WorkerError | None:
+    """Read a torchrun-style error file; None when there is nothing usable in it.
+
+    Accepts the ``@record`` form (``message`` an object with ``message`` and ``extraInfo``) and
+    the newer one (``message`` a string, ``extraInfo``/``timestamp`` at the top level). None
+    (never an exception) for: ``path`` None or empty, a missing, unreadable, empty, larger
+    than 16 MiB, non-JSON or half-written file, or JSON without a ``message``. A timestamp that
+    is not an integer (as a number or a string) gives ``timestamp=None``; a missing
+    ``py_callstack`` gives ``traceback=None``. Bytes that are not UTF-8 are replaced.
+    """
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as file:
+            raw = file.read(_MAX_ERROR_FILE_BYTES + 1)
+    except (OSError, ValueError):
+        return None
+    if not raw.strip() or len(raw) > _MAX_ERROR_FILE_BYTES:
+        return None
+    import json  # here, not at the top: the launcher imports this module while workers start
+
+    try:
+        data = json.loads(raw.decode("utf-8", "replace"))
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    return _error_from_json(data)
+
+
+def _error_from_json(data: dict[str, Any]) -> WorkerError | None:
+    message = data.get("message")
+    if isinstance(message, dict):
+        extra = message.get("extraInfo")
+        text = message.get("message")
+        timestamp = _dict_get(extra, "timestamp")
+    elif isinstance(message, str):
+        extra = data.get("extraInfo")
+        text = message
+        timestamp = data.get("timestamp", _dict_get(extra, "timestamp"))
+    else:
+        return None
+    callstack = _dict_get(extra, "py_callstack")
+    return WorkerError(
+        message=text if isinstance(text, str) else ("" if text is None else str(text)),
+        traceback=callstack if isinstance(callstack, str) and callstack else None,
+        timestamp=_whole_seconds(timestamp),
+    )
+
+
+def _dict_get(value: object, key: str) -> object:
+    return value.get(key) if isinstance(value, dict) else None
+
+
+def _whole_seconds(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value):
+        return int(value)
+    if isinstance(value, str):
+        try:
+            return int(value.strip())
+        except ValueError:
+            return None
+    return None
+
+
+def write_error_file(
+    path: str | os.PathLike[str], exc: BaseException, *, now: float | None = None
+) -> None:
+    """Write ``exc`` to ``path`` exactly as torchrun's ``@record`` does.
+
+    ``{"message": {"message": "<Type>: <str(exc)>", "extraInfo": {"py_callstack":
+    "<formatted traceback>", "timestamp": "<int seconds>"}}}``; the traceback is
+    ``exc``'s own (chained exceptions included), so this may be called outside the ``except``
+    block. ``now`` (default ``time.time()``) sets the timestamp. The file is written to a
+    temporary name in the same directory and renamed, so a reader never sees half of it.
+    ``OSError`` (missing directory, permissions) propagates; the caller decides whether that
+    matters.
+    """
+    import json
+    import traceback
+
+    callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    data = {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {
+                "py_callstack": callstack,
+                "timestamp": str(int(time.time() if now is None else now)),
+            },
+        }
+    }
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    try:
+        with open(temporary, "w", encoding="utf-8") as file:
+            json.dump(data, file)
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+
+
+def rank_report(
+    worker_exit: Any, *, error_file: str | os.PathLike[str] | None, log_dir: Path | None
+) -> RankReport:
+    """Build a :class:`RankReport` from a supervisor ``WorkerExit`` and the rank's files.
+
+    ``worker_exit`` needs ``local_rank``, ``rank``, ``pid``, ``exit_code``, ``signal_name``,
+    ``state``, ``ended_at`` and may have ``proc_state``. The error file is read with
+    :func:`read_error_file` (missing or bad: ``error=None``).
+    """
+    return RankReport(
+        local_rank=worker_exit.local_rank,
+        rank=worker_exit.rank,
+        pid=worker_exit.pid,
+        exit_code=worker_exit.exit_code,
+        signal_name=worker_exit.signal_name,
+        state=worker_exit.state,
+        error=read_error_file(error_file),
+        log_dir=log_dir,
+        ended_at=worker_exit.ended_at,
+        proc_state=getattr(worker_exit, "proc_state", None),
+    )
+
+
+def root_cause(reports: Iterable[RankReport]) -> RankReport | None:
+    """The failure that came first, by torchrun's rule (see the module docstring).
+
+    Only ``state == "failed"`` workers count. Ordering key: the failure second (error-file
+    timestamp, else ``floor(ended_at)``), then ``ended_at``, then global rank; an unknown time
+    sorts last. None when no worker failed on its own.
+    """
+    failed = [report for report in reports if report.state == "failed"]
+    if not failed:
+        return None
+    return min(failed, key=_failure_key)
+
+
+def _failure_key(report: RankReport) -> tuple[float, float, int]:
+    ended = math.inf if report.ended_at is None else report.ended_at
+    if report.error is not None and report.error.timestamp is not None:
+        second: float = report.error.timestamp
+    else:
+        second = math.floor(ended) if math.isfinite(ended) else math.inf
+    return (second, ended, report.rank)
+
+
+def describe_exit(exit_code: int | None, signal_name: str | None = None) -> str:
+    """``"exit code 3"``, ``"signal SIGSEGV (-11)"`` or ``"no exit status"`` (None)."""
+    if exit_code is None:
+        return "no exit status"
+    if exit_code >= 0:
+        return f"exit code {exit_code}"
+    return f"signal {signal_name or _signal_name(-exit_code)} ({exit_code})"
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
+
+def format_summary(
+    reports: Sequence[RankReport],
+    *,
+    entrypoint: str,
+    host: str,
+    log_dir: str | os.PathLike[str] | None,
+) -> str:
+    """The report of a failed run, meant to be the last thing printed (on stderr).
+
+    ``reports`` holds every worker of the run (any order). The text (no trailing newline) has:
+    a header naming ``entrypoint``, ``host`` and the count of workers per state; the root cause
+    (:func:`root_cause`) with global and local rank, pid, :func:`describe_exit`, its time, error
+    file message and traceback -- or ``no traceback (worker did not write an error file)`` plus
+    the last lines of its ``stderr.log`` when that was redirected -- and its log directory; then
+    one line per group of other ranks sharing a state (``ranks 2-255: terminated by numarun
+    after rank 1 failed``), so 512 ranks stay a screenful; then ``log_dir`` when given. With no
+    worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
+    """
+    ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
+    cause = root_cause(ordered)
+    lines = [_RULE, f"numarun: {entrypoint} FAILED on {host} ({_state_counts(ordered)})", _THIN]
+    if cause is None:
+        lines.append("Root cause: no worker failed on its own; numarun stopped the run.")
+    else:
+        lines.extend(_cause_block(cause))
+    others = [report for report in ordered if report is not cause]
+    if others:
+        lines.append(_THIN)
+        lines.append("Other ranks:")
+        lines.extend(f"  {line}" for line in _grouped_states(others, cause))
+    if log_dir is not None:
+        lines.append(_THIN)
+        lines.append(f"Logs: {log_dir}")
+    lines.append(_RULE)
+    return "\n".join(lines)
+
+
+def _state_counts(reports: Sequence[RankReport]) -> str:
+    counts: dict[str, int] = {}
+    for report in reports:
+        counts[report.state] = counts.get(report.state, 0) + 1
+    total = len(reports)
+    parts = [f"{count} {state}" for state, count in counts.items()]
+    return f"{total} worker{'s' if total != 1 else ''}: " + ", ".join(parts)
+
+
+def _cause_block(cause: RankReport) -> list[str]:
+    pid = "" if cause.pid is None else f", pid {cause.pid}"
+    lines = [
+        f"Root cause: rank {cause.rank} (local_rank {cause.local_rank}{pid}) "
+        f"failed with {describe_exit(cause.exit_code, cause.signal_name)}",
+    ]
+    when = _failure_time(cause)
+    if when is not None:
+        lines.append(f"  time     : {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(when))}")
+    error = cause.error
+    if error is not None and error.message:
+        lines.append(f"  error    : {_first_line(error.message)}")
+    if cause.log_dir is not None:
+        lines.append(f"  logs     : {cause.log_dir}")
+    if error is not None and error.traceback:
+        lines.append("  traceback:")
+        lines.extend(_indented(error.traceback))
+    else:
+        lines.append("  traceback: no traceback (worker did not write an error file)")
+        tail = _stderr_tail(cause.log_dir)
+        if tail:
+            lines.append(f"  last lines of {Path(cause.log_dir or '') / 'stderr.log'}:")
+            lines.extend(_indented(tail))
+    return lines
+
+
+def _failure_time(report: RankReport) -> float | None:
+    if report.error is not None and report.error.timestamp is not None:
+        return float(report.error.timestamp)
+    return report.ended_at
+
+
+def _first_line(text: str) -> str:
+    stripped = text.strip()
+    return stripped.splitlines()[0] if stripped else ""
+
+
+def _indented(text: str) -> list[str]:
+    return ["    " + line for line in text.rstrip("\n").splitlines()]
+
+
+def _stderr_tail(log_dir: Path | None) -> str:
+    if log_dir is None:
+        return ""
+    try:
+        with open(Path(log_dir) / "stderr.log", "rb") as file:
+            file.seek(0, os.SEEK_END)
+            size = file.tell()
+            file.seek(max(0, size - _STDERR_TAIL_BYTES))
+            raw = file.read()
+    except OSError:
+        return ""
+    lines = raw.decode("utf-8", "replace").rstrip("\n").splitlines()
+    if size > _STDERR_TAIL_BYTES:
+        lines = lines[1:]  # the first line read is probably cut
+    return "\n".join(lines[-_STDERR_TAIL_LINES:])
+
+
+def _grouped_states(others: Sequence[RankReport], cause: RankReport | None) -> list[str]:
+    # Group by description (not by adjacency), so 0,2-255 collapse into one line.
+    groups: dict[str, list[RankReport]] = {}
+    for report in others:
+        groups.setdefault(_short_state(report, cause), []).append(report)
+    lines = []
+    for description, members in groups.items():
+        ranks = [member.rank for member in members]
+        label = "rank" if len(ranks) == 1 else "ranks"
+        detail = description
+        if members[0].state == "unkillable":
+            detail = _unkillable_detail(members)
+        lines.append(f"{label} {_format_ranks(ranks)}: {detail}")
+    return lines
+
+
+def _short_state(report: RankReport, cause: RankReport | None) -> str:
+    if report.state == "succeeded":
+        return "succeeded"
+    if report.state == "failed":
+        return f"failed with {describe_exit(report.exit_code, report.signal_name)}"
+    if report.state == "terminated":
+        if cause is None:
+            return "terminated by numarun"
+        return f"terminated by numarun after rank {cause.rank} failed"
+    if report.state == "unkillable":
+        state = f" state {report.proc_state}" if report.proc_state else ""
+        return f"unkillable{state}"
+    return report.state
+
+
+def _unkillable_detail(members: Sequence[RankReport]) -> str:
+    # "unkillable pid 123 state D": the pid is what the user needs to investigate.
+    pids = [str(member.pid) for member in members if member.pid is not None]
+    shown = ",".join(pids[:_MAX_PIDS_LISTED])
+    if len(pids) > _MAX_PIDS_LISTED:
+        shown += f",... ({len(pids) - _MAX_PIDS_LISTED} more)"
+    state = f" state {members[0].proc_state}" if members[0].proc_state else ""
+    if not pids:
+        return f"unkillable{state}"
+    return f"unkillable pid{'s' if len(pids) > 1 else ''} {shown}{state}"
+
+
+def _format_ranks(ranks: Sequence[int]) -> str:
+    ordered = sorted(set(ranks))
+    runs: list[str] = []
+    start = previous = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        runs.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ",".join(runs)
