@@ -1,0 +1,158 @@
+"""Static rendezvous facts: which node this is, how many there are, and where rank 0 listens.
+
+numarun runs no rendezvous service. Every node is told (by flags, or by the job scheduler's
+environment) its node rank, the node count and the master address; the workers then meet through
+``env://`` with global rank 0 hosting the ``TCPStore``. This module only reads environments and
+strings; it starts and opens nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from numarun.errors import UsageError
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """What the scheduler says about this node, when numarun runs under one.
+
+    ``master_addr`` is ``None`` when the scheduler does not name one (Open MPI); the user must
+    then pass ``--master-addr`` or set ``MASTER_ADDR``.
+    """
+
+    source: str  # "slurm" or "mpi"
+    node_rank: int
+    nnodes: int
+    master_addr: str | None
+
+
+def expand_nodelist(text: str) -> list[str]:
+    """Expand Slurm's compressed host list, in order: ``gpu[01-03,07],login1`` ->
+    ``["gpu01", "gpu02", "gpu03", "gpu07", "login1"]``.
+
+    Zero padding of a range's lower bound is kept (``[08-10]`` -> ``08 09 10``). Several bracket
+    groups in one name expand as a product, left to right (``r[1-2]n[1-2]`` -> ``r1n1 r1n2 r2n1
+    r2n2``). Raises :class:`UsageError` naming the list for unbalanced brackets, empty items,
+    backwards ranges or non-numeric bounds.
+    """
+    hosts: list[str] = []
+    for item in _split_top_level(text.strip(), text):
+        hosts.extend(_expand_host(item, text))
+    return hosts
+
+
+def _split_top_level(text: str, whole: str) -> list[str]:
+    """Split on commas that are not inside brackets."""
+    items: list[str] = []
+    depth = 0
+    start = 0
+    for i, char in enumerate(text):
+        if char == "[":
+            depth += 1
+            if depth > 1:
+                raise UsageError(f"invalid Slurm node list {whole!r}: nested '['")
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise UsageError(f"invalid Slurm node list {whole!r}: unmatched ']'")
+        elif char == "," and depth == 0:
+            items.append(text[start:i])
+            start = i + 1
+    if depth != 0:
+        raise UsageError(f"invalid Slurm node list {whole!r}: unmatched '['")
+    items.append(text[start:])
+    if any(not item for item in items):
+        raise UsageError(f"invalid Slurm node list {whole!r}: empty host name")
+    return items
+
+
+def _expand_host(item: str, whole: str) -> list[str]:
+    """Expand the first bracket group of one host pattern, then the rest recursively."""
+    open_at = item.find("[")
+    if open_at < 0:
+        return [item]
+    close_at = item.index("]", open_at)
+    prefix, body, rest = item[:open_at], item[open_at + 1 : close_at], item[close_at + 1 :]
+    tails = _expand_host(rest, whole) if rest else [""]
+    return [prefix + value + tail for value in _expand_ranges(body, whole) for tail in tails]
+
+
+def _expand_ranges(body: str, whole: str) -> list[str]:
+    values: list[str] = []
+    for part in body.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise UsageError(f"invalid Slurm node list {whole!r}: bad range {part!r}")
+        if not sep:
+            values.append(lo)
+            continue
+        if int(hi) < int(lo):
+            raise UsageError(f"invalid Slurm node list {whole!r}: range {part!r} runs backwards")
+        values.extend(str(n).zfill(len(lo)) for n in range(int(lo), int(hi) + 1))
+    return values
+
+
+def node_facts_from_env(environ: Mapping[str, str]) -> NodeFacts | None:
+    """Node rank, node count and master address from Open MPI or Slurm, or ``None``.
+
+    Open MPI (``mpirun -npernode 1 numarun ...``) wins when ``OMPI_COMM_WORLD_RANK`` and
+    ``OMPI_COMM_WORLD_SIZE`` are set, because then mpirun started this process even inside a
+    Slurm allocation: node rank = world rank, node count = world size, no master address. A
+    non-zero ``OMPI_COMM_WORLD_LOCAL_RANK`` means two numarun instances share a node, which
+    would start every worker twice: :class:`UsageError`.
+
+    Slurm is used when ``SLURM_JOB_ID``, ``SLURM_NODEID`` and a node count are set: node rank =
+    ``SLURM_NODEID``; node count = ``SLURM_STEP_NUM_NODES`` (inside ``srun``), else
+    ``SLURM_NNODES``, else ``SLURM_JOB_NUM_NODES``; master address = the first host of
+    ``SLURM_STEP_NODELIST``, else ``SLURM_JOB_NODELIST`` (``None`` when neither is set). A
+    non-zero ``SLURM_LOCALID`` (several tasks per node) raises :class:`UsageError`, as for Open
+    MPI. Non-numeric values raise :class:`UsageError` naming the variable.
+    """
+    if "OMPI_COMM_WORLD_RANK" in environ and "OMPI_COMM_WORLD_SIZE" in environ:
+        local = _env_int(environ, "OMPI_COMM_WORLD_LOCAL_RANK", default=0)
+        if local != 0:
+            raise UsageError(
+                "more than one numarun per node under mpirun "
+                f"(OMPI_COMM_WORLD_LOCAL_RANK={local}); start one per node: mpirun -npernode 1"
+            )
+        return NodeFacts(
+            source="mpi",
+            node_rank=_env_int(environ, "OMPI_COMM_WORLD_RANK"),
+            nnodes=_env_int(environ, "OMPI_COMM_WORLD_SIZE"),
+            master_addr=None,
+        )
+    count_name = next(
+        (
+            name
+            for name in ("SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES")
+            if name in environ
+        ),
+        None,
+    )
+    if "SLURM_JOB_ID" not in environ or "SLURM_NODEID" not in environ or count_name is None:
+        return None
+    local = _env_int(environ, "SLURM_LOCALID", default=0)
+    if local != 0:
+        raise UsageError(
+            f"more than one numarun per node under srun (SLURM_LOCALID={local}); start one per "
+            "node: srun --ntasks-per-node=1"
+        )
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST")
+    return NodeFacts(
+        source="slurm",
+        node_rank=_env_int(environ, "SLURM_NODEID"),
+        nnodes=_env_int(environ, count_name),
+        master_addr=expand_nodelist(nodelist)[0] if nodelist else None,
+    )
+
+
+def _env_int(environ: Mapping[str, str], name: str, default: int | None = None) -> int:
+    text = environ.get(name)
+    if text is None and default is not None:
+        return default
+    try:
+        return int(str(text).strip())
+    except ValueError:
+        raise UsageError(f"{name}={text!r} in the environment is not an integer") from None
