@@ -1,3 +1,54 @@
-"""numarun: start one worker per GPU or CPU slice, bound near its device, and supervise them."""
+"""numarun: start one worker per GPU or CPU slice, bound near its device, and supervise them.
+
+The spawn API is exported lazily (PEP 562), so ``import numarun`` costs next to nothing: the
+names below load :mod:`numarun.spawn` on first use.
+"""
 
 __version__ = "0.1.0"
+
+_SPAWN_EXPORTS = (
+    "ProcessException",
+    "ProcessExitedException",
+    "ProcessRaisedException",
+    "SpawnContext",
+    "spawn",
+    "start_processes",
+)
+
+__all__ = [
+    "ProcessException",
+    "ProcessExitedException",
+    "ProcessRaisedException",
+    "SpawnContext",
+    "__version__",
+    "spawn",
+    "start_processes",
+]
+
+# typing is not imported at run time; this constant is what type checkers look for.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from numarun.spawn import (
+        ProcessException,
+        ProcessExitedException,
+        ProcessRaisedException,
+        SpawnContext,
+        spawn,
+        start_processes,
+    )
+
+
+def __getattr__(name: str) -> object:
+    if name not in _SPAWN_EXPORTS:
+        raise AttributeError(f"module 'numarun' has no attribute {name!r}")
+    import importlib
+
+    module = importlib.import_module("numarun.spawn")
+    value = getattr(module, name)
+    # Cache it; for "spawn" this also replaces the submodule the import just bound to that name.
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_SPAWN_EXPORTS))

@@ -1,0 +1,278 @@
+"""numarun.spawn against bare interpreters and torch.multiprocessing, side by side in one run.
+
+    python benchmarks/bench_spawn.py [--repeats 9] [--torch-repeats 3] [--teardown-runs 20]
+                                     [--counts 1,2,4,8] [--method spawn] [--no-torch]
+
+Three measurements, each taken alternately for every contender so they share the machine's
+conditions, and reported as medians and ratios:
+
+1. Start-up, N = 1, 2, 4, 8 workers: from the call to the last worker's first line. Each
+   worker's first statement reads ``time.monotonic()`` (CLOCK_MONOTONIC is one clock for the
+   whole system on Linux) and writes it to a file. The anchor is N bare interpreters
+   (``python -c "import time; print(time.monotonic())"``) started back to back with
+   :class:`subprocess.Popen` (each Popen waits for its child's exec). torch.multiprocessing's
+   workers import torch before ``fn`` runs, which dominates its figures. Target: numarun
+   within 1.5x of the anchor.
+2. Failure to full teardown: rank 0 records the time and raises while the other ranks sleep
+   (default SIGTERM disposition); the time until ``spawn`` raises in the parent, when every
+   worker is gone. Target: median < 50 ms.
+3. Supervisor CPU: user+system CPU of this process (``getrusage(RUSAGE_SELF)``, all threads)
+   per second of wall time during a 1 s ``join(timeout=1)`` while 2 workers sleep (after an
+   unmeasured 0.5 s join that absorbs the start-up work); and the CPU
+   of the final join (teardown sweep of owned processes, reaping). Target: < 1 ms/s.
+
+The worker functions live in this file, which is imported by module name (not as ``__main__``)
+so that spawned workers import nothing but it and the standard library.
+"""
+
+from __future__ import annotations
+
+# Only what the worker functions need is imported at module level: spawned workers import
+# this module to find them, and their imports would count as numarun's start-up time.
+import os
+import sys
+import time
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+BARE_CODE = "import time; print(time.monotonic())"
+
+
+# --- worker functions (module level: every start method can pickle them) ------------------------
+
+
+def first_line(local_rank: int, directory: str) -> None:
+    now = time.monotonic()
+    with open(os.path.join(directory, str(local_rank)), "w") as stamp:
+        stamp.write(repr(now))
+
+
+def fail_or_sleep(local_rank: int, directory: str, nprocs: int) -> None:
+    """Rank 0 raises once every other rank is up; the others sleep until torn down."""
+    if local_rank != 0:
+        open(os.path.join(directory, f"up{local_rank}"), "w").close()
+        time.sleep(60)
+        return
+    deadline = time.monotonic() + 60
+    while not all(os.path.exists(os.path.join(directory, f"up{r}")) for r in range(1, nprocs)):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the other ranks never came up")
+        time.sleep(0.001)
+    with open(os.path.join(directory, "failed_at"), "w") as stamp:
+        stamp.write(repr(time.monotonic()))
+    raise RuntimeError("planned failure")
+
+
+def sleep_for(local_rank: int, seconds: float) -> None:
+    time.sleep(seconds)
+
+
+# --- contenders ----------------------------------------------------------------------------------
+
+
+def _torch_mp() -> Any:
+    try:
+        import torch.multiprocessing as torch_mp
+    except ImportError:
+        return None
+    return torch_mp
+
+
+def start_bare(nprocs: int) -> float:
+    """Seconds from the first Popen to the last interpreter's line."""
+    import subprocess
+
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen([sys.executable, "-c", BARE_CODE], stdout=subprocess.PIPE)
+        for _ in range(nprocs)
+    ]
+    stamps = [float(proc.communicate()[0]) for proc in procs]
+    return max(stamps) - start
+
+
+def _read_stamp(directory: str, name: str) -> float:
+    with open(os.path.join(directory, name)) as stamp:
+        return float(stamp.read())
+
+
+def start_with(launch: Callable[[str], None], nprocs: int) -> float:
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        start = time.monotonic()
+        launch(directory)
+        stamps = [_read_stamp(directory, str(rank)) for rank in range(nprocs)]
+    return max(stamps) - start
+
+
+def start_numarun(nprocs: int, method: str) -> float:
+    import numarun
+
+    return start_with(
+        lambda d: numarun.spawn(first_line, args=(d,), nprocs=nprocs, start_method=method), nprocs
+    )
+
+
+def start_torch(torch_mp: Any, nprocs: int, method: str) -> float:
+    return start_with(
+        lambda d: torch_mp.start_processes(
+            first_line, args=(d,), nprocs=nprocs, start_method=method
+        ),
+        nprocs,
+    )
+
+
+def teardown(spawn: Callable[..., object], expected: type[BaseException], nprocs: int) -> float:
+    """Seconds from rank 0's failure to ``spawn`` raising in the parent."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        try:
+            spawn(fail_or_sleep, args=(directory, nprocs), nprocs=nprocs, start_method="fork")
+        except expected:
+            raised_at = time.monotonic()
+        else:
+            raise AssertionError("the failure did not propagate")
+        return raised_at - _read_stamp(directory, "failed_at")
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def supervision_cpu(context: Any, window: float) -> tuple[float, float]:
+    """(CPU seconds per wall second during a ``join(timeout=window)`` while the workers sleep,
+    CPU seconds of the final join, which includes the teardown and reaping).
+
+    An unmeasured half-second join comes first, so that the one-time start-up work (payload
+    writes, exec checks) is not counted as steady-state supervision.
+    """
+    assert not context.join(timeout=0.5)
+    cpu, wall = _cpu_seconds(), time.monotonic()
+    finished = context.join(timeout=window)
+    idle = (_cpu_seconds() - cpu) / (time.monotonic() - wall)
+    assert not finished, "the workers ended inside the measuring window"
+    cpu = _cpu_seconds()
+    while not context.join():
+        pass
+    return idle, _cpu_seconds() - cpu
+
+
+# --- report --------------------------------------------------------------------------------------
+
+
+def _cell(samples: list[float], anchor: list[float] | None = None) -> str:
+    """``"123 ms (1.20x)"``: the median, and its ratio to the anchor's median."""
+    from statistics import median
+
+    if not samples:
+        return "n/a"
+    text = f"{median(samples) * 1000:.0f} ms"
+    if anchor:
+        text += f" ({median(samples) / median(anchor):.2f}x)"
+    return text
+
+
+def bench_startup(
+    counts: list[int], repeats: int, torch_repeats: int, method: str, torch_mp: Any
+) -> list[str]:
+    rows = [
+        f"| N | bare interpreters | numarun.spawn ({method}) | torch.mp ({method}) |",
+        "|---|---|---|---|",
+    ]
+    for nprocs in counts:
+        bare: list[float] = []
+        ours: list[float] = []
+        theirs: list[float] = []
+        for repeat in range(repeats):
+            bare.append(start_bare(nprocs))
+            ours.append(start_numarun(nprocs, method))
+            if torch_mp is not None and repeat < torch_repeats:
+                theirs.append(start_torch(torch_mp, nprocs, method))
+        rows.append(f"| {nprocs} | {_cell(bare)} | {_cell(ours, bare)} | {_cell(theirs, bare)} |")
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
+
+
+def bench_teardown(runs: int, nprocs: int, torch_mp: Any) -> list[str]:
+    import numarun
+
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(runs):
+        ours.append(teardown(numarun.spawn, numarun.ProcessRaisedException, nprocs))
+        if torch_mp is not None:
+            theirs.append(
+                teardown(torch_mp.start_processes, torch_mp.ProcessRaisedException, nprocs)
+            )
+    return [
+        f"| failure to full teardown, {nprocs} workers (median of {runs}) | "
+        f"{_cell(ours)} | {_cell(theirs)} | < 50 ms |"
+    ]
+
+
+def bench_cpu(seconds: float, torch_mp: Any) -> list[str]:
+    import numarun
+
+    window = seconds - 2.0
+    ours = supervision_cpu(numarun.spawn(sleep_for, args=(seconds,), nprocs=2, join=False), window)
+    theirs = None
+    if torch_mp is not None:
+        context = torch_mp.start_processes(
+            sleep_for, args=(seconds,), nprocs=2, join=False, start_method="spawn"
+        )
+        theirs = supervision_cpu(context, window)
+    their_idle = "n/a" if theirs is None else f"{theirs[0] * 1000:.2f} ms/s"
+    their_end = "n/a" if theirs is None else f"{theirs[1] * 1000:.1f} ms"
+    return [
+        f"| parent CPU per second while 2 workers sleep ({window:g} s window) | "
+        f"{ours[0] * 1000:.2f} ms/s | {their_idle} | < 1 ms/s |",
+        f"| parent CPU of the final join (teardown sweep, reaping) | {ours[1] * 1000:.1f} ms | "
+        f"{their_end} | |",
+    ]
+
+
+def main() -> None:
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=9, help="start-up repetitions per N")
+    parser.add_argument("--torch-repeats", type=int, default=3, help="of those, with torch")
+    parser.add_argument("--teardown-runs", type=int, default=20)
+    parser.add_argument("--counts", default="1,2,4,8", help="worker counts for start-up")
+    parser.add_argument("--method", default="spawn", choices=("spawn", "fork", "forkserver"))
+    parser.add_argument("--no-torch", action="store_true", help="leave torch.mp out")
+    args = parser.parse_args()
+    # Imported before any measurement, so every numarun and bare figure comes from the same
+    # parent: one that has torch loaded, as a training script's parent usually does.
+    torch_mp = None if args.no_torch else _torch_mp()
+    counts = [int(count) for count in args.counts.split(",")]
+    parent = "with torch imported" if torch_mp is not None else "without torch"
+    rows = [
+        f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; the parent runs "
+        f"{parent}.",
+        "",
+        "### Start-up: call to the last worker's first line (median; ratio vs bare)",
+        "",
+    ]
+    rows += bench_startup(counts, args.repeats, args.torch_repeats, args.method, torch_mp)
+    rows += ["", "### Teardown and supervision cost", ""]
+    rows += ["| measurement | numarun | torch.multiprocessing | target |", "|---|---|---|---|"]
+    rows += bench_teardown(args.teardown_runs, 4, torch_mp)
+    rows += bench_cpu(3.0, torch_mp)
+    print("\n".join(rows))
+
+
+if __name__ == "__main__":
+    # Import this file by module name so that workers do not re-run it as __mp_main__.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bench_spawn
+
+    bench_spawn.main()
