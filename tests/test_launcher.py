@@ -493,66 +493,6 @@ def test_exit_code_for(exit_code: int | None, received: int | None, expected: in
     assert exit_code_for(_result(exit_code, received)) == expected
 
 
-# --- signals outside the supervisor's wait() -------------------------------------------------
-
-
-class FakeSupervisor:
-    """Stands in for Supervisor: sends ``signum`` to this process during ``phase``."""
-
-    def __init__(self, phase: str, signum: int, pids: list[int] = ()) -> None:
-        self.phase, self.signum, self._pids = phase, signum, list(pids)
-        self.calls: list[str] = []
-        self.result = SimpleNamespace(workers=[], first_failure=None, received_signal=None)
-
-    def _maybe_signal(self, phase: str) -> None:
-        self.calls.append(phase)
-        if phase == self.phase:
-            os.kill(os.getpid(), self.signum)
-            time.sleep(0.01)  # the Python-level handler runs here at the latest
-
-    def start(self) -> None:
-        self._maybe_signal("start")
-
-    def pids(self) -> list[int]:
-        return self._pids
-
-    def wait(self) -> SimpleNamespace:
-        self._maybe_signal("wait")
-        return self.result
-
-    def stop(self, grace_period: float | None = None) -> SimpleNamespace:
-        self.calls.append("stop")
-        return self.result
-
-
-def test_teardown_signal_while_workers_start_stops_the_launch() -> None:
-    before = signal.getsignal(signal.SIGTERM)
-    fake = FakeSupervisor("start", signal.SIGTERM)
-    assert launcher._supervise(parse("t.py"), fake) == (None, signal.SIGTERM)
-    assert fake.calls == ["start"]
-    assert signal.getsignal(signal.SIGTERM) is before
-
-
-def test_teardown_signal_outside_wait_stops_the_started_workers() -> None:
-    fake = FakeSupervisor("wait", signal.SIGHUP)
-    result, early = launcher._supervise(parse("t.py"), fake)
-    assert (result, early) == (fake.result, signal.SIGHUP)
-    assert fake.calls == ["start", "wait", "stop"]
-
-
-def test_forward_signal_while_workers_start_reaches_them(tmp_path: Path) -> None:
-    child = subprocess.Popen([sys.executable, WAIT, str(tmp_path)], env=_child_env(RANK="0"))
-    try:
-        _wait_for(lambda: (tmp_path / "0.pid").exists())
-        fake = FakeSupervisor("start", signal.SIGUSR1, pids=[child.pid])
-        assert launcher._supervise(parse("t.py"), fake) == (fake.result, 0)
-        _wait_for(lambda: _complete(tmp_path / "0.signals"))
-        assert (tmp_path / "0.signals").read_text() == "SIGUSR1\n"
-    finally:
-        (tmp_path / "stop").touch()
-        child.wait(timeout=30)
-
-
 # --- real runs through ``python -m numarun`` ------------------------------------------------
 
 
@@ -818,18 +758,35 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _start_waiting_job(tmp_path: Path, nproc: int = 2) -> tuple[subprocess.Popen[str], list[int]]:
+def _start_waiting_job(
+    tmp_path: Path, nproc: int = 2, **popen: object
+) -> tuple[subprocess.Popen[str], list[int]]:
     job = subprocess.Popen(
         [sys.executable, "-m", "numarun", "--nproc-per-node", str(nproc), WAIT, str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         env=_child_env(),
+        **popen,
     )
     pid_files = [tmp_path / f"{rank}.pid" for rank in range(nproc)]
-    _wait_for(lambda: all(path.exists() for path in pid_files) or job.poll() is not None)
-    assert job.poll() is None, job.communicate()
+    try:
+        _wait_for(lambda: all(path.exists() for path in pid_files) or job.poll() is not None)
+        assert job.poll() is None, job.communicate()
+    except BaseException:
+        _end_job(job, tmp_path)
+        raise
     return job, [int(path.read_text()) for path in pid_files]
+
+
+def _end_job(job: subprocess.Popen[str], tmp_path: Path) -> str:
+    """Let the workers finish; kill the launcher if it does not end (no test leaves one)."""
+    (tmp_path / "stop").touch()
+    try:
+        return job.communicate(timeout=30)[1]
+    except subprocess.TimeoutExpired:
+        job.kill()
+        return job.communicate()[1]
 
 
 @pytest.mark.parametrize(("signum", "expected"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
@@ -837,19 +794,40 @@ def test_signal_to_launcher_tears_down_and_exits_128_plus_n(
     tmp_path: Path, signum: int, expected: int
 ) -> None:
     job, pids = _start_waiting_job(tmp_path)
-    job.send_signal(signum)
-    _, stderr = job.communicate(timeout=30)
+    try:
+        job.send_signal(signum)
+        _, stderr = job.communicate(timeout=30)
+    finally:
+        _end_job(job, tmp_path)
     assert job.returncode == expected, stderr
     assert not any(_alive(pid) for pid in pids)
 
 
 def test_sigusr1_is_forwarded_and_the_job_keeps_running(tmp_path: Path) -> None:
     job, _ = _start_waiting_job(tmp_path)
-    job.send_signal(signal.SIGUSR1)
-    marks = [tmp_path / f"{rank}.signals" for rank in (0, 1)]
-    _wait_for(lambda: all(_complete(path) for path in marks))
-    assert job.poll() is None
-    assert all(path.read_text() == "SIGUSR1\n" for path in marks)
-    (tmp_path / "stop").touch()
-    _, stderr = job.communicate(timeout=30)
+    try:
+        job.send_signal(signal.SIGUSR1)
+        marks = [tmp_path / f"{rank}.signals" for rank in (0, 1)]
+        _wait_for(lambda: all(_complete(path) for path in marks))
+        assert job.poll() is None
+        assert all(path.read_text() == "SIGUSR1\n" for path in marks)
+    finally:
+        stderr = _end_job(job, tmp_path)
+    assert job.returncode == 0, stderr
+
+
+def _ignore_sighup() -> None:
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+
+
+def test_a_hangup_ignored_as_under_nohup_leaves_the_job_running(tmp_path: Path) -> None:
+    # pytorch/pytorch#76894: under nohup, torchrun's workers "Received 1 death signal".
+    job, pids = _start_waiting_job(tmp_path, preexec_fn=_ignore_sighup)
+    try:
+        job.send_signal(signal.SIGHUP)
+        time.sleep(0.5)  # a teardown would have begun by now
+        assert job.poll() is None
+        assert all(_alive(pid) for pid in pids)
+    finally:
+        stderr = _end_job(job, tmp_path)
     assert job.returncode == 0, stderr

@@ -348,6 +348,45 @@ def test_forwarded_signal_reaches_workers_and_run_goes_on() -> None:
     assert signal.getsignal(signal.SIGUSR1) == before
 
 
+def test_teardown_signal_during_start_is_acted_on_not_fatal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = handlers([signal.SIGTERM])
+    real_await = Supervisor._await_exec
+
+    def await_exec_then_signal(self: Supervisor) -> None:
+        real_await(self)
+        os.kill(os.getpid(), signal.SIGTERM)  # every worker forked, start() not yet returned
+
+    monkeypatch.setattr(Supervisor, "_await_exec", await_exec_then_signal)
+    sup = Supervisor([spec(k, "import time; time.sleep(60)") for k in (0, 1)], grace_period=5)
+    result = sup.run()
+    assert result.received_signal == signal.SIGTERM
+    assert [w.state for w in result.workers] == ["terminated", "terminated"]
+    assert handlers([signal.SIGTERM]) == before
+
+
+def test_run_calls_on_started_once_workers_run() -> None:
+    seen: list[list[int]] = []
+    sup = Supervisor([spec(0, "pass"), spec(1, "pass")])
+    result = sup.run(on_started=lambda: seen.append(sup.pids()))
+    assert [w.state for w in result.workers] == ["succeeded", "succeeded"]
+    assert seen == [[w.pid for w in result.workers]]
+
+
+def test_an_ignored_teardown_signal_stays_ignored() -> None:
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        code = "import time; print('ready', flush=True); time.sleep(0.5)"
+        sink = Collect(lambda line: os.kill(os.getpid(), signal.SIGHUP))
+        result = run([spec(0, code, stdout=sink)])
+        assert result.received_signal is None
+        assert [w.state for w in result.workers] == ["succeeded"]
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+
+
 def test_no_signal_handling_outside_the_main_thread() -> None:
     before = handlers([signal.SIGINT, signal.SIGTERM])
     results: list[RunResult] = []

@@ -21,7 +21,6 @@ for it, the log and failure modules only for redirected output or a failed run.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import signal
 import sys
@@ -33,7 +32,7 @@ from numarun.errors import NumarunError, UsageError
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.plan import Plan, RankBinding
-    from numarun.supervisor import RunResult, Supervisor
+    from numarun.supervisor import RunResult
 
 DEFAULT_MULTI_NODE_PORT = 29500  # torchrun's --master-port default
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
@@ -832,8 +831,8 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     summary as the last thing on stderr. ``environ`` (default ``os.environ``) is the base of
     every worker's environment.
 
-    Side effect on the calling process: ``gc.freeze()`` once the workers are started (see
-    :func:`_supervise`); the launcher's start-up objects are never collected afterwards.
+    Side effect on the calling process: ``gc.freeze()`` just before the workers start; the
+    launcher's start-up objects are never collected afterwards.
     """
     base = dict(os.environ if environ is None else environ)
     binary_path = check_entrypoint(config, base)
@@ -1008,6 +1007,7 @@ def _cpus_text(cpus: Sequence[int]) -> str:
 def _launch(
     config: LaunchConfig, plan: Plan | None, base: Mapping[str, str], port: int, argv: list[str]
 ) -> int:
+    import gc
     import shutil
 
     from numarun.supervisor import Supervisor, WorkerSpec
@@ -1057,10 +1057,11 @@ def _launch(
             teardown_signals=config.teardown_signals,
             forward_signals=config.forward_signals,
         )
-        result, early_signal = _supervise(config, supervisor)
-        if result is None:  # a teardown signal stopped the start itself
-            return 128 + int(early_signal or signal.SIGINT)
-        code = 128 + early_signal if early_signal else exit_code_for(result)
+        # Everything allocated so far lives until exit; freezing it keeps the collector from
+        # walking it again, which on a slow machine costs 10+ ms at interpreter exit.
+        gc.freeze()
+        result = supervisor.run(on_started=_prefetch_failure_report)
+        code = exit_code_for(result)
         if code != 0:
             sys.stdout.flush()
             summary = _summary(config, result, attempt_dir, outputs, log_base if keep else None)
@@ -1070,82 +1071,6 @@ def _launch(
     finally:
         if not keep:
             shutil.rmtree(log_base, ignore_errors=True)
-
-
-class _EarlySignal(BaseException):
-    """A teardown signal that arrived while the supervisor's own handlers were not in place."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _supervise(config: LaunchConfig, supervisor: Supervisor) -> tuple[RunResult | None, int]:
-    """Start and wait, covering the gaps in the supervisor's signal handling.
-
-    The supervisor handles signals only inside ``wait()``. Before that (while workers start)
-    and around it, our own handlers stand in: a forward signal goes straight to the started
-    workers; the first teardown signal stops everything (a second one is ignored while the
-    teardown runs). Returns ``(result, 0)``, ``(result, N)`` when teardown signal N arrived
-    outside ``wait()``, or ``(None, N)`` when it arrived before every worker had started (the
-    supervisor then killed those already started).
-    """
-    import gc
-
-    state = {"stopping": False}
-    launcher_pid = os.getpid()
-
-    def on_signal(signum: int, frame: object) -> None:
-        if os.getpid() != launcher_pid or state["stopping"]:
-            return  # a just-forked child before its exec, or a teardown already under way
-        if signum in config.forward_signals:
-            for pid in supervisor.pids():
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-            return
-        state["stopping"] = True
-        raise _EarlySignal(signum)
-
-    previous = _install_handlers((*config.teardown_signals, *config.forward_signals), on_signal)
-    started = False
-    try:
-        try:
-            supervisor.start()
-            started = True
-            _prefetch_failure_report()
-            # Everything allocated so far lives until exit; freezing it keeps the collector
-            # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
-            gc.freeze()
-            return supervisor.wait(), 0
-        except _EarlySignal as early:
-            if not started:
-                return None, early.signum
-            return supervisor.stop(), early.signum
-        except BaseException:
-            state["stopping"] = True
-            if started:
-                supervisor.stop(grace_period=0)  # a sink raising, say: leave no orphans
-            raise
-    finally:
-        state["stopping"] = True
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def _install_handlers(signals: Sequence[int], handler: object) -> dict[int, object]:
-    """Install ``handler`` for ``signals``; return the previous handlers to restore. Does
-    nothing outside the main thread, and skips handlers installed outside Python."""
-    previous: dict[int, object] = {}
-    for signum in signals:
-        current = signal.getsignal(signum)
-        if current is None:
-            continue
-        try:
-            signal.signal(signum, handler)  # type: ignore[arg-type]
-        except ValueError:  # not the main thread: the supervisor cannot handle signals either
-            break
-        previous[signum] = current
-    return previous
 
 
 def _prefetch_failure_report(delay: float = 0.25) -> None:

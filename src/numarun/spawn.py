@@ -318,16 +318,9 @@ def _start(
     ]
     from numarun.supervisor import Supervisor
 
-    supervisor = Supervisor(specs, grace_period=grace_period, teardown_signals=_teardown_signals())
+    supervisor = Supervisor(specs, grace_period=grace_period)
     supervisor.start()
     return SpawnContext(supervisor, nprocs)
-
-
-def _teardown_signals() -> tuple[int, ...]:
-    """SIGINT, SIGTERM and SIGHUP, except those this process ignores: a job started under
-    ``nohup`` (SIGHUP ignored) must survive the hangup, workers included."""
-    candidates = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-    return tuple(signum for signum in candidates if signal.getsignal(signum) != signal.SIG_IGN)
 
 
 def _check_arguments(

@@ -59,11 +59,14 @@ If the supervisor dies, even by SIGKILL, workers get SIGKILL from the kernel
 ``PR_SET_PDEATHSIG`` follows the *thread* that created the worker: call :meth:`Supervisor.start`
 from a thread that lives as long as the workers (the one that waits).
 
-Signals, only when :meth:`Supervisor.wait` runs in the main thread: ``teardown_signals`` make it
-tear down and return with ``RunResult.received_signal`` set (a second one skips the rest of the
-grace period); ``forward_signals`` are sent to every live worker and the run goes on. The
-previous handlers and wakeup fd are restored when ``wait`` returns; a signal whose current
-handler was not installed from Python (``signal.getsignal`` is None) is left alone.
+Signals, only in the main thread, while :meth:`Supervisor.start`, :meth:`Supervisor.wait` or
+:meth:`Supervisor.run` (both under one scope, so nothing falls between them) runs:
+``teardown_signals`` make it tear down and return with ``RunResult.received_signal`` set (a
+second one skips the rest of the grace period; one that arrives during ``start`` is acted on by
+the next ``wait``); ``forward_signals`` are sent to every live worker and the run goes on. The
+previous handlers and wakeup fd are restored when each call returns. Left alone: a teardown
+signal the caller ignores (SIGHUP under ``nohup``: the job survives the hangup) and a signal
+whose handler was not installed from Python (``signal.getsignal`` is None).
 
 The caller's CPU affinity, memory policy, environment and signal handlers are never changed;
 no files are created (``"forkserver"`` starts :mod:`multiprocessing`'s forkserver once per
@@ -85,7 +88,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from numarun import binding, watchdog
 from numarun.errors import BindingError, UsageError
@@ -453,6 +456,7 @@ def _fork_child(
                 os.close(fd)
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
+        _SignalScope.restore_callers_handlers()  # a forked worker runs under the caller's
         _setup_forked_child(
             parent_pid=parent_pid,
             cpus=spec.cpus,
@@ -691,26 +695,42 @@ class Supervisor:
                     stream.flush()  # forked children would print the buffered text again
             except (OSError, ValueError):
                 pass
-        self._selector = selectors.DefaultSelector()
-        _track(self._selector.fileno())
-        self._wakeup_r, self._wakeup_w = socket.socketpair()
-        for sock in (self._wakeup_r, self._wakeup_w):
-            sock.setblocking(False)
-            _track(sock.fileno())
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
+        self._open_loop()
         _acquire_subreaper()
         self._subreaper_held = True
         try:
-            for spec in self._specs:
-                self._workers.append(self._start_worker(spec))
-            self._await_exec()
-            if self._want_watchdog:
-                # Started last so that workers start sooner; until it runs, the workers' own
-                # parent-death signal covers a supervisor that dies (no grandchildren yet).
-                self._start_watchdog()
+            # A teardown signal that arrives while workers start is noted here and acted on by
+            # the next wait(); it neither kills us half-way nor gets lost.
+            with self._signal_scope():
+                for spec in self._specs:
+                    self._workers.append(self._start_worker(spec))
+                self._await_exec()
+                if self._want_watchdog:
+                    # Started last so that workers start sooner; until it runs, the workers'
+                    # own parent-death signal covers a supervisor that dies (no grandchildren).
+                    self._start_watchdog()
         except BaseException as exc:
             self._abort_start()
             raise _start_error(exc) from exc
+
+    def run(self, on_started: Callable[[], None] | None = None) -> RunResult:
+        """:meth:`start`, then :meth:`wait` until the run ends, under one signal scope.
+
+        Unlike calling the two in turn, no signal can arrive between them while the caller's
+        handlers are back in place. ``on_started`` is called once every worker has started
+        (say, to import what a failure report needs while workers boot). Raises what
+        :meth:`start` raises.
+        """
+        if self._phase != _NEW:
+            raise RuntimeError("Supervisor.run() may be called once; make a new Supervisor")
+        self._open_loop()
+        with self._signal_scope():
+            self.start()
+            if on_started is not None:
+                on_started()
+            result = self.wait()
+        assert result is not None
+        return result
 
     def pids(self) -> list[int]:
         """The started workers' pids, by local rank (empty before :meth:`start`)."""
@@ -731,9 +751,7 @@ class Supervisor:
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = False
         try:
-            with _SignalScope(
-                self._wakeup_w, self._teardown_signals, self._forward_signals, self._fallback
-            ) as scope:
+            with self._signal_scope() as scope:
                 self._sigchld = scope.sigchld
                 finished = self._loop(deadline)
             self._sigchld = False
@@ -771,6 +789,23 @@ class Supervisor:
             self.stop()
 
     # --- starting ------------------------------------------------------------------------------
+
+    def _open_loop(self) -> None:
+        """The selector and the signal wakeup socket; idempotent (run() opens them early)."""
+        if self._selector is not None:
+            return
+        self._selector = selectors.DefaultSelector()
+        _track(self._selector.fileno())
+        self._wakeup_r, self._wakeup_w = socket.socketpair()
+        for sock in (self._wakeup_r, self._wakeup_w):
+            sock.setblocking(False)
+            _track(sock.fileno())
+        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
+
+    def _signal_scope(self) -> _SignalScope:
+        return _SignalScope(
+            self._wakeup_w, self._teardown_signals, self._forward_signals, self._fallback
+        )
 
     def _start_watchdog(self) -> None:
         env = {key: value for key, value in os.environ.items() if key != RUN_ID_ENV}
@@ -1501,8 +1536,9 @@ def _wait_bounded(process: subprocess.Popen[bytes], limit: float) -> None:
 
 
 class _SignalScope:
-    """Installs the supervisor's signal handling for one wait() in the main thread; restores the
-    previous handlers and wakeup fd on exit. Elsewhere it does nothing."""
+    """Installs the supervisor's signal handling in the main thread (elsewhere it does nothing)
+    and restores the previous handlers and wakeup fd on exit. Scopes nest: an inner one
+    restores the outer one's handlers. A teardown signal the caller ignores stays ignored."""
 
     def __init__(
         self,
@@ -1512,15 +1548,28 @@ class _SignalScope:
         fallback: bool,
     ) -> None:
         self._wakeup = wakeup
+        self._teardown = tuple(teardown)
         self._signals = [*teardown, *forward]
         self._fallback = fallback
         self.sigchld = False
         self._previous: dict[int, Any] = {}
         self._previous_wakeup: int | None = None
 
+    _active: ClassVar[list[_SignalScope]] = []  # the scopes now entered, outermost first
+
+    @classmethod
+    def restore_callers_handlers(cls) -> None:
+        """In a forked worker: put back the handlers the caller had before any scope."""
+        callers: dict[int, Any] = {}
+        for scope in reversed(cls._active):  # outer scopes know the caller's own handlers
+            callers.update(scope._previous)
+        for signum, handler in callers.items():
+            signal.signal(signum, handler)
+
     def __enter__(self) -> _SignalScope:
         if self._wakeup is None or threading.current_thread() is not threading.main_thread():
             return self
+        _SignalScope._active.append(self)
         signals = list(self._signals)
         if self._fallback:
             signals.append(signal.SIGCHLD)  # the no-pidfd fallback: SIGCHLD wakes the loop
@@ -1531,12 +1580,16 @@ class _SignalScope:
             previous = signal.getsignal(signum)
             if previous is None:
                 continue  # installed outside Python: we could not restore it exactly
+            if previous == signal.SIG_IGN and signum in self._teardown:
+                continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
             self._previous[signum] = previous
             signal.signal(signum, _note_signal)
         self.sigchld = signal.SIGCHLD in self._previous
         return self
 
     def __exit__(self, *exc_info: object) -> None:
+        if self in _SignalScope._active:
+            _SignalScope._active.remove(self)
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         if self._previous_wakeup is not None:
