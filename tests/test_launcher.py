@@ -460,13 +460,16 @@ def test_omp_threads_follow_the_binding_else_the_unbound_share() -> None:
     assert _env(config, 0, unbound_threads=0)["OMP_NUM_THREADS"] == "1"
 
 
-def test_physical_core_estimate_divides_by_smt_siblings(tmp_path: Path) -> None:
-    topo = tmp_path / "sys/devices/system/cpu/cpu4/topology"
-    topo.mkdir(parents=True)
-    (topo / "core_cpus_list").write_text("4,68\n")
-    assert launcher.physical_core_estimate(range(4, 12), str(tmp_path)) == 4
-    assert launcher.physical_core_estimate(range(0, 6), str(tmp_path)) == 6  # unreadable: all
-    assert launcher.physical_core_estimate([], str(tmp_path)) == 1
+def test_unbound_threads_count_physical_cores_once(tmp_path: Path) -> None:
+    from numarun import workerenv
+
+    for cpu, siblings in ((4, "4,68"), (68, "4,68"), (5, "5")):
+        topo = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/topology"
+        topo.mkdir(parents=True)
+        (topo / "thread_siblings_list").write_text(siblings + "\n")
+    assert workerenv.allowed_physical_cores(str(tmp_path), {4, 68, 5}) == 2
+    assert workerenv.allowed_physical_cores(str(tmp_path), {4, 5, 6, 7}) == 4  # 6, 7 unreadable
+    assert workerenv.allowed_physical_cores(str(tmp_path), set()) == 1
 
 
 # --- exit codes -----------------------------------------------------------------------------------

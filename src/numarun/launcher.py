@@ -27,6 +27,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from numarun import workerenv
 from numarun.errors import NumarunError, UsageError
 
 TYPE_CHECKING = False
@@ -754,29 +755,6 @@ def rank_env(
     return env
 
 
-def physical_core_estimate(allowed: Sequence[int], sysfs_root: str = "/") -> int:
-    """Physical cores among ``allowed`` CPUs, cheaply: allowed CPUs / SMT siblings of the first.
-
-    Reads one sysfs file (``core_cpus_list``, or ``thread_siblings_list`` on older kernels)
-    instead of the whole topology, because it sits on the start-up path of every unbound
-    launch. Falls back to ``len(allowed)`` when the file cannot be read; at least 1.
-    """
-    if not allowed:
-        return 1
-    from numarun.cpulist import parse_cpulist
-
-    first = min(allowed)
-    base = os.path.join(sysfs_root, f"sys/devices/system/cpu/cpu{first}/topology")
-    for name in ("core_cpus_list", "thread_siblings_list"):
-        try:
-            with open(os.path.join(base, name)) as handle:
-                siblings = len(parse_cpulist(handle.read())) or 1
-        except (OSError, UsageError):
-            continue
-        return max(1, len(allowed) // siblings)
-    return len(allowed)
-
-
 # --- exit codes ----------------------------------------------------------------------------------
 
 
@@ -840,7 +818,7 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     if plan is not None:
         for warning in plan.warnings:
             print(f"numarun: warning: {warning}", file=sys.stderr)
-    port = config.master_port if config.master_port is not None else _free_port()
+    port = config.master_port if config.master_port is not None else workerenv.free_port()
     argv = worker_argv(config, binary_path)
     if config.dry_run:
         print(_dry_run_text(config, plan, base, port, argv), end="")
@@ -937,16 +915,6 @@ def _make_plan(config: LaunchConfig) -> Plan | None:
     )
 
 
-def _free_port() -> int:
-    """A TCP port free right now. Racy by nature (bind, read, release), like every launcher's;
-    the alternative, port 0 inside the TCPStore, cannot be told to the other ranks."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("", 0))
-        return int(probe.getsockname()[1])
-
-
 def _bound(plan: Plan | None, local_rank: int) -> RankBinding | None:
     if plan is None or not plan.bound:
         return None
@@ -956,8 +924,7 @@ def _bound(plan: Plan | None, local_rank: int) -> RankBinding | None:
 def _unbound_threads(config: LaunchConfig, base: Mapping[str, str]) -> int:
     if "OMP_NUM_THREADS" in base:
         return 1  # not used: the user's value is kept
-    allowed = sorted(os.sched_getaffinity(0))
-    return max(1, physical_core_estimate(allowed) // config.nproc_per_node)
+    return workerenv.unbound_threads(config.nproc_per_node)
 
 
 def _error_file(attempt_dir: str, local_rank: int) -> str:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from numarun import _worker
+from numarun import _worker, workerenv
 from numarun.errors import UsageError
 
 if TYPE_CHECKING:
@@ -543,11 +543,11 @@ def _worker_envs(
     if master_port is not None:
         common["MASTER_PORT"] = str(master_port)
     elif not base.get("MASTER_PORT"):
-        common["MASTER_PORT"] = str(_free_port())
+        common["MASTER_PORT"] = str(workerenv.free_port())
     common.update(placement.env)
     threads = None
     if "OMP_NUM_THREADS" not in base:
-        threads = placement.threads or [_unbound_threads(nprocs)] * nprocs
+        threads = placement.threads or [workerenv.unbound_threads(nprocs)] * nprocs
     envs = []
     for rank in range(nprocs):
         worker_env = dict(common)
@@ -557,44 +557,6 @@ def _worker_envs(
             worker_env["OMP_NUM_THREADS"] = str(threads[rank])
         envs.append(worker_env)
     return envs
-
-
-def _free_port() -> int:
-    """A TCP port free on all interfaces when checked (the bind-then-release race remains)."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
-def _unbound_threads(nprocs: int) -> int:
-    """Physical cores this process may use, divided by ``nprocs``, at least 1."""
-    return max(1, _allowed_physical_cores() // nprocs)
-
-
-def _allowed_physical_cores(sysfs_cpu: str = "/sys/devices/system/cpu") -> int:
-    """Physical cores among this process's allowed CPUs, from each CPU's SMT sibling list.
-
-    Deliberately not :func:`numarun.topology.read_topology`: an unbound spawn needs only this
-    count, and importing the topology reader would add to every worker's start-up latency.
-    A CPU whose sibling list cannot be read counts as a core of its own.
-    """
-    from numarun.cpulist import parse_cpulist
-
-    allowed = os.sched_getaffinity(0)
-    seen: set[int] = set()
-    cores = 0
-    for cpu in sorted(allowed):
-        if cpu in seen:
-            continue
-        cores += 1
-        try:
-            with open(f"{sysfs_cpu}/cpu{cpu}/topology/thread_siblings_list") as siblings:
-                seen.update(parse_cpulist(siblings.read()))
-        except (OSError, ValueError, UsageError):
-            seen.add(cpu)
-    return cores
 
 
 # --- worker specs --------------------------------------------------------------------------------
