@@ -834,3 +834,30 @@ def test_a_hangup_ignored_as_under_nohup_leaves_the_job_running(tmp_path: Path) 
     finally:
         stderr = _end_job(job, tmp_path)
     assert job.returncode == 0, stderr
+
+
+def test_tee_through_the_launcher_loses_nothing(tmp_path: Path) -> None:
+    # 1,000,000 lines across 4 ranks, each line written in two halves.
+    per_rank = 250_000
+    console = tmp_path / "console.txt"
+    with console.open("wb") as out:
+        job = subprocess.run(
+            [sys.executable, "-m", "numarun", "--nproc-per-node", "4", "--tee", "3",
+             "--log-dir", str(tmp_path / "logs"), str(WORKERS / "ln_lines.py"), str(per_rank)],
+            stdout=out, stderr=subprocess.PIPE, env=_child_env(), timeout=300,
+        )  # fmt: skip
+    assert job.returncode == 0, job.stderr
+    lines = console.read_bytes().split(b"\n")
+    assert lines.pop() == b""
+    assert len(lines) == 4 * per_rank
+    next_line = [0, 0, 0, 0]
+    for line in lines:
+        prefix, _, text = line.partition(b"]: ")
+        rank = int(prefix.removeprefix(b"[rank"))
+        assert text == b"r%d line %d" % (rank, next_line[rank]), line[:200]
+        next_line[rank] += 1
+    assert next_line == [per_rank] * 4
+    logs = sorted((tmp_path / "logs").glob("*/attempt_0/*/stdout.log"))
+    assert len(logs) == 4
+    for rank, log in enumerate(logs):
+        assert log.read_bytes() == b"".join(b"r%d line %d\n" % (rank, i) for i in range(per_rank))
