@@ -8,7 +8,6 @@ A binary literally named ``topo``, ``plan`` or ``snapshot`` is launched as ``./t
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Sequence
 
@@ -56,6 +55,8 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     from numarun.topo_view import render_topology, topology_to_json
 
     if args.json:
+        import json
+
         print(json.dumps(topology_to_json(topo), indent=2))
     else:
         print(render_topology(topo))
@@ -152,6 +153,8 @@ def _cmd_plan(argv: Sequence[str]) -> int:
 
 def _json_one_rank_per_line(document: dict) -> str:
     """JSON with one rank per line: diffable, and readable without a pager at 256 CPUs."""
+    import json
+
     ranks = document.get("ranks", [])
     rest = {key: value for key, value in document.items() if key != "ranks"}
     lines = ",\n".join("    " + json.dumps(rank) for rank in ranks)
