@@ -24,7 +24,7 @@ import numarun.supervisor
 from numarun.cpulist import parse_cpulist
 from numarun.errors import BindingError, PlanError, UsageError
 from numarun.plan import make_plan
-from numarun.spawn import (
+from numarun.spawning import (
     ProcessException,
     ProcessExitedException,
     ProcessRaisedException,
@@ -125,15 +125,15 @@ def test_hundred_megabytes_per_rank_come_back_without_deadlock(method: str) -> N
     assert [(value[0], value[-1]) for value in values] == [(0, 0), (1, 1)]
 
 
-def test_spawn_stays_callable_after_the_submodule_import() -> None:
-    import numarun.spawn as spawn_module
+def test_spawn_is_the_function_whatever_was_imported_first() -> None:
+    import numarun.spawning
 
-    assert callable(numarun.spawn)
-    assert spawn_module(sp_funcs.echo, nprocs=1, start_method="fork") == [(0, ())]
+    assert numarun.spawn is numarun.spawning.spawn
+    assert numarun.spawn(sp_funcs.echo, nprocs=1, start_method="fork") == [(0, ())]
 
 
 def test_import_numarun_does_not_load_the_spawn_module() -> None:
-    code = "import numarun, sys; print('numarun.spawn' in sys.modules, callable(numarun.spawn))"
+    code = "import numarun, sys; print('numarun.spawning' in sys.modules, callable(numarun.spawn))"
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert output.stdout.split() == ["False", "True"], output.stderr
 

@@ -31,7 +31,6 @@ import sys
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from numarun import _worker, workerenv
@@ -692,16 +691,3 @@ def _raise_for_signal(signum: int) -> None:
     # the signal meant to; a Python handler runs (and may raise) inside os.kill.
     os.kill(os.getpid(), signum)
     raise SystemExit(128 + signum)
-
-
-class _CallableModule(ModuleType):
-    """``import numarun.spawn`` makes the package attribute ``spawn`` this module, hiding the
-    function of the same name (the import system sets it after the module ran); calling the
-    module calls the function, so ``numarun.spawn(fn, ...)`` works whichever import came first.
-    """
-
-    def __call__(self, *args: Any, **kwargs: Any) -> list[Any] | SpawnContext:
-        return spawn(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
