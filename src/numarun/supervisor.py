@@ -4,25 +4,23 @@ Every way numarun starts workers (the launcher's argv workers, :func:`numarun.sp
 through one :class:`Supervisor`. A worker is described by a :class:`WorkerSpec` and started one
 of three ways (``WorkerSpec.start``):
 
-* ``"exec"``: fork, then in the child before ``execve``: ``setsid()`` (own session and process
-  group, so terminal signals reach the supervisor and not the workers),
-  ``PR_SET_PDEATHSIG(SIGKILL)``, a check that ``getppid()`` is still the supervisor (else the
-  child kills itself, closing the race with a supervisor that died meanwhile), then the CPU
-  affinity and memory policy, which both survive ``execve``; fds other than 0-2 and the
-  pipes below are closed and SIGPIPE/SIGXFSZ reset, as :mod:`subprocess` does. ``argv[0]`` is
-  looked up on the ``PATH`` of the worker's environment before anything starts. All workers
-  are forked back to back, then :meth:`Supervisor.start` waits for all their execs at once
-  (a close-on-exec pipe each); an exec or binding error in a child is raised from ``start``.
-* ``"fork"``: ``os.fork()``, the same preamble, then ``fork_target(payload_fd, result_fd)`` in
-  the child; its return value is the exit status (None: 0, an int: that int & 0xFF, anything
-  else: 1). ``SystemExit(n)`` exits ``n`` as Python does; any other exception prints its
-  traceback on fd 2 and exits 1. The child never returns into the caller's stack
-  (``os._exit``). ``os.environ`` is replaced by the spec's environment in the child only.
+* ``"exec"``: fork, then ``execve`` of ``argv``. ``argv[0]`` is looked up on the ``PATH`` of
+  the worker's environment before anything starts. All workers are forked back to back, then
+  :meth:`Supervisor.start` waits for all their execs at once (a close-on-exec pipe each); an
+  exec or binding error in a child is raised from ``start``.
+* ``"fork"``: ``os.fork()``, then ``fork_target(payload_fd, result_fd)`` in the child; its
+  return value is the exit status. ``os.environ`` is replaced by the spec's environment in the
+  child only.
 * ``"forkserver"``: :mod:`multiprocessing`'s forkserver forks the child, so inherited affinity
-  cannot work; the child runs the same preamble first (its parent is the forkserver, whose
-  death fires the parent-death signal), then ``fork_target``, which must be a picklable
-  module-level function. Its stdout/stderr without a sink are the forkserver's (the
-  supervisor's fds 1 and 2 when the forkserver started).
+  cannot work; ``fork_target`` must be a picklable module-level function. Its stdout/stderr
+  without a sink are the forkserver's (the supervisor's fds 1 and 2 when the forkserver
+  started).
+
+What each child runs before ``execve`` or ``fork_target`` and in what order (``setsid()``,
+``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the supervisor or the
+forkserver, binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome
+becomes the exit status, is :mod:`numarun.children`; so is the registry of the fds supervisors
+hold, which forked children close.
 
 Workers run with ``NUMARUN_RUN_ID=<run id>`` added to their environment. ``payload`` is written
 by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/forkserver:
@@ -90,7 +88,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from numarun import binding, watchdog
+from numarun import binding, children, watchdog
 from numarun.errors import BindingError, UsageError
 
 if TYPE_CHECKING:
@@ -107,16 +105,9 @@ TERMINATED = "terminated"
 UNKILLABLE = "unkillable"
 
 _READ_SIZE = 256 * 1024
-_PIPE_SIZE = 1024 * 1024  # payload/result throughput: fewer wake-ups per megabyte
 _FALLBACK_TICK = 0.05  # only without pidfds (see the module docstring)
 _WATCHDOG_WAIT = 2.0
-_NOT_OURS_EXIT = 1  # a child whose supervisor died before the preamble finished
 _EXEC_LIMIT = 60.0  # seconds from fork to exec before start() gives up
-
-# Every fd a supervisor holds open, so that children started with os.fork() close them all
-# (those of other supervisors running in other threads included).
-_open_fds: set[int] = set()
-_open_fds_lock = threading.Lock()
 
 # The subreaper flag is per process: the first running supervisor sets it, the last restores it.
 _subreaper_lock = threading.Lock()
@@ -237,40 +228,6 @@ class _Worker:
 # --- fds -----------------------------------------------------------------------------------------
 
 
-def _track(fd: int) -> int:
-    with _open_fds_lock:
-        _open_fds.add(fd)
-    return fd
-
-
-def _close(fd: int | None) -> None:
-    if fd is None:
-        return
-    with _open_fds_lock:
-        _open_fds.discard(fd)
-    with contextlib.suppress(OSError):
-        os.close(fd)
-
-
-def _parent_pipe(*, parent_reads: bool) -> tuple[int, int]:
-    """A pipe as (parent end, child end); the parent end is non-blocking and tracked."""
-    read_fd, write_fd = os.pipe()
-    parent, child = (read_fd, write_fd) if parent_reads else (write_fd, read_fd)
-    os.set_blocking(parent, False)
-    _track(parent)
-    _track(child)
-    return parent, child
-
-
-def _enlarge_pipe(fd: int) -> None:
-    try:
-        import fcntl
-
-        fcntl.fcntl(fd, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-    except (OSError, AttributeError, ImportError):
-        pass  # /proc/sys/fs/pipe-max-size may be lower; the default size only costs wake-ups
-
-
 def _open_pidfd(pid: int) -> int | None:
     """A pidfd for ``pid``, or None where pidfds do not work (then the fallback is used).
 
@@ -280,7 +237,7 @@ def _open_pidfd(pid: int) -> int | None:
     if not _pidfd_available:
         return None
     try:
-        return _track(os.pidfd_open(pid))
+        return children.track(os.pidfd_open(pid))
     except ProcessLookupError:
         raise
     except OSError as exc:
@@ -288,237 +245,6 @@ def _open_pidfd(pid: int) -> int | None:
             _pidfd_available = False
             return None
         raise
-
-
-# --- the child's side ----------------------------------------------------------------------------
-
-
-def _fork() -> int:
-    """os.fork() without Python 3.12's DeprecationWarning about forking a multi-threaded
-    process: the child runs only this module's preamble (no locks, no imports) before exec or
-    the fork target, which is the documented contract of start="exec" / "fork"."""
-    if threading.active_count() == 1:
-        return os.fork()
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
-
-
-def _exec_child(
-    error_fd: int,
-    parent_pid: int,
-    spec: WorkerSpec,
-    program: str,
-    env: Mapping[str, str],
-    pass_fds: Sequence[int],
-    stdout_fd: int | None,
-    stderr_fd: int | None,
-) -> None:
-    """Body of a ``start="exec"`` child between fork and exec; never returns.
-
-    On failure it writes ``stage:errno:message`` to ``error_fd`` (close-on-exec, so the parent
-    reads end of file when exec succeeds) and exits 127.
-    """
-    stage = "setup"
-    try:
-        os.setsid()
-        binding.set_parent_death_signal(signal.SIGKILL)
-        if os.getppid() != parent_pid:
-            os._exit(_NOT_OURS_EXIT)
-        stage = "bind"
-        if spec.cpus is not None or spec.mem is not None:
-            binding.apply_in_child(spec.cpus, spec.mem)
-        stage = "setup"
-        for fd, target in ((stdout_fd, 1), (stderr_fd, 2)):
-            if fd is not None:
-                os.dup2(fd, target)
-        keep = sorted({0, 1, 2, error_fd, *pass_fds})
-        for fd in pass_fds:
-            os.set_inheritable(fd, True)
-        # As subprocess's close_fds=True: the caller's inheritable fds stay out of workers.
-        for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
-            if high > low + 1:
-                os.closerange(low + 1, high)
-        # Python ignores SIGPIPE and SIGXFSZ; ignored dispositions would survive exec.
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
-        if spec.cwd is not None:
-            os.chdir(spec.cwd)
-        stage = "exec"
-        os.execve(program, list(spec.argv or ()), env)
-    except BaseException as exc:
-        code = getattr(exc, "errno", None) or 0
-        detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        with contextlib.suppress(BaseException):
-            os.write(error_fd, f"{stage}:{code}:{detail}".encode(errors="replace")[:4000])
-    finally:
-        os._exit(127)
-
-
-def _run_target(target: Callable[[int, int], Any], payload_fd: int, result_fd: int) -> int:
-    """Call ``target``; map its outcome to an exit status (see the module docstring)."""
-    try:
-        value = target(payload_fd, result_fd)
-        status = 0 if value is None else (value & 0xFF if isinstance(value, int) else 1)
-    except SystemExit as exc:
-        code = exc.code
-        if code is None:
-            status = 0
-        elif isinstance(code, int):
-            status = code & 0xFF
-        else:
-            print(code, file=sys.stderr)
-            status = 1
-    except BaseException:
-        _print_exception_to_fd2()
-        status = 1
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            pass
-    return status
-
-
-def _print_exception_to_fd2() -> None:
-    """The current exception's traceback, written to fd 2 itself: ``sys.stderr`` may be a
-    replacement of the parent's (pytest, notebooks) that the child's stderr never sees."""
-    try:
-        import traceback
-
-        text = "".join(traceback.format_exc()).encode(errors="replace")
-        while text:
-            text = text[os.write(2, text) :]
-    except BaseException:
-        pass
-
-
-def _setup_forked_child(
-    *,
-    parent_pid: int | None,
-    cpus: Sequence[int] | None,
-    mem: MemPolicy | None,
-    env: Mapping[str, str],
-    cwd: str | None,
-    stdout_fd: int | None,
-    stderr_fd: int | None,
-) -> None:
-    """The preamble of fork/forkserver children, then their environment and stdio."""
-    os.setsid()
-    binding.set_parent_death_signal(signal.SIGKILL)
-    if parent_pid is not None and os.getppid() != parent_pid:
-        os._exit(_NOT_OURS_EXIT)
-    if cpus is not None or mem is not None:
-        binding.apply_in_child(cpus, mem)
-    for fd, target in ((stdout_fd, 1), (stderr_fd, 2)):
-        if fd is not None:
-            os.dup2(fd, target)
-            os.close(fd)
-            _reopen_std_stream(target)
-    os.environ.clear()
-    os.environ.update(env)
-    if cwd is not None:
-        os.chdir(cwd)
-
-
-def _reopen_std_stream(fd: int) -> None:
-    """Point ``sys.stdout`` (fd 1) or ``sys.stderr`` (fd 2) at the fd itself, now a pipe to
-    the supervisor: the parent's object may be a replacement (pytest) that would swallow the
-    output, and its buffer belongs to the parent."""
-    name = "stdout" if fd == 1 else "stderr"
-    line_buffered = fd == 2  # as Python's own stderr; stdout is flushed when the target ends
-    # Not a context manager: the stream lives until the child's os._exit().
-    stream = open(  # noqa: SIM115
-        fd, "w", buffering=1 if line_buffered else -1, errors="backslashreplace", closefd=False
-    )
-    setattr(sys, name, stream)
-
-
-def _fork_child(
-    worker_fds: set[int],
-    parent_pid: int,
-    spec: WorkerSpec,
-    env: Mapping[str, str],
-    payload_fd: int,
-    result_fd: int,
-    stdout_fd: int | None,
-    stderr_fd: int | None,
-) -> None:
-    """Body of a ``start="fork"`` child; never returns."""
-    status = 1
-    try:
-        # No lock here: another thread may have held it at fork time, and we are alone now.
-        for fd in [fd for fd in _open_fds if fd not in worker_fds]:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        with contextlib.suppress(ValueError):
-            signal.set_wakeup_fd(-1)
-        _SignalScope.restore_callers_handlers()  # a forked worker runs under the caller's
-        _setup_forked_child(
-            parent_pid=parent_pid,
-            cpus=spec.cpus,
-            mem=spec.mem,
-            env=env,
-            cwd=spec.cwd,
-            stdout_fd=stdout_fd,
-            stderr_fd=stderr_fd,
-        )
-        assert spec.fork_target is not None
-        status = _run_target(spec.fork_target, payload_fd, result_fd)
-    except BaseException:
-        _print_exception_to_fd2()
-    finally:
-        os._exit(status)
-
-
-class _InheritedFd:
-    """An fd handed to a forkserver child (pickled as multiprocessing's DupFd); becomes an int."""
-
-    def __init__(self, fd: int) -> None:
-        self.fd = fd
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        from multiprocessing import reduction
-
-        return (_rebuild_inherited_fd, (reduction.DupFd(self.fd),))
-
-
-def _rebuild_inherited_fd(dup: Any) -> int:
-    return int(dup.detach())
-
-
-def _forkserver_child(
-    target: Callable[[int, int], Any],
-    parent_pid: int | None,
-    cpus: Sequence[int] | None,
-    mem: MemPolicy | None,
-    env: Mapping[str, str],
-    cwd: str | None,
-    payload_fd: int,
-    result_fd: int,
-    stdout_fd: int | None,
-    stderr_fd: int | None,
-) -> None:
-    """Entry of a ``start="forkserver"`` child (a Process target); never returns."""
-    status = 1
-    try:
-        _setup_forked_child(
-            parent_pid=parent_pid,
-            cpus=cpus,
-            mem=mem,
-            env=env,
-            cwd=cwd,
-            stdout_fd=stdout_fd,
-            stderr_fd=stderr_fd,
-        )
-        status = _run_target(target, payload_fd, result_fd)
-    except BaseException:
-        _print_exception_to_fd2()
-    finally:
-        os._exit(status)
 
 
 # --- the supervisor ------------------------------------------------------------------------------
@@ -795,11 +521,11 @@ class Supervisor:
         if self._selector is not None:
             return
         self._selector = selectors.DefaultSelector()
-        _track(self._selector.fileno())
+        children.track(self._selector.fileno())
         self._wakeup_r, self._wakeup_w = socket.socketpair()
         for sock in (self._wakeup_r, self._wakeup_w):
             sock.setblocking(False)
-            _track(sock.fileno())
+            children.track(sock.fileno())
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
 
     def _signal_scope(self) -> _SignalScope:
@@ -817,7 +543,7 @@ class Supervisor:
             close_fds=True,
         )
         assert self._watchdog.stdin is not None
-        self._watchdog_fd = _track(self._watchdog.stdin.fileno())
+        self._watchdog_fd = children.track(self._watchdog.stdin.fileno())
         self._tell_watchdog(b"".join(b"%d\n" % worker.pid for worker in self._workers))
 
     def _tell_watchdog(self, message: bytes) -> None:
@@ -836,17 +562,17 @@ class Supervisor:
         streams: dict[str, int] = {}
         try:
             if spec.payload is not None:
-                worker.payload_fd, payload_child = _parent_pipe(parent_reads=False)
-                _enlarge_pipe(worker.payload_fd)
+                worker.payload_fd, payload_child = children.parent_pipe(parent_reads=False)
+                children.enlarge_pipe(worker.payload_fd)
                 worker.payload_view = memoryview(spec.payload).cast("B")
                 child_fds.append(payload_child)
             if spec.want_result:
-                worker.result_fd, result_child = _parent_pipe(parent_reads=True)
-                _enlarge_pipe(worker.result_fd)
+                worker.result_fd, result_child = children.parent_pipe(parent_reads=True)
+                children.enlarge_pipe(worker.result_fd)
                 child_fds.append(result_child)
             for name, sink in (("stdout", spec.stdout), ("stderr", spec.stderr)):
                 if sink is not None:
-                    parent_end, child_end = _parent_pipe(parent_reads=True)
+                    parent_end, child_end = children.parent_pipe(parent_reads=True)
                     worker.outputs[parent_end] = sink
                     streams[name] = child_end
                     child_fds.append(child_end)
@@ -862,11 +588,11 @@ class Supervisor:
                 self._forkserver_worker(worker, env, payload_child, result_child, streams)
         except BaseException:
             for fd in (worker.payload_fd, worker.result_fd, *worker.outputs):
-                _close(fd)
+                children.close(fd)
             raise
         finally:
             for fd in child_fds:
-                _close(fd)
+                children.close(fd)
         self._register_worker(worker)
         return worker
 
@@ -877,12 +603,12 @@ class Supervisor:
         program = self._programs[spec.local_rank]
         parent_pid = os.getpid()
         check_r, check_w = os.pipe()
-        _track(check_r)
-        _track(check_w)
+        children.track(check_r)
+        children.track(check_w)
         try:
-            pid = _fork()
+            pid = children.fork()
             if pid == 0:
-                _exec_child(
+                children.exec_child(
                     check_w,
                     parent_pid,
                     spec,
@@ -893,10 +619,10 @@ class Supervisor:
                     streams.get("stderr"),
                 )
         except BaseException:
-            _close(check_r)
+            children.close(check_r)
             raise
         finally:
-            _close(check_w)
+            children.close(check_w)
         worker.pid = pid
         worker.exec_check_fd = check_r
 
@@ -923,7 +649,7 @@ class Supervisor:
                     continue
                 worker = pending.pop(fd)
                 worker.exec_check_fd = None
-                _close(fd)
+                children.close(fd)
                 if fd in reports:
                     raise _child_error(worker.spec, reports[fd].decode(errors="replace"))
 
@@ -937,9 +663,9 @@ class Supervisor:
     ) -> None:
         parent_pid = os.getpid()
         keep = {fd for fd in (payload_fd, result_fd, *streams.values()) if fd >= 0}
-        pid = _fork()
+        pid = children.fork()
         if pid == 0:
-            _fork_child(
+            children.fork_child(
                 keep,
                 parent_pid,
                 worker.spec,
@@ -948,6 +674,7 @@ class Supervisor:
                 result_fd,
                 streams.get("stdout"),
                 streams.get("stderr"),
+                _SignalScope.restore_callers_handlers,
             )
         worker.pid = pid
 
@@ -968,13 +695,13 @@ class Supervisor:
         forkserver.ensure_running()
         server_pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
-        def inherited(fd: int | None) -> _InheritedFd | int | None:
+        def inherited(fd: int | None) -> children.InheritedFd | int | None:
             if fd is None:
                 return None
-            return -1 if fd < 0 else _InheritedFd(fd)
+            return -1 if fd < 0 else children.InheritedFd(fd)
 
         process = context.Process(
-            target=_forkserver_child,
+            target=children.forkserver_child,
             args=(
                 spec.fork_target,
                 server_pid,
@@ -1209,7 +936,7 @@ class Supervisor:
         fd = self._tracked.pop(pid, None)
         if fd is not None and self._selector is not None:
             self._selector.unregister(fd)
-            _close(fd)
+            children.close(fd)
 
     def _give_up_on_survivors(self) -> None:
         for worker in self._workers:
@@ -1290,7 +1017,7 @@ class Supervisor:
         assert self._selector is not None
         self._selector.unregister(worker.exit_fd)
         if worker.owns_exit_fd:
-            _close(worker.exit_fd)
+            children.close(worker.exit_fd)
         worker.exit_fd = None
 
     def _close_pipes_of_dead(self, worker: _Worker) -> None:
@@ -1299,12 +1026,12 @@ class Supervisor:
         assert self._selector is not None
         if worker.payload_fd is not None:
             self._selector.unregister(worker.payload_fd)
-            _close(worker.payload_fd)
+            children.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
         if worker.result_fd is not None:
             self._selector.unregister(worker.result_fd)
-            _close(worker.result_fd)
+            children.close(worker.result_fd)
             worker.result_fd = None
 
     def _read_output(self, worker: _Worker, fd: int) -> None:
@@ -1323,7 +1050,7 @@ class Supervisor:
         sink = worker.outputs.pop(fd)
         if self._selector is not None:
             self._selector.unregister(fd)
-        _close(fd)
+        children.close(fd)
         sink.close()
 
     def _read_result(self, worker: _Worker, *, until_empty: bool = False) -> None:
@@ -1335,7 +1062,7 @@ class Supervisor:
                 return
             if not data:
                 self._selector.unregister(worker.result_fd)
-                _close(worker.result_fd)
+                children.close(worker.result_fd)
                 worker.result_fd = None
                 return
             worker.result += data
@@ -1345,7 +1072,7 @@ class Supervisor:
     def _write_payload(self, worker: _Worker) -> None:
         assert worker.payload_fd is not None and worker.payload_view is not None
         try:
-            written = os.write(worker.payload_fd, worker.payload_view[:_PIPE_SIZE])
+            written = os.write(worker.payload_fd, worker.payload_view[: children.PIPE_SIZE])
         except BlockingIOError:
             return
         except OSError:
@@ -1354,7 +1081,7 @@ class Supervisor:
         if not worker.payload_view:
             assert self._selector is not None
             self._selector.unregister(worker.payload_fd)
-            _close(worker.payload_fd)
+            children.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
 
@@ -1455,16 +1182,16 @@ class Supervisor:
         for pid in list(self._tracked):
             self._untrack(pid)
         for worker in self._workers:
-            _close(worker.exec_check_fd)
+            children.close(worker.exec_check_fd)
             worker.exec_check_fd = None
         self._end_watchdog()
         if self._selector is not None:
-            _close_untracked(self._selector.fileno())
+            children.close_untracked(self._selector.fileno())
             self._selector.close()
             self._selector = None
         for sock in (self._wakeup_r, self._wakeup_w):
             if sock is not None:
-                _close_untracked(sock.fileno())
+                children.close_untracked(sock.fileno())
                 sock.close()
         self._wakeup_r = self._wakeup_w = None
         if self._subreaper_held:
@@ -1481,8 +1208,7 @@ class Supervisor:
         with contextlib.suppress(OSError):
             process.kill()
         if self._watchdog_fd is not None:
-            with _open_fds_lock:
-                _open_fds.discard(self._watchdog_fd)
+            children.close_untracked(self._watchdog_fd)
             self._watchdog_fd = None
         assert process.stdin is not None
         with contextlib.suppress(OSError):
@@ -1503,11 +1229,6 @@ def _forget_process(worker: _Worker) -> None:
         mp_process._children.discard(process)
     except (ImportError, AttributeError):
         pass
-
-
-def _close_untracked(fd: int) -> None:
-    with _open_fds_lock:
-        _open_fds.discard(fd)
 
 
 def _wait_bounded(process: subprocess.Popen[bytes], limit: float) -> None:
