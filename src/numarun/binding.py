@@ -18,7 +18,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import platform
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ def _load_libc() -> ctypes.CDLL | None:
 
 def _syscall_numbers() -> tuple[int, int] | None:
     table = _SYSCALLS_64 if ctypes.sizeof(ctypes.c_void_p) == 8 else _SYSCALLS_32
-    return table.get(platform.machine())
+    return table.get(os.uname().machine)
 
 
 _LIBC = _load_libc()
@@ -233,7 +232,7 @@ def get_mem_policy() -> tuple[str, tuple[int, ...]]:
     """
     if not _MEMPOLICY_SUPPORTED or _SYSCALL is None:
         raise BindingError(
-            f"memory policy is not supported on this architecture ({platform.machine()})"
+            f"memory policy is not supported on this architecture ({os.uname().machine})"
         )
     bits = 1024
     while True:
@@ -395,7 +394,7 @@ def _errno_reason(err: int, policy: MemPolicy) -> str:
         )
     if err == errno.ENOSYS:
         if not _MEMPOLICY_SUPPORTED:
-            return f"memory policy is not supported on this architecture ({platform.machine()})"
+            return f"memory policy is not supported on this architecture ({os.uname().machine})"
         return "set_mempolicy is not available (kernel built without NUMA support)"
     return f"set_mempolicy failed: {os.strerror(err)}"
 
