@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -861,3 +862,31 @@ def test_tee_through_the_launcher_loses_nothing(tmp_path: Path) -> None:
     assert len(logs) == 4
     for rank, log in enumerate(logs):
         assert log.read_bytes() == b"".join(b"r%d line %d\n" % (rank, i) for i in range(per_rank))
+
+
+def test_tee_shows_a_line_while_its_worker_still_runs(tmp_path: Path) -> None:
+    # Live, not at exit: the worker waits for the test to have seen its line on the console.
+    worker = tmp_path / "live.py"
+    worker.write_text(
+        "import os, sys, time\n"
+        "print('hello', flush=True)\n"
+        "while not os.path.exists(sys.argv[1]):\n"
+        "    time.sleep(0.01)\n"
+    )
+    go = tmp_path / "go"
+    job = subprocess.Popen(
+        [sys.executable, "-m", "numarun", "--tee", "3", str(worker), str(go)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=_child_env(),
+    )
+    try:
+        assert job.stdout is not None
+        ready, _, _ = select.select([job.stdout], [], [], 30)
+        assert ready, "the tee'd line did not reach the console while the worker ran"
+        assert job.stdout.readline() == b"[rank0]: hello\n"
+        assert job.poll() is None
+    finally:
+        go.touch()
+        _, stderr = job.communicate(timeout=30)
+    assert job.returncode == 0, stderr
