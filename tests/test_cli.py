@@ -147,3 +147,26 @@ def test_snapshot_of_this_machine(tmp_path: Path) -> None:
     with tarfile.open(archive) as tar:
         names = tar.getnames()
     assert any(name.endswith("sys/devices/system/cpu/online") for name in names)
+
+
+def test_finding_gpus_planning_and_launching_never_import_torch(
+    h100_root: Path, tmp_path: Path
+) -> None:
+    # torchrun's binding needs torch (and initialises CUDA) in the launcher; numarun must not.
+    worker = tmp_path / "w.py"
+    worker.write_text("pass\n")
+    code = (
+        "import sys\n"
+        "from numarun.cli import main\n"
+        f"assert main(['topo', '--sysfs-root', {str(h100_root)!r}]) == 0\n"
+        f"assert main(['plan', '--sysfs-root', {str(h100_root)!r}, '--numa-binding', 'node'])"
+        " == 0\n"
+        "assert main(['topo']) == 0\n"
+        f"assert main(['--nproc-per-node', '2', '--numa-binding', 'cpu', {str(worker)!r}]) == 0\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "[]"
