@@ -71,31 +71,39 @@ def run(specs: Sequence[WorkerSpec], **kwargs: object) -> RunResult:
     return result
 
 
-def proc_state(pid: int) -> str | None:
+def stat_fields(pid: int | str) -> list[bytes] | None:
+    """/proc/<pid>/stat after the command name (state, ppid, ...); None once it is gone.
+    Parsed here rather than with numarun.watchdog, whose ownership logic these tests check."""
     try:
         text = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:
         return None
-    return text[text.rfind(b")") + 2 :].split()[0].decode()
+    return text[text.rfind(b")") + 2 :].split()
+
+
+def proc_state(pid: int) -> str | None:
+    fields = stat_fields(pid)
+    return None if fields is None else fields[0].decode()
 
 
 def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
-def our_zombies() -> list[int]:
+def children_of_us(state: bytes | None = None) -> set[int]:
+    """Our child processes, or those of them in ``state`` (b"Z": zombies)."""
     me = os.getpid()
-    found = []
+    found = set()
     for name in os.listdir("/proc"):
         if name.isdigit():
-            try:
-                text = Path(f"/proc/{name}/stat").read_bytes()
-            except OSError:
-                continue
-            fields = text[text.rfind(b")") + 2 :].split()
-            if int(fields[1]) == me and fields[0] == b"Z":
-                found.append(int(name))
+            fields = stat_fields(name)
+            if fields is not None and int(fields[1]) == me and state in (None, fields[0]):
+                found.add(int(name))
     return found
+
+
+def our_zombies() -> list[int]:
+    return sorted(children_of_us(b"Z"))
 
 
 def tree_pids(sink: Collect) -> list[int]:
@@ -604,20 +612,6 @@ def test_fallback_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 # --- bad input -----------------------------------------------------------------------------------
-
-
-def children_of_us() -> set[int]:
-    me = os.getpid()
-    found = set()
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                text = Path(f"/proc/{name}/stat").read_bytes()
-            except OSError:
-                continue
-            if int(text[text.rfind(b")") + 2 :].split()[1]) == me:
-                found.add(int(name))
-    return found
 
 
 @pytest.mark.parametrize(
