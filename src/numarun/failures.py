@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import math
 import os
-import signal
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -241,14 +240,11 @@ def describe_exit(exit_code: int | None, signal_name: str | None = None) -> str:
         return "no exit status"
     if exit_code >= 0:
         return f"exit code {exit_code}"
-    return f"signal {signal_name or _signal_name(-exit_code)} ({exit_code})"
+    if signal_name is None:
+        from numarun.supervisor import signal_name as name_of
 
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
+        signal_name = name_of(exit_code)
+    return f"signal {signal_name} ({exit_code})"
 
 
 def format_summary(

@@ -650,6 +650,8 @@ def _value_of(worker: WorkerExit) -> Any:
 
 def _failure(worker: WorkerExit) -> ProcessException:
     """The exception describing one failed worker, in torch.multiprocessing's words."""
+    from numarun.supervisor import signal_name
+
     index = worker.local_rank
     traceback_text = _raised_traceback(worker.result)
     if traceback_text is not None:
@@ -657,7 +659,7 @@ def _failure(worker: WorkerExit) -> ProcessException:
         return ProcessRaisedException(message, index, worker.pid)
     code = worker.exit_code if worker.exit_code is not None else -signal.SIGKILL
     if code < 0:
-        name = worker.signal_name or _signal_name(-code)
+        name = worker.signal_name or signal_name(code)
         return ProcessExitedException(
             f"process {index} terminated with signal {name}", index, worker.pid, code, name
         )
@@ -674,13 +676,6 @@ def _raised_traceback(result: bytes) -> str | None:
     except Exception:
         return None
     return text if outcome == "raised" else None
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"<Unknown signal {signum}>"
 
 
 def _raise_for_signal(signum: int) -> None:

@@ -250,7 +250,9 @@ def _open_pidfd(pid: int) -> int | None:
 # --- the supervisor ------------------------------------------------------------------------------
 
 
-def _signal_name(code: int | None) -> str | None:
+def signal_name(code: int | None) -> str | None:
+    """``"SIGSEGV"`` for exit code -11 (Popen convention); ``"SIG<n>"`` for a signal without a
+    name; None for a code that is not a signal death (None or >= 0)."""
     if code is None or code >= 0:
         return None
     try:
@@ -1003,7 +1005,7 @@ class Supervisor:
             rank=worker.spec.rank,
             pid=worker.pid,
             exit_code=worker.exit_code if state != UNKILLABLE else None,
-            signal_name=_signal_name(worker.exit_code) if state != UNKILLABLE else None,
+            signal_name=signal_name(worker.exit_code) if state != UNKILLABLE else None,
             state=state,
             ended_at=worker.ended_at if state != UNKILLABLE else None,
             result=bytes(worker.result),
