@@ -437,8 +437,9 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
     """``log_base/<run_id>/attempt_0/<local_rank>/`` for every rank; returns the attempt dir.
 
     A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
-    directories are made directly; otherwise :func:`numarun.logs.make_log_dirs` also removes
-    an old ``attempt_0`` of the same run id, whose ``error.json`` would be read as ours.
+    directories are made directly; otherwise :func:`numarun.logs.make_log_dirs` claims them,
+    taking ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so an
+    old ``error.json`` of the same run id is never read as ours.
     """
     if fresh:
         attempt_dir = os.path.join(log_base, config.run_id, "attempt_0")
