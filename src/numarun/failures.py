@@ -267,7 +267,12 @@ def format_summary(
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
     cause = root_cause(ordered)
-    lines = [_RULE, f"numarun: {entrypoint} FAILED on {host} ({_state_counts(ordered)})", _THIN]
+    lines = [
+        _RULE,
+        f"numarun: {_printable(entrypoint)} FAILED on {_printable(host)} "
+        f"({_state_counts(ordered)})",
+        _THIN,
+    ]
     if cause is None:
         lines.append("Root cause: no worker failed on its own; numarun stopped the run.")
     else:
@@ -279,7 +284,7 @@ def format_summary(
         lines.extend(f"  {line}" for line in _grouped_states(others, cause))
     if log_dir is not None:
         lines.append(_THIN)
-        lines.append(f"Logs: {log_dir}")
+        lines.append(f"Logs: {_printable(str(log_dir))}")
     lines.append(_RULE)
     return "\n".join(lines)
 
@@ -306,7 +311,7 @@ def _cause_block(cause: RankReport) -> list[str]:
     if error is not None and error.message:
         lines.append(f"  error    : {_first_line(error.message)}")
     if cause.log_dir is not None:
-        lines.append(f"  logs     : {cause.log_dir}")
+        lines.append(f"  logs     : {_printable(str(cause.log_dir))}")
     if error is not None and error.traceback:
         lines.append("  traceback:")
         lines.extend(_indented(error.traceback))
@@ -314,7 +319,8 @@ def _cause_block(cause: RankReport) -> list[str]:
         lines.append("  traceback: no traceback (worker did not write an error file)")
         tail = _stderr_tail(cause.log_dir)
         if tail:
-            lines.append(f"  last lines of {Path(cause.log_dir or '') / 'stderr.log'}:")
+            where = _printable(str(Path(cause.log_dir or "") / "stderr.log"))
+            lines.append(f"  last lines of {where}:")
             lines.extend(_indented(tail))
     return lines
 
@@ -327,11 +333,41 @@ def _failure_time(report: RankReport) -> float | None:
 
 def _first_line(text: str) -> str:
     stripped = text.strip()
-    return stripped.splitlines()[0] if stripped else ""
+    # Only "\n" ends a line: "\r", "\x85" or "\u2028" in a message are shown escaped.
+    return _printable(stripped.split("\n", 1)[0].strip()) if stripped else ""
 
 
 def _indented(text: str) -> list[str]:
-    return ["    " + line for line in text.rstrip("\n").splitlines()]
+    return ["    " + _printable(line) for line in text.rstrip("\n").split("\n")]
+
+
+def _escape(code: int) -> str:
+    return f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}"
+
+
+# What a worker writes reaches the user's terminal through the summary: control characters
+# (ESC sequences can retitle the window, hide text, move the cursor; C1 controls act as ESC on
+# some terminals) and the bidirectional overrides that make text read in another order than
+# it runs (CVE-2021-42574) are shown as escapes. Tabs stay; lines are split before this.
+_UNPRINTABLE = {
+    code: _escape(code)
+    for code in (
+        *range(0x00, 0x09),
+        *range(0x0A, 0x20),
+        *range(0x7F, 0xA0),
+        0x061C,
+        0x200E,
+        0x200F,
+        *range(0x202A, 0x202F),
+        *range(0x2066, 0x206A),
+    )
+}
+
+
+def _printable(text: str) -> str:
+    """``text`` with every control character (tab excepted) and bidi control escaped
+    (``\\x1b``, ``\\u202e``), so a worker's message cannot act on the terminal."""
+    return text.translate(_UNPRINTABLE)
 
 
 def _stderr_tail(log_dir: Path | None) -> str:
