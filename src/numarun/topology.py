@@ -11,6 +11,7 @@ root, and reads each file at most once.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import tarfile
@@ -138,28 +139,68 @@ _GPU_VENDORS = {0x10DE: "nvidia", 0x1002: "amd", 0x8086: "intel"}
 _NIC_CLASSES = {0x0200: "ethernet", 0x0207: "infiniband"}
 
 
+# A --sysfs-root tree may come from anyone (a snapshot attached to a bug report), so what is
+# read from it is bounded. Real attributes fit in a page; a cpulist of every other CPU of
+# 65536 is about 360 KiB.
+_MAX_FILE_BYTES = 1 << 20
+# The kernel's MAX_NUMNODES is at most 1 << 10 (CONFIG_NODES_SHIFT <= 10 on every arch).
+MAX_NODE = 1023
+# CPU ids parsed from all lists of one read: a 8192-CPU machine with a few hundred GPUs and
+# NICs stays far below; a tree listing every CPU in every file is stopped before the lists
+# (and what is built from them, e.g. one sibling tuple per CPU) exhaust memory or time.
+_MAX_LISTED_CPUS = 1 << 21
+_MAX_PCI_FUNCTIONS = 1 << 16
+_OPEN_FLAGS = (
+    os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY | getattr(os, "O_NOFOLLOW", 0)
+)
+_S_IFMT, _S_IFREG = 0o170000, 0o100000
+
+
 def _read_text(path: str) -> str | None:
     """The whole file, or None when it is missing or unreadable (sysfs raises EIO etc.).
 
-    os.open/os.read rather than open(): a DGX tree is a few hundred tiny files and the io
-    stack's setup dominates their cost.
+    Only regular files are read: the last path component must not be a symbolic link (sysfs
+    attributes never are; a link could lead to /dev/zero or a secret), the file is opened
+    non-blocking (a FIFO cannot hang the open) and anything but a regular file, or a file
+    above 1 MiB, raises :class:`TopologyError`. os.open/os.read rather than open(): a DGX
+    tree is a few hundred tiny files and the io stack's setup dominates their cost.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise _bad_file(path, "is a symbolic link (sysfs attributes are plain files)") from None
         return None
     try:
+        if os.fstat(fd).st_mode & _S_IFMT != _S_IFREG:
+            raise _bad_file(path, "is not a regular file (a FIFO, device or directory)")
         data = os.read(fd, 65536)
         if len(data) == 65536:  # sysfs attributes fit in a page; other files may not
             chunks = [data]
+            size = len(data)
             while chunk := os.read(fd, 65536):
                 chunks.append(chunk)
+                size += len(chunk)
+                if size > _MAX_FILE_BYTES:
+                    raise _bad_file(path, f"is larger than {_MAX_FILE_BYTES >> 20} MiB")
             data = b"".join(chunks)
     except OSError:
         return None
     finally:
         os.close(fd)
     return data.decode("ascii", errors="replace")
+
+
+def _bad_file(path: str, why: str) -> TopologyError:
+    return TopologyError(
+        f"{_shown(path)} {why}; is this a sysfs tree? (make one with `numarun snapshot`)"
+    )
+
+
+def _shown(text: str, limit: int = 200) -> str:
+    """``text`` for a one-line message: control characters escaped, long text cut."""
+    quoted = ascii(text)[1:-1]
+    return quoted if len(quoted) <= limit else quoted[: limit - 3] + "..."
 
 
 def _list_dir(path: str) -> list[str] | None:
@@ -169,6 +210,11 @@ def _list_dir(path: str) -> list[str] | None:
         return None
 
 
+def _quoted(data: str) -> str:
+    text = data.strip()
+    return repr(text if len(text) <= 60 else text[:57] + "...")
+
+
 class _Reader:
     """Reads files under a root, each at most once, and remembers what it read (for snapshots)."""
 
@@ -176,6 +222,7 @@ class _Reader:
         self.prefix = root.rstrip("/") + "/"
         self.files: dict[str, str | None] = {}
         self.dirs: dict[str, list[str] | None] = {}
+        self.listed = 0  # CPU ids parsed so far (bounded by _MAX_LISTED_CPUS)
 
     def text(self, rel: str) -> str | None:
         if rel in self.files:
@@ -194,12 +241,19 @@ class _Reader:
         if data is None:
             return None
         try:
-            return parse_cpulist(data)
+            cpus = parse_cpulist(data)
         except UsageError:
             raise TopologyError(
-                f"{self.prefix}{rel} holds {data.strip()!r}, not a CPU list; "
+                f"{_shown(self.prefix + rel)} holds {_quoted(data)}, not a CPU list; "
                 "is this a sysfs tree? (make one with `numarun snapshot`)"
             ) from None
+        self.listed += len(cpus)
+        if self.listed > _MAX_LISTED_CPUS:
+            raise TopologyError(
+                f"{_shown(self.prefix)} lists more than {_MAX_LISTED_CPUS} CPU ids in all "
+                f"(the last in {_shown(rel)}); no machine has that many: is this a sysfs tree?"
+            )
+        return cpus
 
     def integer(self, rel: str, base: int = 10) -> int | None:
         data = self.text(rel)
@@ -209,7 +263,7 @@ class _Reader:
             return int(data.strip(), base)
         except ValueError:
             raise TopologyError(
-                f"{self.prefix}{rel} holds {data.strip()!r}, not a number; "
+                f"{_shown(self.prefix + rel)} holds {_quoted(data)}, not a number; "
                 "is this a sysfs tree? (make one with `numarun snapshot`)"
             ) from None
 
@@ -331,6 +385,14 @@ def _read_nodes(
     online_nodes = reader.cpus(f"{_NODE}/online")
     if online_nodes is None:
         online_nodes = possible
+    highest = max((*possible, *online_nodes), default=0)
+    if highest > MAX_NODE:
+        # Every node gets a distance row as long as the node list: 65536 nodes would be 4
+        # billion entries. No kernel allows more than 1024 nodes.
+        raise TopologyError(
+            f"{_shown(reader.prefix + _NODE)} names NUMA node {highest}, above the kernel's "
+            f"limit of {MAX_NODE}; is this a sysfs tree? (make one with `numarun snapshot`)"
+        )
     online_set = set(online)
     node_cpus: dict[int, tuple[int, ...]] = {}
     memory: dict[int, int] = {}
@@ -341,10 +403,13 @@ def _read_nodes(
         memory[n] = _mem_total(reader.text(f"{_NODE}/node{n}/meminfo"))
         row = reader.stripped(f"{_NODE}/node{n}/distance")
         try:
-            rows[n] = tuple(int(x) for x in row.split()) if row else ()
+            # One column per online node; anything beyond is never used.
+            fields = row.split(None, len(online_nodes))[: len(online_nodes)] if row else ()
+            rows[n] = tuple(int(x) for x in fields)
         except ValueError:
             raise TopologyError(
-                f"{reader.prefix}{_NODE}/node{n}/distance holds {row!r}, not distances; "
+                f"{_shown(reader.prefix + _NODE)}/node{n}/distance holds {_quoted(row or '')}, "
+                "not distances; "
                 "is this a sysfs tree? (make one with `numarun snapshot`)"
             ) from None
     ids = sorted(set(possible) | set(online_nodes))
@@ -358,7 +423,7 @@ def _mem_total(meminfo: str | None) -> int:
     for line in meminfo.splitlines():
         if "MemTotal:" in line:
             fields = line.split("MemTotal:", 1)[1].split()
-            if fields and fields[0].isdigit():
+            if fields and fields[0].isdigit() and len(fields[0]) <= 20:
                 scale = 1024 if len(fields) < 2 or fields[1].lower() == "kb" else 1
                 return int(fields[0]) * scale
     return 0
@@ -378,6 +443,9 @@ def _read_cpus(
     cache group (shared_cpu_list); the other members learn their answer from those lists.
     """
     online_set = set(online)
+    on_node: dict[int | None, list[int]] = {}  # online CPUs by node, for CPUs without caches
+    for cpu in online:
+        on_node.setdefault(node_of.get(cpu), []).append(cpu)
     siblings_of: dict[int, tuple[int, ...]] = {}
     package_of: dict[int, int] = {}
     cache_of: dict[int, int] = {}
@@ -404,7 +472,7 @@ def _read_cpus(
             if found is None:
                 # No cacheinfo (some VMs and ARM boards): the node stands in for the complex.
                 node = node_of.get(cpu)
-                group = tuple(c for c in online if node_of.get(c) == node and c not in cache_of)
+                group = tuple(c for c in on_node[node] if c not in cache_of)
                 level, size = 0, None
             else:
                 level, size, shared = found
@@ -458,7 +526,7 @@ def _cache_size(text: str | None) -> int | None:
         return None
     scale = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(text[-1].upper(), 1)
     digits = text[:-1] if scale != 1 else text
-    return int(digits) * scale if digits.isdigit() else None
+    return int(digits) * scale if digits.isdigit() and len(digits) <= 20 else None
 
 
 def _packages(cpus: tuple[Cpu, ...]) -> tuple[Package, ...]:
@@ -560,7 +628,13 @@ def _read_pci(
     warnings: list[str],
 ) -> tuple[tuple[Gpu, ...], tuple[Nic, ...]]:
     """GPUs in PCI address order (``index == pci_index``, all visible) and NICs."""
-    addresses = sorted(reader.listdir(_PCI) or (), key=lambda a: (_pci_sort_key(a), a))
+    listed = reader.listdir(_PCI) or ()
+    if len(listed) > _MAX_PCI_FUNCTIONS:
+        raise TopologyError(
+            f"{_shown(reader.prefix + _PCI)} lists {len(listed)} PCI functions, more than "
+            f"{_MAX_PCI_FUNCTIONS}; is this a sysfs tree? (make one with `numarun snapshot`)"
+        )
+    addresses = sorted(listed, key=lambda a: (_pci_sort_key(a), a))
     online_set = set(online)
     cpu_nodes = [n for n in nodes if n.cpus]
     gpus: list[Gpu] = []
