@@ -133,7 +133,7 @@ def test_a_long_distance_row_keeps_only_the_columns_it_needs(tmp_path: Path) -> 
     root = write_sysfs(no_gpus(), tmp_path / "tree")
     (root / NODE / "node0" / "distance").write_text("10 21" + " 99" * 200_000 + "\n")
     topology = read_topology(str(root), environ={})
-    assert [node.distances for node in topology.nodes][0] == (10, 21)
+    assert topology.nodes[0].distances == (10, 21)
 
 
 def test_absurd_numbers_are_read_without_a_traceback(tmp_path: Path) -> None:
