@@ -402,6 +402,8 @@ class Supervisor:
         self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
         self._subreaper_held = False
         self._programs: dict[int, str] = {}
+        self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
+        self._watched_consoles: set[int] = set()
 
     # --- public --------------------------------------------------------------------------------
 
@@ -741,8 +743,11 @@ class Supervisor:
                 self._fallback = True
         if worker.exit_fd is not None:
             self._selector.register(worker.exit_fd, selectors.EVENT_READ, ("exit", worker))
-        for fd in worker.outputs:
+        for fd, sink in worker.outputs.items():
             self._selector.register(fd, selectors.EVENT_READ, ("output", worker))
+            console = getattr(sink, "console", None)
+            if console is not None and all(console is not c for c in self._consoles):
+                self._consoles.append(console)
         if worker.result_fd is not None:
             self._selector.register(worker.result_fd, selectors.EVENT_READ, ("result", worker))
         if worker.payload_fd is not None:
@@ -773,6 +778,7 @@ class Supervisor:
             must_poll = (self._fallback and not self._sigchld) or not self._all_tracked_fds()
             if must_poll:
                 timeout = _FALLBACK_TICK if timeout is None else min(timeout, _FALLBACK_TICK)
+            self._watch_consoles()
             for key, mask in self._selector.select(timeout):
                 self._dispatch(key, mask)
             if must_poll:
@@ -799,6 +805,8 @@ class Supervisor:
             self._write_payload(worker)
         elif kind == "owned":
             self._untrack(worker)
+        elif kind == "console":
+            self._flush_console(worker)
         else:
             self._read_signals()
 
@@ -827,11 +835,34 @@ class Supervisor:
                 else:
                     self._give_up_on_survivors()
                     self._begin_draining()
-        if self._phase == _DRAINING and (not self._open_streams() or now >= self._deadline):
+        if self._phase == _DRAINING and (
+            not (self._open_streams() or any(c.pending() for c in self._consoles))
+            or now >= self._deadline
+        ):
             self._phase = _DONE
 
     def _open_streams(self) -> bool:
         return any(worker.outputs for worker in self._workers)
+
+    def _watch_consoles(self, *, watch: bool = True) -> None:
+        """Wait for a console (:class:`numarun.logs.Console`) to be writable only while
+        output waits for it: tee'd lines are queued there, never written blocking, so a
+        stalled terminal or pipe cannot stop this loop from handling signals and deaths."""
+        assert self._selector is not None
+        for console in self._consoles:
+            fd = console.fileno()
+            if watch and console.pending():
+                if fd not in self._watched_consoles:
+                    self._selector.register(fd, selectors.EVENT_WRITE, ("console", console))
+                    self._watched_consoles.add(fd)
+            elif fd in self._watched_consoles:
+                self._selector.unregister(fd)
+                self._watched_consoles.discard(fd)
+
+    def _flush_console(self, console: Any) -> None:
+        if console.flush() and self._phase == _DRAINING:
+            # The reader is alive, only slow: give it time, as long as it makes progress.
+            self._deadline = max(self._deadline, time.monotonic() + self.kill_wait)
 
     def _begin_teardown(self) -> None:
         self._phase = _TERMINATING
@@ -1114,6 +1145,10 @@ class Supervisor:
         for worker in self._workers:
             for fd in list(worker.outputs):
                 self._close_output(worker, fd)
+        for console in self._consoles:
+            console.flush()
+            if console.pending():
+                console.abandon()  # the reader stalled for kill_wait: the run must end
         exits = [self._exit_of(worker) for worker in self._workers]
         first = None
         if self._first_failure is not None:
@@ -1136,6 +1171,8 @@ class Supervisor:
         self._signal_workers(signal.SIGKILL)
         self._signal_owned(signal.SIGKILL, owned)
         selector = self._selector
+        if selector is not None:
+            self._watch_consoles(watch=False)  # this loop only reaps; consoles wait
         while selector is not None and time.monotonic() < self._deadline:
             pending = [w for w in self._workers if not w.exited]
             if not pending and not self._tracked:
@@ -1188,6 +1225,7 @@ class Supervisor:
             worker.exec_check_fd = None
         self._end_watchdog()
         if self._selector is not None:
+            self._watch_consoles(watch=False)
             children.close_untracked(self._selector.fileno())
             self._selector.close()
             self._selector = None
