@@ -364,9 +364,11 @@ def test_file_sink_reports_a_full_disk_once_and_keeps_going(
     sink.feed(b"also lost\n")
     sink.close()
     assert sink.error is not None and sink.error.strerror == os.strerror(28)
+    assert sink.lost == len(b"lost\nalso lost\n")
     disk_full = os.strerror(28)
     assert capsys.readouterr().err == (
-        f"numarun: cannot write /dev/full: {disk_full}; the rest of this stream is not saved\n"
+        f"numarun: cannot write /dev/full: {disk_full}; keeping up to 1024 KiB of it in "
+        "memory and trying again\n"
     )
     with pytest.raises(ValueError, match="after close"):
         sink.feed(b"x")

@@ -30,6 +30,7 @@ __all__ = [
     "RankReport",
     "WorkerError",
     "describe_exit",
+    "format_lost_logs",
     "format_summary",
     "rank_report",
     "read_error_file",
@@ -253,6 +254,7 @@ def format_summary(
     entrypoint: str,
     host: str,
     log_dir: str | os.PathLike[str] | None,
+    lost_logs: Sequence[str] = (),
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -262,7 +264,8 @@ def format_summary(
     file message and traceback -- or ``no traceback (worker did not write an error file)`` plus
     the last lines of its ``stderr.log`` when that was redirected -- and its log directory; then
     one line per group of other ranks sharing a state (``ranks 2-255: terminated by numarun
-    after rank 1 failed``), so 512 ranks stay a screenful; then ``log_dir`` when given. With no
+    after rank 1 failed``), so 512 ranks stay a screenful; then ``lost_logs`` (one line per
+    log file that lost bytes, see :func:`format_lost_logs`) and ``log_dir`` when given. With no
     worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
@@ -282,10 +285,21 @@ def format_summary(
         lines.append(_THIN)
         lines.append("Other ranks:")
         lines.extend(f"  {line}" for line in _grouped_states(others, cause))
+    if lost_logs:
+        lines.append(_THIN)
+        lines.extend(format_lost_logs(lost_logs).split("\n"))
     if log_dir is not None:
         lines.append(_THIN)
         lines.append(f"Logs: {_printable(str(log_dir))}")
     lines.append(_RULE)
+    return "\n".join(lines)
+
+
+def format_lost_logs(lost_logs: Sequence[str]) -> str:
+    """The note that log files lost bytes for good (a full disk), one line per file, printed
+    at the end of every run that lost some, failed or not."""
+    lines = ["Log data lost (the disk was full or failing; each gap is marked in the file):"]
+    lines.extend(f"  {_printable(line)}" for line in lost_logs)
     return "\n".join(lines)
 
 

@@ -36,7 +36,7 @@ from numarun.launch_config import LaunchConfig, parse_args
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.plan import Plan, RankBinding
-    from numarun.supervisor import RunResult
+    from numarun.supervisor import RunResult, WorkerSpec
 
 SCRIPT_BOOTSTRAP = "numarun._script"
 
@@ -380,11 +380,18 @@ def _launch(
         gc.freeze()
         result = supervisor.run(on_started=_prefetch_failure_report)
         code = exit_code_for(result)
+        lost = _lost_logs(specs)
         if code != 0:
             sys.stdout.flush()
-            summary = _summary(config, result, attempt_dir, outputs, log_base if keep else None)
+            summary = _summary(
+                config, result, attempt_dir, outputs, log_base if keep else None, lost
+            )
             sys.stderr.write(summary + "\n")
             sys.stderr.flush()
+        elif lost:
+            from numarun import failures
+
+            sys.stderr.write(failures.format_lost_logs(lost) + "\n")
         return code
     finally:
         if not keep:
@@ -507,12 +514,32 @@ def _sinks(
     )
 
 
+def _lost_logs(specs: Sequence[WorkerSpec]) -> list[str]:
+    """One line per log file that lost bytes for good (a full disk): rank, file, how many."""
+    if not any(spec.stdout or spec.stderr for spec in specs):
+        return []
+    from numarun import logs
+
+    lines = []
+    for spec in specs:
+        for sink in (spec.stdout, spec.stderr):
+            loss = logs.log_loss(sink)
+            if loss is not None:
+                path, count, reason = loss
+                lines.append(
+                    f"rank {spec.rank} (local_rank {spec.local_rank}) {path.name}: "
+                    f"{count:,} bytes lost ({reason}): {path}"
+                )
+    return lines
+
+
 def _summary(
     config: LaunchConfig,
     result: RunResult,
     attempt_dir: str,
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
     log_dir: str | None,
+    lost_logs: Sequence[str] = (),
 ) -> str:
     from pathlib import Path
 
@@ -533,5 +560,9 @@ def _summary(
     if len(entrypoint) > 200:
         entrypoint = entrypoint[:197] + "..."
     return failures.format_summary(
-        reports, entrypoint=entrypoint, host=os.uname().nodename, log_dir=log_dir
+        reports,
+        entrypoint=entrypoint,
+        host=os.uname().nodename,
+        log_dir=log_dir,
+        lost_logs=lost_logs,
     )

@@ -39,6 +39,7 @@ from numarun.errors import UsageError
 __all__ = [
     "DEFAULT_CONSOLE_LIMIT",
     "DEFAULT_MAX_HELD",
+    "DEFAULT_MAX_PENDING",
     "PREFIX_TEMPLATE_ENV",
     "Console",
     "FileSink",
@@ -48,6 +49,7 @@ __all__ = [
     "TeeSink",
     "console_for",
     "error_file_path",
+    "log_loss",
     "make_log_dirs",
     "make_prefix",
     "parse_ranks_filter",
@@ -516,50 +518,145 @@ def _open_log(path: str | os.PathLike[str]) -> int:
     return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
 
 
+# What a log file that cannot be written (disk full) keeps in memory until it can: the newest
+# bytes, so that a crash's last lines survive; older ones are dropped and counted.
+DEFAULT_MAX_PENDING = 1024 * 1024
+
+
 class FileSink:
     """Write one stream's raw bytes to a file, unbuffered (torchrun's ``stdout.log``).
 
     The file is created (truncated) when the sink is made, so an empty file means the worker
     wrote nothing; ``OSError`` from creating it propagates. Each ``feed`` is written in full
     before it returns (no user-space buffer), so whatever a worker wrote before it was killed,
-    half lines included, is in the file. A failed write (disk full, I/O error) must not take a
-    training run down with it: the sink says so in one line on stderr, keeps the error in
-    ``self.error`` and drops the rest of the stream. ``close`` closes the file; a second
-    ``close`` does nothing; ``feed`` after ``close`` raises ``ValueError``.
+    half lines included, is in the file.
+
+    A failed write (disk full, quota, I/O error) must neither take a training run down nor
+    lose data for good when the space comes back: what cannot be written waits in memory, in
+    order -- at most ``max_pending`` bytes (1 MiB), the newest; older ones are dropped and
+    counted in :attr:`lost` -- and every later ``feed``, and ``close``, tries again. Where
+    bytes were dropped, the file gets one line ``[numarun: N bytes lost here: <reason>]``.
+    The first failure is said once on stderr; :attr:`error` keeps the last one and
+    :attr:`lost` the bytes that never reached the file (what still waits at ``close``
+    included), for the end-of-run report (:func:`log_loss`). ``write`` (``os.write``) is
+    the system call, for tests. ``close`` closes the file; a second ``close`` does nothing;
+    ``feed`` after ``close`` raises ``ValueError``.
     """
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        max_pending: int = DEFAULT_MAX_PENDING,
+        write: Callable[[int, memoryview], int] = os.write,
+    ) -> None:
         self.path = Path(path)
         self.error: OSError | None = None
+        self.lost = 0
         self._fd: int | None = _open_log(path)
         self._closed = False
+        self._write = write
+        self._max_pending = max_pending
+        self._pending = bytearray()  # worker bytes not written yet, in order
+        self._note = bytearray()  # a "bytes lost here" line being written before them
+        self._gap = 0  # bytes dropped just before _pending[0] and not yet noted in the file
+        self._note_count = 0  # the bytes _note speaks of
+        self._note_started = False  # part of _note is in the file already
+        self._midline = False  # the last byte in the file is not a newline
 
     def feed(self, data: bytes) -> None:
         if self._closed:
             raise ValueError(f"feed() after close() on {self.path}")
-        if self._fd is None:
-            return  # an earlier write failed and was reported
-        try:
-            write_all(self._fd, data)
-        except OSError as err:
-            self._give_up(err)
+        if self._pending or self._note or self._gap:
+            self._retry()  # what waits goes first; space may have come back
+            if self._pending or self._note or self._gap:
+                self._pending += data
+                self._bound()
+                return
+        written = self._write_some(data)
+        if written < len(data):
+            self._pending += data[written:]
+            self._bound()
 
     def close(self) -> None:
+        if self._closed:
+            return
         self._closed = True
+        if self._pending or self._note or self._gap:
+            self._retry()  # the last chance: space may have come back
+            self.lost += len(self._pending) + self._gap
+            self._pending.clear()
+            self._gap = 0
         fd, self._fd = self._fd, None
         if fd is not None:
             os.close(fd)
 
-    def _give_up(self, err: OSError) -> None:
-        self.error = err
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
-        sys.stderr.write(
-            f"numarun: cannot write {self.path}: {err.strerror or err}; "
-            "the rest of this stream is not saved\n"
-        )
-        sys.stderr.flush()
+    def _bound(self) -> None:
+        excess = len(self._pending) - self._max_pending
+        if excess > 0:
+            del self._pending[:excess]
+            self._gap += excess
+            self.lost += excess
+
+    def _retry(self) -> None:
+        while True:
+            if self._gap and (not self._note or not self._note_started):
+                # One note per gap: a note not begun yet takes the newer losses in.
+                count = self._gap + (self._note_count if self._note else 0)
+                reason = (self.error.strerror or str(self.error)) if self.error else "?"
+                self._note[:] = b"%s[numarun: %d bytes lost here: %s]\n" % (
+                    b"\n" if self._midline else b"",
+                    count,
+                    reason.encode("utf-8", "replace"),
+                )
+                self._note_count, self._gap = count, 0
+            waiting = self._note or self._pending
+            if not waiting:
+                return
+            chunk = bytes(waiting[:_CONSOLE_CHUNK])
+            written = self._write_some(chunk)
+            del waiting[:written]
+            if waiting is self._note:
+                self._note_started = bool(self._note) and (written > 0 or self._note_started)
+            if written < len(chunk):
+                return
+
+    def _write_some(self, data: bytes) -> int:
+        """Write as much of ``data`` as the file takes now; the count written."""
+        assert self._fd is not None
+        view = memoryview(data)
+        done = 0
+        while done < len(view):
+            try:
+                written = self._write(self._fd, view[done:])
+            except InterruptedError:
+                continue
+            except OSError as err:
+                if self.error is None:
+                    sys.stderr.write(
+                        f"numarun: cannot write {self.path}: {err.strerror or err}; keeping up "
+                        f"to {self._max_pending >> 10} KiB of it in memory and trying again\n"
+                    )
+                    sys.stderr.flush()
+                self.error = err
+                break
+            if written <= 0:
+                break
+            done += written
+        if done:
+            self._midline = view[done - 1] != 0x0A
+        return done
+
+
+def log_loss(sink: object) -> tuple[Path, int, str] | None:
+    """``(path, bytes lost, reason)`` when ``sink``'s log file (a :class:`FileSink`, or a
+    :class:`TeeSink`'s file) lost bytes that never came back; else None. Call after close."""
+    file = sink if isinstance(sink, FileSink) else getattr(sink, "file", None)
+    if not isinstance(file, FileSink) or not file.lost:
+        return None
+    error = file.error
+    reason = (error.strerror or str(error)) if error is not None else "write failed"
+    return file.path, file.lost, reason
 
 
 class NullSink:
@@ -605,6 +702,7 @@ class TeeSink:
     ) -> None:
         self.path = None if path is None else Path(path)
         self._file = None if path is None else FileSink(path)
+        self.file = self._file  # for log_loss()
         # The supervisor flushes this console when it becomes writable (see Console).
         self.console: Console | None = None
         if show:
