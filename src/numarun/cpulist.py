@@ -76,6 +76,16 @@ def _parse_plain(text: str) -> tuple[int, ...] | None:
     stripped = text.strip()
     if not stripped:
         return ()
+    if "-" not in stripped:
+        # The most common shape by far: SMT siblings "3,115". Digits and commas only (so
+        # int() sees no sign, space, underscore or non-ASCII digit); "" items fail int().
+        if not (stripped.isascii() and stripped.replace(",", "").isdigit()):
+            return None
+        try:
+            values = sorted({int(item) for item in stripped.split(",")})
+        except ValueError:
+            return None
+        return tuple(values) if values[-1] <= MAX_CPU else None
     if not stripped.isascii() or " " in stripped or ":" in stripped or "\t" in stripped:
         return None
     cpus: list[int] = []

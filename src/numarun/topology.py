@@ -161,9 +161,12 @@ def _read_text(path: str) -> str | None:
 
     Only regular files are read: the last path component must not be a symbolic link (sysfs
     attributes never are; a link could lead to /dev/zero or a secret), the file is opened
-    non-blocking (a FIFO cannot hang the open) and anything but a regular file, or a file
-    above 1 MiB, raises :class:`TopologyError`. os.open/os.read rather than open(): a DGX
-    tree is a few hundred tiny files and the io stack's setup dominates their cost.
+    non-blocking (a FIFO cannot hang the open), and a FIFO, socket, terminal or device, or a
+    file above 1 MiB, raises :class:`TopologyError`. ``pread`` tells pipes, FIFOs and
+    terminals apart for free (ESPIPE); a read that comes back empty or full is checked with
+    fstat (a device such as /dev/zero), which would cost 10% of a whole read if done for
+    every file. os.open/os.pread rather than open(): a DGX tree is a few hundred tiny files
+    and the io stack's setup dominates their cost.
     """
     try:
         fd = os.open(path, _OPEN_FLAGS)
@@ -172,23 +175,28 @@ def _read_text(path: str) -> str | None:
             raise _bad_file(path, "is a symbolic link (sysfs attributes are plain files)") from None
         return None
     try:
-        if os.fstat(fd).st_mode & _S_IFMT != _S_IFREG:
-            raise _bad_file(path, "is not a regular file (a FIFO, device or directory)")
-        data = os.read(fd, 65536)
-        if len(data) == 65536:  # sysfs attributes fit in a page; other files may not
-            chunks = [data]
-            size = len(data)
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > _MAX_FILE_BYTES:
+        data = os.pread(fd, 65536, 0)
+        if not data or len(data) == 65536:
+            if os.fstat(fd).st_mode & _S_IFMT != _S_IFREG:
+                raise _bad_file(path, _NOT_REGULAR)
+            chunks = [data]  # sysfs attributes fit in a page; other files may not
+            offset = len(data)
+            while data and (data := os.pread(fd, 65536, offset)):
+                chunks.append(data)
+                offset += len(data)
+                if offset > _MAX_FILE_BYTES:
                     raise _bad_file(path, f"is larger than {_MAX_FILE_BYTES >> 20} MiB")
             data = b"".join(chunks)
-    except OSError:
+    except OSError as err:
+        if err.errno == errno.ESPIPE:
+            raise _bad_file(path, _NOT_REGULAR) from None
         return None
     finally:
         os.close(fd)
-    return data.decode("ascii", errors="replace")
+    return data.decode("ascii", "replace")
+
+
+_NOT_REGULAR = "is not a regular file (a FIFO, socket, terminal or device)"
 
 
 def _bad_file(path: str, why: str) -> TopologyError:
@@ -444,8 +452,6 @@ def _read_cpus(
     """
     online_set = set(online)
     on_node: dict[int | None, list[int]] = {}  # online CPUs by node, for CPUs without caches
-    for cpu in online:
-        on_node.setdefault(node_of.get(cpu), []).append(cpu)
     siblings_of: dict[int, tuple[int, ...]] = {}
     package_of: dict[int, int] = {}
     cache_of: dict[int, int] = {}
@@ -455,7 +461,10 @@ def _read_cpus(
         base = f"{_CPU}/cpu{cpu}"
         if cpu not in siblings_of:
             listed = reader.cpus(f"{base}/topology/thread_siblings_list")
-            core = tuple(sorted({c for c in listed or () if c in online_set} | {cpu}))
+            if listed and cpu in listed and online_set.issuperset(listed):
+                core = listed  # the usual case, already sorted and unique
+            else:
+                core = tuple(sorted({c for c in listed or () if c in online_set} | {cpu}))
             for c in core:
                 siblings_of.setdefault(c, core)
         if cpu not in package_of:
@@ -471,8 +480,10 @@ def _read_cpus(
             found = _largest_cache(reader, base, layout)
             if found is None:
                 # No cacheinfo (some VMs and ARM boards): the node stands in for the complex.
-                node = node_of.get(cpu)
-                group = tuple(c for c in on_node[node] if c not in cache_of)
+                if not on_node:
+                    for c in online:
+                        on_node.setdefault(node_of.get(c), []).append(c)
+                group = tuple(c for c in on_node[node_of.get(cpu)] if c not in cache_of)
                 level, size = 0, None
             else:
                 level, size, shared = found
