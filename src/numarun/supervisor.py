@@ -29,8 +29,10 @@ by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/for
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 
 Watching is one :mod:`selectors` loop over each worker's pidfd (forkserver: the
-:class:`multiprocessing.Process` sentinel), output, payload and result pipes and, in the main
-thread, a socket that ``signal.set_wakeup_fd`` writes to; timers are the select timeout.
+:class:`multiprocessing.Process` sentinel), output, payload and result pipes, the console while
+tee'd output waits for it (a sink's ``console``, :class:`numarun.logs.Console`: nothing in the
+loop ever blocks on a slow terminal) and, in the main thread, a socket that
+``signal.set_wakeup_fd`` writes to; timers are the select timeout.
 Fallback where ``os.pidfd_open`` is missing or fails with ENOSYS: in the main thread SIGCHLD
 wakes the loop, which then calls ``waitpid(pid, WNOHANG)`` for each worker; outside it, and for
 descendants during teardown, the loop checks every 50 ms. It never calls ``waitpid(-1)``.
