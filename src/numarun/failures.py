@@ -253,6 +253,7 @@ def format_summary(
     entrypoint: str,
     host: str,
     log_dir: str | os.PathLike[str] | None,
+    stopped_by: str | None = None,
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -264,13 +265,18 @@ def format_summary(
     one line per group of other ranks sharing a state (``ranks 2-255: terminated by numarun
     after rank 1 failed``), so 512 ranks stay a screenful; then ``log_dir`` when given. With no
     worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
+    ``stopped_by`` (a signal name such as ``"SIGINT"``): the signal that made numarun stop the
+    run, named in the root-cause line (or above the root cause, when a worker failed too).
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
     cause = root_cause(ordered)
     lines = [_RULE, f"numarun: {entrypoint} FAILED on {host} ({_state_counts(ordered)})", _THIN]
     if cause is None:
-        lines.append("Root cause: no worker failed on its own; numarun stopped the run.")
+        why = f" on {stopped_by}" if stopped_by else ""
+        lines.append(f"Root cause: no worker failed on its own; numarun stopped the run{why}.")
     else:
+        if stopped_by:
+            lines.append(f"numarun received {stopped_by} and stopped the run.")
         lines.extend(_cause_block(cause))
     others = [report for report in ordered if report is not cause]
     if others:
