@@ -306,7 +306,8 @@ def test_signals_to_handle_has_torchruns_meaning_and_keeps_forwarding_unlisted_u
     assert config.forward_signals == (signal.SIGUSR2,)
     assert config.signals_to_handle == "USR1, 15"
     config = parse("t.py", PET_SIGNALS_TO_HANDLE="SIGUSR2")
-    assert signal.SIGUSR2 in config.teardown_signals and signal.SIGQUIT not in config.teardown_signals
+    assert signal.SIGUSR2 in config.teardown_signals
+    assert signal.SIGQUIT not in config.teardown_signals
 
 
 # --- Slurm and Open MPI ---------------------------------------------------------------------------

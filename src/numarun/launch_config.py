@@ -295,15 +295,22 @@ _OPTIONS: tuple[_Option, ...] = (
 )
 
 
-def _build_parser(environ: Mapping[str, str]) -> _Parser:
+def _build_parser(environ: Mapping[str, str], epilog: str | None = None) -> _Parser:
+    from numarun import __version__
+
     parser = _Parser(
         prog="numarun",
-        usage="numarun [options] (SCRIPT | -m MODULE | --no-python BINARY) [args...]",
-        description="Start one worker per GPU or CPU slice, bound near its device, with "
-        "torchrun's flags and environment. Everything after the script, module or binary is "
-        "passed to the workers untouched. Options may also come from PET_<OPTION> variables.",
-        allow_abbrev=False,
+        usage="numarun [options] (SCRIPT | -m MODULE | --no-python BINARY) [args...]\n"
+        "       numarun COMMAND [args...]    (commands: see the end)",
+        description="Start one worker per GPU or CPU slice, bound near its device, with\n"
+        "torchrun's flags and environment. Everything after the script, module or binary is\n"
+        "passed to the workers untouched. Options may also come from PET_<OPTION> variables\n"
+        "and, before the script, be shortened to any unambiguous prefix (--nnode 1).",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # prefixes are spelled out by _split_argv, before the script only
     )
+    parser.add_argument("--version", action="version", version=f"numarun {__version__}")
     for option in _OPTIONS:
         default = _pet_default(option, environ)
         if option.flag:
@@ -406,7 +413,9 @@ def _spell_out(token: str, by_name: Mapping[str, _Option]) -> str:
     return spelled + sep + value
 
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+def parse_args(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, *, epilog: str | None = None
+) -> LaunchConfig:
     """Turn ``numarun``'s argv (without the program name) into a :class:`LaunchConfig`.
 
     ``environ`` (default ``os.environ``) supplies ``PET_*`` defaults, ``PYTHON_EXEC``,
@@ -417,11 +426,12 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
     Raises :class:`UsageError` with one line for any malformed or conflicting argument; the
     entry point's existence is checked later, by :func:`run`. ``--help`` raises
-    ``SystemExit(0)`` after printing the help.
+    ``SystemExit(0)`` after printing the help (with ``epilog`` at its end), ``--version``
+    after printing the version.
     """
     env = os.environ if environ is None else environ
     own, rest = _split_argv(argv)
-    ns = _build_parser(env).parse_args(own)
+    ns = _build_parser(env, epilog).parse_args(own)
     kind, entrypoint, args = _entrypoint(ns, rest)
 
     rank_cpus = _rank_cpus(ns.rank_cpus)

@@ -176,14 +176,15 @@ def exit_code_for(result: RunResult) -> int:
 # --- running -------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
     """Parse ``argv`` (without the program name), launch, and return the exit status.
 
     Bad input prints ``numarun: error: <one line>`` on stderr and returns 2 with nothing
-    started; ``--help`` prints the help and returns 0.
+    started; ``--help`` prints the help (``epilog`` after the options) and ``--version`` the
+    version, and return 0.
     """
     try:
-        config = parse_args(argv)
+        config = parse_args(argv, epilog=epilog)
         return run(config)
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
