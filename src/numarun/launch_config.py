@@ -6,8 +6,9 @@ untouched, and decides everything a launch needs: the number of workers per node
 (flags, or Slurm / Open MPI), the store's endpoint, binding mode and explicit rank CPUs, output
 specs, teardown and forwarded signals, the grace period. Any malformed or conflicting argument is
 one :class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
-gpu|auto`` (or ``cpu`` with ``--sysfs-root``); the modules for that, and for CPU lists, binding
-modes, scheduler node facts and output specs, are imported only on the path that needs them.
+gpu|auto`` (or ``cpu`` with ``--sysfs-root`` or ``--cpus-allowed``); the modules for that, and
+for CPU lists, binding modes, scheduler node facts and output specs, are imported only on the
+path that needs them. Before the entry point, an unambiguous prefix of a flag stands for it.
 Running a config is :mod:`numarun.launcher`'s job.
 """
 
@@ -370,7 +371,7 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
     before the entry point ends numarun's options. Before it, an unambiguous prefix of a long
     option is spelled out (``--nnode 1`` is ``--nnodes 1``), as torchrun's argparse does.
     """
-    by_name = {name: option for option in _OPTIONS for name in option.names}
+    by_name = {name: option for option in (*_OPTIONS, *_PARSER_ONLY) for name in option.names}
     own: list[str] = []
     i = 0
     while i < len(argv):
@@ -387,6 +388,13 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
             i += 1
         i += 1
     return own, []
+
+
+# argparse's own flags: prefixes of them are spelled out too (``--he`` is ``--help``).
+_PARSER_ONLY = (
+    _Option(("--help",), "", flag=True),
+    _Option(("--version",), "", flag=True),
+)
 
 
 def _spell_out(token: str, by_name: Mapping[str, _Option]) -> str:
