@@ -212,7 +212,7 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     base = dict(os.environ if environ is None else environ)
     binary_path = check_entrypoint(config, base)
     if config.virtual_local_rank:
-        virtual_device(base, config.nproc_per_node - 1)
+        virtual_device(base, config.nproc_per_node - 1)  # too few devices: refused before start
     plan = _make_plan(config)
     if plan is not None:
         for warning in plan.warnings:
