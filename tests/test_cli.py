@@ -170,3 +170,58 @@ def test_finding_gpus_planning_and_launching_never_import_torch(
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "[]"
+
+
+# --- help, version and the example machines of the README ----------------------------------------
+
+
+def test_help_lists_every_subcommand_and_help_and_version_work() -> None:
+    from numarun import __version__
+    from numarun.cli import SUBCOMMANDS
+
+    shown = run_cli("--help")
+    assert shown.returncode == 0, shown.stderr
+    for name in (*SUBCOMMANDS, "help"):
+        assert f"numarun {name} " in shown.stdout, name
+    assert "--nproc-per-node" in shown.stdout
+    assert run_cli("help").stdout == shown.stdout
+    plan_help = run_cli("help", "plan")
+    assert plan_help.returncode == 0 and "usage: numarun plan" in plan_help.stdout
+    version = run_cli("--version")
+    assert (version.returncode, version.stdout) == (0, f"numarun {__version__}\n")
+    wrong = run_cli("help", "nope")
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
+
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+@pytest.mark.parametrize(
+    ("archive", "machine"),
+    [("dgx-a100", dgx_a100), ("dgx-h100", dgx_h100), ("grace-hopper", grace_hopper)],
+)
+def test_shipped_example_trees_are_the_test_machines(
+    tmp_path: Path, archive: str, machine: object
+) -> None:
+    from numarun.topo_view import render_topology
+    from numarun.topology import read_topology
+
+    with tarfile.open(EXAMPLES / "sysfs" / f"{archive}.tar.gz") as tar:
+        tar.extractall(tmp_path / "x", filter="data")
+    fixture = write_sysfs(machine(), tmp_path / "fixture")  # type: ignore[operator]
+    shipped = render_topology(read_topology(tmp_path / "x", environ={}))
+    assert shipped == render_topology(read_topology(fixture, environ={}))
+
+
+def test_readme_examples_run_on_the_shipped_dgx_a100(tmp_path: Path) -> None:
+    # The README's `numarun topo|plan --sysfs-root /tmp/dgx-a100` blocks, reproduced.
+    with tarfile.open(EXAMPLES / "sysfs" / "dgx-a100.tar.gz") as tar:
+        tar.extractall(tmp_path, filter="data")
+    readme = (EXAMPLES.parent / "README.md").read_text()
+    for command in ("topo", "plan"):
+        flags = ["--numa-binding", "exclusive"] if command == "plan" else []
+        done = run_cli(command, "--sysfs-root", str(tmp_path), *flags)
+        assert done.returncode == 0, done.stderr
+        for line in done.stdout.splitlines()[:4]:
+            assert line in readme, line
+    assert "examples/sysfs/dgx-a100.tar.gz" in readme

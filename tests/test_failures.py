@@ -636,13 +636,13 @@ def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> No
     # whole lines, in order, and exactly what its stdout.log holds.
     out_lines = (tmp_path / "out").read_text().splitlines()
     for rank in range(2):
-        mine = [line for line in out_lines if line.startswith(f"[rank{rank}]: ")]
-        assert mine == [f"[rank{rank}]: r{rank} line {i}" for i in range(len(mine))]
+        mine = [line for line in out_lines if line.startswith(f"[default{rank}]:")]
+        assert mine == [f"[default{rank}]:r{rank} line {i}" for i in range(len(mine))]
         logged = (attempt / str(rank) / "stdout.log").read_text().splitlines()
-        assert logged == [line.removeprefix(f"[rank{rank}]: ") for line in mine]
-    assert len([line for line in out_lines if line.startswith("[rank1]: ")]) == 20000
-    assert len(out_lines) == len([line for line in out_lines if line.startswith("[rank")])
-    assert "[rank1]: ValueError: rank 1 gave up" in (tmp_path / "err").read_text().splitlines()
+        assert logged == [line.removeprefix(f"[default{rank}]:") for line in mine]
+    assert len([line for line in out_lines if line.startswith("[default1]:")]) == 20000
+    assert len(out_lines) == len([line for line in out_lines if line.startswith("[default")])
+    assert "[default1]:ValueError: rank 1 gave up" in (tmp_path / "err").read_text().splitlines()
 
     reports = [
         rank_report(

@@ -48,7 +48,7 @@ def test_defaults_for_a_script() -> None:
     assert config.grace_period == 30.0
     assert config.numa_binding is None and config.mem_binding == "none"
     assert config.role == "default"
-    assert config.teardown_signals == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    assert config.teardown_signals == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
     assert config.forward_signals == (signal.SIGUSR1, signal.SIGUSR2)
     assert config.python_exec == sys.executable
     assert len(config.run_id) == 12 and config.run_id != parse("train.py").run_id
@@ -145,9 +145,17 @@ def test_double_dash_ends_launcher_options() -> None:
     assert (config.entrypoint, config.args) == ("--weird-name.py", ("--flag",))
 
 
-def test_abbreviations_are_refused() -> None:
-    with pytest.raises(UsageError, match="unrecognized arguments: --nproc"):
-        parse("--nproc", "2", "train.py")
+def test_unambiguous_prefixes_of_launcher_flags_are_spelled_out() -> None:
+    config = parse("--nnode", "2", "--node_r", "1", "--nproc", "3", "--dry", "t.py", "--nnode")
+    assert (config.nnodes, config.node_rank, config.nproc_per_node) == (2, 1, 3)
+    assert config.dry_run
+    assert config.args == ("--nnode",)  # after the script: the worker's, untouched
+    assert parse("--nnode=2", "--master-p=7", "t.py").master_port == 7
+    assert parse("--virt", "t.py").virtual_local_rank
+    with pytest.raises(UsageError, match="ambiguous option: --master could match"):
+        parse("--master", "h", "t.py")
+    with pytest.raises(UsageError, match="unrecognized arguments: --nprocs"):
+        parse("--nprocs", "2", "t.py")
 
 
 def test_worker_argv_for_each_kind() -> None:
@@ -282,15 +290,24 @@ def test_grace_period_from_torch_elastic_shutdown_timeout() -> None:
     assert config.grace_period == 3.0
 
 
-def test_signals_to_handle_adds_teardown_signals_and_keeps_forwarding() -> None:
+def test_signals_to_handle_has_torchruns_meaning_and_keeps_forwarding_unlisted_usr() -> None:
     config = parse("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT", "t.py")
     assert signal.SIGQUIT in config.teardown_signals
     assert config.forward_signals == (signal.SIGUSR1, signal.SIGUSR2)
+    assert config.signals_to_handle == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
     config = parse("t.py", TORCHELASTIC_SIGNALS_TO_HANDLE="SIGQUIT")
     assert signal.SIGQUIT in config.teardown_signals
+    # Listed SIGUSR1 stops the job (torchrun: the workers get SIGUSR1, then SIGKILL); the
+    # unlisted SIGUSR2 keeps numarun's forward-and-go-on; SIGQUIT left out no longer stops it.
     config = parse("--signals-to-handle", "USR1, 15", "t.py")
-    assert signal.SIGUSR1 not in config.teardown_signals
-    assert config.teardown_signals == (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    assert config.teardown_signals == (
+        signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1
+    )  # fmt: skip
+    assert config.forward_signals == (signal.SIGUSR2,)
+    assert config.signals_to_handle == "USR1, 15"
+    config = parse("t.py", PET_SIGNALS_TO_HANDLE="SIGUSR2")
+    assert signal.SIGUSR2 in config.teardown_signals
+    assert signal.SIGQUIT not in config.teardown_signals
 
 
 # --- Slurm and Open MPI ---------------------------------------------------------------------------
@@ -436,6 +453,7 @@ def test_rank_env_is_torchruns_set() -> None:
         "TORCHELASTIC_RUN_ID": "run9",
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_ERROR_FILE": "/e.json",
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
         "OMP_NUM_THREADS": "1",
     }
@@ -638,7 +656,7 @@ def test_tee_prefixes_console_lines_and_filter_hides_ranks(tmp_path: Path) -> No
     done = launch("--nproc-per-node", "2", "--tee", "3", REPORT, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     lines = [line for line in done.stdout.splitlines() if "{" in line]
-    assert sorted(line.split(" ", 1)[0] for line in lines) == ["[rank0]:", "[rank1]:"]
+    assert sorted(line.split("{", 1)[0] for line in lines) == ["[default0]:", "[default1]:"]
     assert "worker logs go to" in done.stderr  # tee'd files live in a kept temporary dir
     shown = launch("--nproc-per-node", "2", "--local-ranks-filter", "1", REPORT, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
@@ -853,8 +871,8 @@ def test_tee_through_the_launcher_loses_nothing(tmp_path: Path) -> None:
     assert len(lines) == 4 * per_rank
     next_line = [0, 0, 0, 0]
     for line in lines:
-        prefix, _, text = line.partition(b"]: ")
-        rank = int(prefix.removeprefix(b"[rank"))
+        prefix, _, text = line.partition(b"]:")
+        rank = int(prefix.removeprefix(b"[default"))
         assert text == b"r%d line %d" % (rank, next_line[rank]), line[:200]
         next_line[rank] += 1
     assert next_line == [per_rank] * 4
@@ -884,7 +902,7 @@ def test_tee_shows_a_line_while_its_worker_still_runs(tmp_path: Path) -> None:
         assert job.stdout is not None
         ready, _, _ = select.select([job.stdout], [], [], 30)
         assert ready, "the tee'd line did not reach the console while the worker ran"
-        assert job.stdout.readline() == b"[rank0]: hello\n"
+        assert job.stdout.readline() == b"[default0]:hello\n"
         assert job.poll() is None
     finally:
         go.touch()

@@ -162,8 +162,9 @@ def test_make_log_dirs_reports_an_uncreatable_dir_in_one_line(tmp_path: Path) ->
 # ---------------------------------------------------------------- prefixes
 
 
-def test_default_prefix_uses_the_global_rank() -> None:
-    assert make_prefix(3, 1, environ={}) == b"[rank3]: "
+def test_default_prefix_is_torchruns_role_and_local_rank() -> None:
+    assert make_prefix(3, 1, environ={}) == b"[default1]:"
+    assert make_prefix(3, 1, role_name="trainer", environ={}) == b"[trainer1]:"
 
 
 def test_prefix_template_like_torchrun() -> None:
@@ -171,7 +172,7 @@ def test_prefix_template_like_torchrun() -> None:
     assert make_prefix(9, 1, role_name="trainer", template=template) == b"[trainer1|9]:"
     env = {PREFIX_TEMPLATE_ENV: "${rank} $unknown ${local_rank}> "}
     assert make_prefix(4, 0, environ=env) == b"4 $unknown 0> "
-    assert make_prefix(4, 0, environ={PREFIX_TEMPLATE_ENV: ""}) == b"[rank4]: "
+    assert make_prefix(4, 0, environ={PREFIX_TEMPLATE_ENV: ""}) == b"[default0]:"
 
 
 def test_prefix_template_comes_from_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -489,7 +490,7 @@ def test_sinks_for_tees_stdout_and_redirects_stderr(tmp_path: Path) -> None:
     out.close()
     err.close()
     os.close(console)
-    assert console_path.read_bytes() == b"[rank6]: shown\n"
+    assert console_path.read_bytes() == b"[default2]:shown\n"
     assert (tmp_path / "stdout.log").read_bytes() == b"shown\n"
     assert (tmp_path / "stderr.log").read_bytes() == b"only in the file\n"
 

@@ -1,8 +1,9 @@
 """The ``numarun`` command: parses, prints, and maps errors to exit codes. Decides nothing.
 
-``numarun topo | plan | snapshot ...`` are subcommands; anything else is a launch, handled by
-:mod:`numarun.launcher` with torchrun-compatible flags (``numarun --nproc-per-node 8 train.py``).
-A binary literally named ``topo``, ``plan`` or ``snapshot`` is launched as ``./topo``.
+``numarun topo | plan | snapshot | help ...`` are subcommands; anything else is a launch,
+handled by :mod:`numarun.launcher` with torchrun-compatible flags (``numarun --nproc-per-node 8
+train.py``), whose ``--help`` lists the subcommands too. A binary literally named ``topo``,
+``plan``, ``snapshot`` or ``help`` is launched as ``./topo``.
 """
 
 from __future__ import annotations
@@ -14,6 +15,25 @@ from collections.abc import Sequence
 from numarun.errors import NumarunError, UsageError
 
 SUBCOMMANDS = ("topo", "plan", "snapshot")
+
+# One line each for `numarun --help`; a subcommand is listed once it is in SUBCOMMANDS.
+SUMMARIES = {
+    "topo": "show the machine: packages, NUMA nodes, caches, GPUs and NICs",
+    "plan": "print each local rank's GPU, CPUs and memory nodes; starts nothing",
+    "snapshot": "save the sysfs files numarun reads (replay with --sysfs-root)",
+    "stacks": "print the Python stacks of a running job's workers",
+    "help": "this help, or a subcommand's: numarun help plan",
+}
+
+
+def commands_help() -> str:
+    """The subcommands part of ``numarun --help``."""
+    names = [*SUBCOMMANDS, "help"]
+    width = max(len(name) for name in names)
+    lines = ["commands (numarun COMMAND --help for each):"]
+    lines += [f"  numarun {name:<{width}}  {SUMMARIES.get(name, '')}".rstrip() for name in names]
+    lines.append("  numarun [options] train.py ...  a launch, as torchrun (the options above)")
+    return "\n".join(lines)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -184,16 +204,26 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
     return 0
 
 
+def _cmd_help(argv: Sequence[str]) -> int:
+    if len(argv) > 1 or (argv and argv[0] not in SUBCOMMANDS):
+        raise UsageError(
+            f"numarun help takes one of {', '.join(SUBCOMMANDS)}, not {' '.join(argv)!r}"
+        )
+    return main([*argv, "--help"])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 2 bad input)."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        if args and args[0] == "help":
+            return _cmd_help(args[1:])
         if args and args[0] in SUBCOMMANDS:
             command = {"topo": _cmd_topo, "plan": _cmd_plan, "snapshot": _cmd_snapshot}[args[0]]
             return command(args[1:])
         from numarun import launcher
 
-        return launcher.main(args)
+        return launcher.main(args, epilog=commands_help())
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
         return error.exit_code

@@ -255,6 +255,7 @@ def format_summary(
     host: str,
     log_dir: str | os.PathLike[str] | None,
     lost_logs: Sequence[str] = (),
+    stopped_by: str | None = None,
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -267,6 +268,8 @@ def format_summary(
     after rank 1 failed``), so 512 ranks stay a screenful; then ``lost_logs`` (one line per
     log file that lost bytes, see :func:`format_lost_logs`) and ``log_dir`` when given. With no
     worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
+    ``stopped_by`` (a signal name such as ``"SIGINT"``): the signal that made numarun stop the
+    run, named in the root-cause line (or above the root cause, when a worker failed too).
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
     cause = root_cause(ordered)
@@ -277,8 +280,11 @@ def format_summary(
         _THIN,
     ]
     if cause is None:
-        lines.append("Root cause: no worker failed on its own; numarun stopped the run.")
+        why = f" on {stopped_by}" if stopped_by else ""
+        lines.append(f"Root cause: no worker failed on its own; numarun stopped the run{why}.")
     else:
+        if stopped_by:
+            lines.append(f"numarun received {stopped_by} and stopped the run.")
         lines.extend(_cause_block(cause))
     others = [report for report in ordered if report is not cause]
     if others:

@@ -6,8 +6,9 @@ untouched, and decides everything a launch needs: the number of workers per node
 (flags, or Slurm / Open MPI), the store's endpoint, binding mode and explicit rank CPUs, output
 specs, teardown and forwarded signals, the grace period. Any malformed or conflicting argument is
 one :class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
-gpu|auto`` (or ``cpu`` with ``--sysfs-root``); the modules for that, and for CPU lists, binding
-modes, scheduler node facts and output specs, are imported only on the path that needs them.
+gpu|auto`` (or ``cpu`` with ``--sysfs-root`` or ``--cpus-allowed``); the modules for that, and
+for CPU lists, binding modes, scheduler node facts and output specs, are imported only on the
+path that needs them. Before the entry point, an unambiguous prefix of a flag stands for it.
 Running a config is :mod:`numarun.launcher`'s job.
 """
 
@@ -24,9 +25,16 @@ from numarun.errors import UsageError
 
 DEFAULT_MULTI_NODE_PORT = 29500  # torchrun's --master-port default
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
-TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+# torchrun's --signals-to-handle default: each stops the job, reaching the workers first.
+DEFAULT_SIGNALS_TO_HANDLE = "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+TEARDOWN_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+# Stop the job even when left out of --signals-to-handle: a launcher that ignores Ctrl-C or
+# dies of SIGHUP leaves its workers running.
+ALWAYS_TEARDOWN = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 # Slurm sends these ahead of preemption (``--signal``); the job must keep running to checkpoint.
 FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+# torch.distributed.elastic.events' handler names (``--event-log-handler``).
+EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
 
 
 @dataclass(frozen=True)
@@ -37,7 +45,10 @@ class LaunchConfig:
     ``None`` when a free port is to be picked at start (single node, none given).
     ``numa_binding`` is a :data:`numarun.plan.MODES` value or ``None`` (no binding);
     ``rank_cpus`` is set exactly when it is ``"explicit"``. ``node_source`` says where the node
-    facts came from: ``"flags"``, ``"slurm"`` or ``"mpi"``.
+    facts came from: ``"flags"``, ``"slurm"`` or ``"mpi"``. ``master_addr`` is a host name or an
+    address without brackets (``::1`` for ``[::1]``), as torch's ``env://`` wants it.
+    ``duplicate_*_filters``: tee'd lines containing any of these go to
+    ``attempt_0/filtered_std{out,err}.log`` as well (torchrun's meaning; empty: off).
     """
 
     entrypoint: str
@@ -66,7 +77,12 @@ class LaunchConfig:
     start_method: str = "spawn"
     teardown_signals: tuple[int, ...] = tuple(TEARDOWN_SIGNALS)
     forward_signals: tuple[int, ...] = tuple(FORWARD_SIGNALS)
+    signals_to_handle: str = DEFAULT_SIGNALS_TO_HANDLE  # as given: workers' env, like torchrun
     python_exec: str = sys.executable
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    virtual_local_rank: bool = False
+    event_log_handler: str = "null"
 
     @property
     def world_size(self) -> int:
@@ -110,7 +126,8 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option(
         _dual("--nproc-per-node"),
         "workers on this node: an integer, 'gpu' (one per "
-        "visible GPU), 'cpu' (os.cpu_count()) or 'auto' (GPUs if any, else CPUs); default 1",
+        "visible GPU), 'cpu' (one per CPU this process may use: its affinity) or 'auto' (GPUs if "
+        "any, else CPUs); default 1",
         metavar="N",
     ),
     _Option(
@@ -126,7 +143,8 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         _dual("--master-addr"),
-        "host of global rank 0 (the TCPStore); default 127.0.0.1, or the first Slurm node",
+        "host of global rank 0 (the TCPStore); IPv6 as [::1]; default 127.0.0.1, or the first "
+        "Slurm node",
         metavar="HOST",
     ),
     _Option(
@@ -159,7 +177,15 @@ _OPTIONS: tuple[_Option, ...] = (
         metavar="METHOD",
     ),
     _Option(
-        ("--role",), "role name: ROLE_NAME and the --tee prefix; default 'default'", metavar="NAME"
+        _dual("--event-log-handler"),
+        "torchrun's event log destination: null (default), console or dynamic_rendezvous; "
+        "accepted, numarun records no events",
+        metavar="NAME",
+    ),
+    _Option(
+        ("--role",),
+        "role name: ROLE_NAME and the --tee prefix '[<role><local rank>]:'; default 'default'",
+        metavar="NAME",
     ),
     _Option(("-m", "--module"), "run the entry point as a module, like 'python -m'", flag=True),
     _Option(
@@ -185,13 +211,36 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         ("-t", "--tee"),
-        "like --redirects, but also show the output on the console with '[role<rank>]:' prefixes",
+        "like --redirects, but also show the output on the console, each line prefixed "
+        "'[<role><local rank>]:' ($TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE overrides it)",
         metavar="SPEC",
     ),
     _Option(
         _dual("--local-ranks-filter"),
         "show only these local ranks' output on the console, e.g. '0' or '0,2'",
         metavar="RANKS",
+    ),
+    _Option(
+        _dual("--duplicate-stdout-filters"),
+        "also write tee'd stdout lines containing any of these comma-separated strings (',,' "
+        "for a comma) from every rank to <log dir>/<run id>/attempt_0/filtered_stdout.log",
+        metavar="FILTERS",
+    ),
+    _Option(
+        _dual("--duplicate-stderr-filters"),
+        "the same for stderr: filtered_stderr.log",
+        metavar="FILTERS",
+    ),
+    _Option(
+        _dual("--logs-specs"),
+        "torchrun's log layout plugin: only 'default' (the layout numarun writes)",
+        metavar="NAME",
+    ),
+    _Option(
+        _dual("--virtual-local-rank"),
+        "each worker gets LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES naming only its own GPU (the "
+        "parent's entry for its local rank); binding still follows the real local rank",
+        flag=True,
     ),
     _Option(
         _dual("--numa-binding"),
@@ -218,8 +267,9 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         _dual("--signals-to-handle"),
-        "extra signals that tear the job down (SIGINT, "
-        "SIGTERM, SIGHUP always do; SIGUSR1, SIGUSR2 are always forwarded)",
+        "signals that stop the job, each sent to the workers first, SIGKILL after the "
+        "grace period (default SIGTERM,SIGINT,SIGHUP,SIGQUIT; SIGINT, SIGTERM, SIGHUP always "
+        "stop it); SIGUSR1/SIGUSR2 not listed are forwarded and the job goes on",
         metavar="SIGNALS",
     ),
     _Option(
@@ -246,15 +296,22 @@ _OPTIONS: tuple[_Option, ...] = (
 )
 
 
-def _build_parser(environ: Mapping[str, str]) -> _Parser:
+def _build_parser(environ: Mapping[str, str], epilog: str | None = None) -> _Parser:
+    from numarun import __version__
+
     parser = _Parser(
         prog="numarun",
-        usage="numarun [options] (SCRIPT | -m MODULE | --no-python BINARY) [args...]",
-        description="Start one worker per GPU or CPU slice, bound near its device, with "
-        "torchrun's flags and environment. Everything after the script, module or binary is "
-        "passed to the workers untouched. Options may also come from PET_<OPTION> variables.",
-        allow_abbrev=False,
+        usage="numarun [options] (SCRIPT | -m MODULE | --no-python BINARY) [args...]\n"
+        "       numarun COMMAND [args...]    (commands: see the end)",
+        description="Start one worker per GPU or CPU slice, bound near its device, with\n"
+        "torchrun's flags and environment. Everything after the script, module or binary is\n"
+        "passed to the workers untouched. Options may also come from PET_<OPTION> variables\n"
+        "and, before the script, be shortened to any unambiguous prefix (--nnode 1).",
+        epilog=epilog,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # prefixes are spelled out by _split_argv, before the script only
     )
+    parser.add_argument("--version", action="version", version=f"numarun {__version__}")
     for option in _OPTIONS:
         default = _pet_default(option, environ)
         if option.flag:
@@ -287,14 +344,17 @@ def _build_parser(environ: Mapping[str, str]) -> _Parser:
 
 def _pet_default(option: _Option, environ: Mapping[str, str]) -> object:
     """torchrun's ``PET_<DEST>`` fallback: ``PET_NPROC_PER_NODE=4`` acts as a default."""
-    if option.repeat:
-        return None
     for name in option.names:
         if not name.startswith("--"):
             continue
         key = "PET_" + name[2:].upper().replace("-", "_")
         if key in environ:
             value = environ[key]
+            if option.repeat:
+                raise UsageError(
+                    f"{key} cannot give one value per local rank: pass {name} on the command "
+                    "line once per rank"
+                )
             if not option.flag:
                 return value
             if value.strip() not in ("0", "1"):
@@ -308,21 +368,62 @@ def _split_argv(argv: Sequence[str]) -> tuple[list[str], list[str]]:
 
     Done by hand, not by argparse's REMAINDER, so that nothing after the entry point is ever
     read as numarun's (``--node``, ``--master``, ``--`` reach the worker as written). A ``--``
-    before the entry point ends numarun's options.
+    before the entry point ends numarun's options. Before it, an unambiguous prefix of a long
+    option is spelled out (``--nnode 1`` is ``--nnodes 1``), as torchrun's argparse does.
     """
-    takes_value = {name for option in _OPTIONS if not option.flag for name in option.names}
+    by_name = {name: option for option in (*_OPTIONS, *_PARSER_ONLY) for name in option.names}
+    own: list[str] = []
     i = 0
     while i < len(argv):
         token = argv[i]
         if token == "--":
-            return list(argv[:i]), list(argv[i + 1 :])
+            return own, list(argv[i + 1 :])
         if not token.startswith("-") or token == "-":
-            return list(argv[:i]), list(argv[i:])
-        i += 2 if token in takes_value else 1
-    return list(argv), []
+            return own, list(argv[i:])
+        token = _spell_out(token, by_name)
+        own.append(token)
+        option = by_name.get(token)
+        if option is not None and not option.flag and i + 1 < len(argv):
+            own.append(argv[i + 1])
+            i += 1
+        i += 1
+    return own, []
 
 
-def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) -> LaunchConfig:
+# argparse's own flags: prefixes of them are spelled out too (``--he`` is ``--help``).
+_PARSER_ONLY = (
+    _Option(("--help",), "", flag=True),
+    _Option(("--version",), "", flag=True),
+)
+
+
+def _spell_out(token: str, by_name: Mapping[str, _Option]) -> str:
+    """``--nnode`` -> ``--nnodes``, ``--nnode=2`` -> ``--nnodes=2``: argparse's abbreviation
+    rule (allow_abbrev), except that the spellings of one option (``--nproc-per-node``,
+    ``--nproc_per_node``) count as one match. Unknown options are left for argparse to refuse."""
+    if not token.startswith("--"):
+        return token
+    name, sep, value = token.partition("=")
+    if name in by_name:
+        return token
+    matches = {
+        id(option): (full, option)
+        for full, option in by_name.items()
+        if full.startswith("--") and full.startswith(name)
+    }
+    if len(matches) > 1:
+        names = sorted(option.names[0] for _full, option in matches.values())
+        raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
+    if not matches:
+        return token
+    (full, option), = matches.values()
+    spelled = next((n for n in option.names if n.startswith(name)), full)
+    return spelled + sep + value
+
+
+def parse_args(
+    argv: Sequence[str], environ: Mapping[str, str] | None = None, *, epilog: str | None = None
+) -> LaunchConfig:
     """Turn ``numarun``'s argv (without the program name) into a :class:`LaunchConfig`.
 
     ``environ`` (default ``os.environ``) supplies ``PET_*`` defaults, ``PYTHON_EXEC``,
@@ -333,11 +434,12 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
 
     Raises :class:`UsageError` with one line for any malformed or conflicting argument; the
     entry point's existence is checked later, by :func:`run`. ``--help`` raises
-    ``SystemExit(0)`` after printing the help.
+    ``SystemExit(0)`` after printing the help (with ``epilog`` at its end), ``--version``
+    after printing the version.
     """
     env = os.environ if environ is None else environ
     own, rest = _split_argv(argv)
-    ns = _build_parser(env).parse_args(own)
+    ns = _build_parser(env, epilog).parse_args(own)
     kind, entrypoint, args = _entrypoint(ns, rest)
 
     rank_cpus = _rank_cpus(ns.rank_cpus)
@@ -370,11 +472,23 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
     redirects, tee, ranks_filter = _output_specs(ns, nproc)
     mem_binding = (ns.mem_binding or "none").strip()
     _check_mem_binding(mem_binding, numa_binding)
-    teardown, forward = _signals(
+    signals_text = (
         ns.signals_to_handle
         if ns.signals_to_handle is not None
         else env.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     )
+    teardown, forward = _signals(signals_text)
+    event_log_handler = (ns.event_log_handler or "null").strip()
+    if event_log_handler not in EVENT_LOG_HANDLERS:
+        raise UsageError(
+            f"--event-log-handler {event_log_handler!r} is not one of torchrun's handlers "
+            f"({', '.join(EVENT_LOG_HANDLERS)})"
+        )
+    if ns.logs_specs is not None and ns.logs_specs.strip() != "default":
+        raise UsageError(
+            f"--logs-specs {ns.logs_specs!r}: numarun writes torchrun's default log layout only "
+            "(--logs-specs default); log plugins are not loaded"
+        )
     rdzv_id = (ns.rdzv_id or "").strip()
     if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
         raise UsageError(
@@ -407,8 +521,21 @@ def parse_args(argv: Sequence[str], environ: Mapping[str, str] | None = None) ->
         start_method=start_method,
         teardown_signals=teardown,
         forward_signals=forward,
+        signals_to_handle=signals_text or DEFAULT_SIGNALS_TO_HANDLE,
         python_exec=env.get("PYTHON_EXEC") or sys.executable,
+        duplicate_stdout_filters=_filters(ns.duplicate_stdout_filters),
+        duplicate_stderr_filters=_filters(ns.duplicate_stderr_filters),
+        virtual_local_rank=ns.virtual_local_rank,
+        event_log_handler=event_log_handler,
     )
+
+
+def _filters(text: str | None) -> tuple[str, ...]:
+    """torchrun's comma-separated filter list: ``',,'`` stands for a comma; an empty value is
+    one empty filter (every line matches), as in torchrun; no value: no filters."""
+    if text is None:
+        return ()
+    return tuple(item.replace("\0", ",") for item in text.replace(",,", "\0").split(","))
 
 
 def _entrypoint(ns: argparse.Namespace, rest: list[str]) -> tuple[str, str, list[str]]:
@@ -486,8 +613,9 @@ def _nproc(
         return len(rank_cpus) if rank_cpus is not None else 1
     text = text.strip()
     if text in ("gpu", "auto", "cpu"):
-        if text == "cpu" and sysfs_root == "/":
-            nproc = os.cpu_count() or 1
+        if text == "cpu" and sysfs_root == "/" and cpus_allowed is None:
+            # The CPUs this process may use (taskset, cpuset), as torchrun counts them.
+            nproc = len(os.sched_getaffinity(0)) or 1
         else:
             from numarun.topology import read_topology
 
@@ -495,7 +623,9 @@ def _nproc(
             if text == "gpu" and not topology.gpus:
                 raise UsageError("--nproc-per-node gpu: no visible GPUs on this machine")
             nproc = (
-                len(topology.gpus) if text != "cpu" and topology.gpus else len(topology.online_cpus)
+                len(topology.gpus)
+                if text != "cpu" and topology.gpus
+                else len(topology.allowed_cpus)
             )
     elif text.lstrip("-").isdigit():
         nproc = _int(text, "--nproc-per-node", low=1)
@@ -538,6 +668,17 @@ def _split_endpoint(endpoint: str) -> tuple[str | None, int | None]:
     return host, (_port(port, "--rdzv-endpoint port") if port else None)
 
 
+def _unbracket(host: str | None) -> str | None:
+    """``[::1]`` -> ``::1``: torchrun's help asks for brackets around IPv6 addresses, but
+    torch's ``env://`` (TCPStore) wants the bare address in MASTER_ADDR, as torchrun gives it."""
+    if host is None:
+        return None
+    host = host.strip()
+    if len(host) > 2 and host[0] == "[" and host[-1] == "]":
+        return host[1:-1]
+    return host
+
+
 def _port(text: object, flag: str) -> int:
     value = _int(text, flag, low=0)
     if value > 65535:
@@ -555,11 +696,11 @@ def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, int, st
         )
     endpoint_host, endpoint_port = _split_endpoint(ns.rdzv_endpoint or "")
     addr = ns.master_addr
-    if addr and endpoint_host and addr != endpoint_host:
+    if addr and endpoint_host and _unbracket(addr) != endpoint_host:
         raise UsageError(
             f"--master-addr {addr} and --rdzv-endpoint {ns.rdzv_endpoint} disagree; give one"
         )
-    addr = addr or endpoint_host
+    addr = _unbracket(addr) or endpoint_host
     port = _port(ns.master_port, "--master-port") if ns.master_port is not None else None
     if port is not None and endpoint_port is not None and port != endpoint_port:
         raise UsageError(
@@ -636,21 +777,25 @@ def _check_mem_binding(mem_binding: str, numa_binding: str | None) -> None:
 def _signals(text: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(teardown signals, forwarded signals) from ``--signals-to-handle``.
 
-    SIGINT, SIGTERM and SIGHUP always tear down and SIGUSR1/SIGUSR2 are always forwarded (the
-    job keeps running); listed signals other than those add to the teardown set. torchrun's
-    default list (``SIGTERM,SIGINT,SIGHUP,SIGQUIT``) therefore adds SIGQUIT.
+    torchrun's meaning: each listed signal stops the job and is what the workers receive first
+    (SIGKILL follows after the grace period); the default list is
+    ``SIGTERM,SIGINT,SIGHUP,SIGQUIT``. numarun's additions: SIGINT, SIGTERM and SIGHUP stop
+    the job even when left out, and SIGUSR1/SIGUSR2, unless listed, are forwarded to the
+    workers and the job goes on (Slurm's preemption notice).
     """
-    teardown = list(TEARDOWN_SIGNALS)
-    forward = list(FORWARD_SIGNALS)
-    for item in (text or "").split(","):
+    teardown = list(ALWAYS_TEARDOWN)
+    for item in (DEFAULT_SIGNALS_TO_HANDLE if text is None else text).split(","):
         name = item.strip().upper()
         if not name:
             continue
         signum = _signal_number(name)
         if signum in (signal.SIGKILL, signal.SIGSTOP):
             raise UsageError(f"--signals-to-handle: {name} cannot be caught")
-        if signum not in teardown and signum not in forward:
+        if signum == signal.SIGCHLD:
+            raise UsageError("--signals-to-handle: SIGCHLD cannot stop the job")
+        if signum not in teardown:
             teardown.append(signum)
+    forward = [signum for signum in FORWARD_SIGNALS if signum not in teardown]
     return tuple(int(s) for s in teardown), tuple(int(s) for s in forward)
 
 

@@ -22,6 +22,8 @@ for it, the log and failure modules only for redirected output or a failed run.
 from __future__ import annotations
 
 import os
+import re
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -44,19 +46,42 @@ SCRIPT_BOOTSTRAP = "numarun._script"
 # --- what each worker gets -----------------------------------------------------------------------
 
 
-def worker_argv(config: LaunchConfig, binary_path: str | None = None) -> list[str]:
-    """The argv exec'd for every worker (the same for all ranks; no shell anywhere).
+def worker_argv(
+    config: LaunchConfig, binary_path: str | None = None, local_rank: int | None = None
+) -> list[str]:
+    """The argv exec'd for a worker (no shell anywhere).
 
     Scripts: ``PYTHON -u -m numarun._script -- SCRIPT ARGS``; modules: ``PYTHON -u -m
     numarun._script -m MODULE ARGS``; binaries: ``BINARY ARGS`` with ``binary_path`` (the
-    resolved path, when given) in place of the name.
+    resolved path, when given) in place of the name. With ``local_rank``, ``${local_rank}`` in
+    ARGS becomes that rank (:func:`substitute_local_rank`).
     """
+    args = list(config.args)
+    if local_rank is not None:
+        args = substitute_local_rank(args, local_rank)
     if config.entrypoint_kind == "binary":
-        return [binary_path or config.entrypoint, *config.args]
+        return [binary_path or config.entrypoint, *args]
     head = [config.python_exec, "-u", "-m", SCRIPT_BOOTSTRAP]
     if config.entrypoint_kind == "module":
-        return [*head, "-m", config.entrypoint, *config.args]
-    return [*head, "--", config.entrypoint, *config.args]
+        return [*head, "-m", config.entrypoint, *args]
+    return [*head, "--", config.entrypoint, *args]
+
+
+# ``$$`` is matched so that ``$${local_rank}`` stays as written, as torchrun's
+# string.Template escape; an identifier that only starts with local_rank is another name.
+_LOCAL_RANK_MACRO = re.compile(r"\$(?:\$|\{local_rank\}|local_rank(?![A-Za-z0-9_]))")
+
+
+def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
+    """torchrun's worker-argument macro: ``${local_rank}`` and ``$local_rank`` become the
+    local rank. Everything else stays byte for byte, ``$$`` too (torchrun's
+    ``string.Template`` turns it into ``$``)."""
+    value = str(local_rank)
+
+    def expand(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(0) == "$$" else value
+
+    return [_LOCAL_RANK_MACRO.sub(expand, arg) if "$" in arg else arg for arg in args]
 
 
 def rank_env(
@@ -96,6 +121,7 @@ def rank_env(
         "TORCHELASTIC_RUN_ID": config.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": config.signals_to_handle,
     }
     if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in base:
         env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
@@ -103,7 +129,26 @@ def rank_env(
         threads = binding.threads if binding is not None else unbound_threads
         env["OMP_NUM_THREADS"] = str(max(1, threads))
     env.update(plan_env)
+    if config.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = virtual_device(base, local_rank)
     return env
+
+
+def virtual_device(base: Mapping[str, str], local_rank: int) -> str:
+    """``--virtual-local-rank``: the one device a rank sees, torchrun's way: the parent's
+    ``CUDA_VISIBLE_DEVICES`` entry for the local rank, or the local rank itself when unset.
+    Raises :class:`UsageError` when the parent's list is too short."""
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    entries = visible.split(",")
+    if local_rank >= len(entries):
+        raise UsageError(
+            f"--virtual-local-rank: local rank {local_rank} has no entry in "
+            f"CUDA_VISIBLE_DEVICES={visible!r}; list one device per local rank"
+        )
+    return entries[local_rank].strip()
 
 
 # --- exit codes ----------------------------------------------------------------------------------
@@ -131,14 +176,15 @@ def exit_code_for(result: RunResult) -> int:
 # --- running -------------------------------------------------------------------------------------
 
 
-def main(argv: Sequence[str]) -> int:
+def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
     """Parse ``argv`` (without the program name), launch, and return the exit status.
 
     Bad input prints ``numarun: error: <one line>`` on stderr and returns 2 with nothing
-    started; ``--help`` prints the help and returns 0.
+    started; ``--help`` prints the help (``epilog`` after the options) and ``--version`` the
+    version, and return 0.
     """
     try:
-        config = parse_args(argv)
+        config = parse_args(argv, epilog=epilog)
         return run(config)
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
@@ -165,16 +211,17 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     """
     base = dict(os.environ if environ is None else environ)
     binary_path = check_entrypoint(config, base)
+    if config.virtual_local_rank:
+        virtual_device(base, config.nproc_per_node - 1)  # too few devices: refused before start
     plan = _make_plan(config)
     if plan is not None:
         for warning in plan.warnings:
             print(f"numarun: warning: {warning}", file=sys.stderr)
     port = config.master_port if config.master_port is not None else workerenv.free_port()
-    argv = worker_argv(config, binary_path)
     if config.dry_run:
-        print(_dry_run_text(config, plan, base, port, argv), end="")
+        print(_dry_run_text(config, plan, base, port, binary_path), end="")
         return 0
-    return _launch(config, plan, base, port, argv)
+    return _launch(config, plan, base, port, binary_path)
 
 
 def check_entrypoint(config: LaunchConfig, env: Mapping[str, str]) -> str | None:
@@ -283,7 +330,11 @@ def _error_file(attempt_dir: str, local_rank: int) -> str:
 
 
 def _dry_run_text(
-    config: LaunchConfig, plan: Plan | None, base: Mapping[str, str], port: int, argv: list[str]
+    config: LaunchConfig,
+    plan: Plan | None,
+    base: Mapping[str, str],
+    port: int,
+    binary_path: str | None,
 ) -> str:
     import shlex
 
@@ -309,7 +360,7 @@ def _dry_run_text(
         binding = _bound(plan, local_rank)
         where = "unbound" if binding is None else f"cpus {_cpus_text(binding.cpus)}"
         lines.append(f"local rank {local_rank} (rank {config.global_rank(local_rank)}, {where}):")
-        lines.append(f"  argv: {shlex.join(argv)}")
+        lines.append(f"  argv: {shlex.join(worker_argv(config, binary_path, local_rank))}")
         for key in sorted(env):
             if base.get(key) != env[key]:
                 lines.append(f"  env:  {key}={shlex.quote(env[key])}")
@@ -323,7 +374,11 @@ def _cpus_text(cpus: Sequence[int]) -> str:
 
 
 def _launch(
-    config: LaunchConfig, plan: Plan | None, base: Mapping[str, str], port: int, argv: list[str]
+    config: LaunchConfig,
+    plan: Plan | None,
+    base: Mapping[str, str],
+    port: int,
+    binary_path: str | None,
 ) -> int:
     import gc
     import shutil
@@ -334,11 +389,14 @@ def _launch(
     outputs = _output_levels(config)
     # Per-rank files are kept when asked for (--log-dir) or when output went to them; a
     # temporary directory that only held error files is removed at the end.
-    to_files = any(outputs[0].values()) or any(outputs[1].values())
+    filtering = bool(config.duplicate_stdout_filters or config.duplicate_stderr_filters)
+    to_files = any(outputs[0].values()) or any(outputs[1].values()) or filtering
     keep = config.log_dir is not None or to_files
     log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(announce=to_files)
+    duplicates: tuple = (None, None)
     try:
         attempt_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
+        duplicates = _line_filters(config, attempt_dir)
         threads = _unbound_threads(config, base)
         specs = []
         for local_rank in range(config.nproc_per_node):
@@ -356,13 +414,13 @@ def _launch(
                     unbound_threads=threads,
                 ),
             }
-            stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base)
+            stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base, duplicates)
             specs.append(
                 WorkerSpec(
                     local_rank=local_rank,
                     rank=config.global_rank(local_rank),
                     env=env,
-                    argv=argv,
+                    argv=worker_argv(config, binary_path, local_rank),
                     cpus=binding.cpus if binding is not None else None,
                     mem=mem_policies[local_rank],
                     stdout=stdout,
@@ -374,6 +432,11 @@ def _launch(
             grace_period=config.grace_period,
             teardown_signals=config.teardown_signals,
             forward_signals=config.forward_signals,
+            # torchrun's semantics: the workers get the signal numarun got (Ctrl-C: SIGINT, so
+            # `except KeyboardInterrupt` runs); only a nohup'd SIGHUP stays ignored, so a
+            # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
+            relay_signal=True,
+            keep_ignored=(signal.SIGHUP,),
         )
         # Everything allocated so far lives until exit; freezing it keeps the collector from
         # walking it again, which on a slow machine costs 10+ ms at interpreter exit.
@@ -394,8 +457,26 @@ def _launch(
             sys.stderr.write(failures.format_lost_logs(lost) + "\n")
         return code
     finally:
+        for line_filter in duplicates:
+            if line_filter is not None:
+                line_filter.close()
         if not keep:
             shutil.rmtree(log_base, ignore_errors=True)
+
+
+def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
+    """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
+    if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
+        return None, None
+    from numarun.logs import LineFilter
+
+    return tuple(
+        LineFilter(os.path.join(attempt_dir, name), needles) if needles else None
+        for name, needles in (
+            ("filtered_stdout.log", config.duplicate_stdout_filters),
+            ("filtered_stderr.log", config.duplicate_stderr_filters),
+        )
+    )
 
 
 def _prefetch_failure_report(delay: float = 0.25) -> None:
@@ -493,6 +574,7 @@ def _sinks(
     local_rank: int,
     attempt_dir: str,
     base: Mapping[str, str],
+    duplicates: tuple = (None, None),
 ) -> tuple[object, object]:
     redirects, tee, shown = outputs
     if not redirects[local_rank] and not tee[local_rank] and local_rank in shown:
@@ -511,6 +593,7 @@ def _sinks(
         Path(attempt_dir) / str(local_rank),
         local_rank in shown,
         prefix=prefix,
+        duplicates=duplicates,
     )
 
 
@@ -565,4 +648,14 @@ def _summary(
         host=os.uname().nodename,
         log_dir=log_dir,
         lost_logs=lost_logs,
+        stopped_by=_signal_text(result.received_signal),
     )
+
+
+def _signal_text(signum: int | None) -> str | None:
+    if signum is None:
+        return None
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"

@@ -6,10 +6,12 @@ those sinks:
 
 * :class:`FileSink` writes the bytes to ``stdout.log`` / ``stderr.log`` untouched.
 * :class:`TeeSink` writes the bytes to the file too, and shows *complete lines* on the
-  launcher's console, each with a ``[rank3]: `` prefix, one batch of lines at a time, so
-  two ranks' half-lines can never merge into one console line. The console is a
-  :class:`Console`: it never blocks the supervisor's loop (a stalled terminal or pipe reader
-  makes it queue, up to a limit, then drop whole lines with a note).
+  launcher's console, each with torchrun's ``[default3]:`` prefix (role and local rank), one
+  batch of lines at a time, so two ranks' half-lines can never merge into one console line;
+  with a :class:`LineFilter` it also copies matching lines to one shared file (torchrun's
+  ``--duplicate-stdout-filters``). The console is a :class:`Console`: it never blocks the
+  supervisor's loop (a stalled terminal or pipe reader makes it queue, up to a limit, then
+  drop whole lines with a note).
 * :class:`NullSink` drops the bytes (a rank hidden by ``--local-ranks-filter`` whose stream is
   neither redirected nor tee'd, as torchrun sends it to ``/dev/null``).
 
@@ -19,6 +21,8 @@ directory)::
     LOG_DIR/<run_id>/attempt_0/<local_rank>/stdout.log
                                             stderr.log
                                             error.json   # $TORCHELASTIC_ERROR_FILE
+                              filtered_stdout.log  # --duplicate-stdout-filters, all ranks
+                              filtered_stderr.log  # --duplicate-stderr-filters
 
 ``Std`` values follow torchrun: 0 none, 1 stdout, 2 stderr, 3 both.
 """
@@ -43,6 +47,7 @@ __all__ = [
     "PREFIX_TEMPLATE_ENV",
     "Console",
     "FileSink",
+    "LineFilter",
     "NullSink",
     "OutputSink",
     "Std",
@@ -242,13 +247,14 @@ def make_prefix(
     default ``os.environ``) is expanded like torchrun does, with ``string.Template``'s
     ``safe_substitute`` of ``${role_name}``, ``${rank}`` (global) and ``${local_rank}``; unknown
     ``$names`` stay as written, and the result is used as is (no space added). Without a
-    template (unset or empty) the prefix is ``[rank<global rank>]: ``. Text that is not valid
-    UTF-8 (surrogate escapes from the environment) is encoded back to its original bytes.
+    template (unset or empty) the prefix is torchrun's ``[<role_name><local_rank>]:``
+    (``[default0]:``, no space). Text that is not valid UTF-8 (surrogate escapes from the
+    environment) is encoded back to its original bytes.
     """
     if template is None:
         template = (os.environ if environ is None else environ).get(PREFIX_TEMPLATE_ENV) or None
     if not template:
-        return f"[rank{rank}]: ".encode()
+        return f"[{role_name}{local_rank}]:".encode("utf-8", "surrogateescape")
     import string
 
     text = string.Template(template).safe_substitute(
@@ -669,6 +675,33 @@ class NullSink:
         pass
 
 
+class LineFilter:
+    """Copy the lines that contain any of ``needles`` to one file, each after its rank's prefix
+    (torchrun's ``--duplicate-stdout-filters``: ``filtered_stdout.log`` for all ranks).
+
+    Shared by the :class:`TeeSink` of every rank of one stream; each batch of lines is one
+    write, so ranks' lines never merge. The file is created when the filter is made; write
+    errors are handled as in :class:`FileSink`. ``close`` once, after every sink is closed.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], needles: tuple[str, ...]) -> None:
+        self._file = FileSink(path)
+        self._needles = tuple(needle.encode("utf-8", "surrogateescape") for needle in needles)
+
+    def feed_lines(self, prefix: bytes, lines: bytes) -> None:
+        """``lines``: complete lines, each ending with ``b"\\n"``."""
+        picked = [
+            line
+            for line in lines[:-1].split(b"\n")
+            if any(needle in line for needle in self._needles)
+        ]
+        if picked:
+            self._file.feed(b"".join(prefix + line + b"\n" for line in picked))
+
+    def close(self) -> None:
+        self._file.close()
+
+
 class TeeSink:
     """Write a stream's raw bytes to a file and its lines, prefixed, to the console.
 
@@ -683,12 +716,16 @@ class TeeSink:
     * Memory bound: when more than ``max_held`` bytes (64 KiB) are held without a newline, they
       are shown at once as a line of their own (newline added) and the rest of that line comes
       later under a new prefix. The file still has the line unbroken.
+    * A line that already starts with ``prefix`` (``[rank1]: `` from torch's own
+      excepthook, with that prefix template) is shown without a second one.
+    * ``duplicate`` (when shown): the shown lines also go through this :class:`LineFilter`.
     * The console never blocks the caller: ``console_fd`` (an fd, or a :class:`Console`)
       gets one shared :class:`Console` per pipe, terminal or file, which keeps what the
       console cannot take yet (up to its limit, then drops whole lines with a note) until the
       supervisor sees it writable. A console that is gone (``EPIPE``, e.g. ``numarun ... |
-      head``, or ``EIO``) stops the console part of this sink silently; the file keeps
-      receiving everything. File write errors are handled as in :class:`FileSink`.
+      head``, or ``EIO``) stops the console part of this sink silently; the file (and
+      ``duplicate``) keep receiving everything. File write errors are handled as in
+      :class:`FileSink`.
     """
 
     def __init__(
@@ -699,6 +736,7 @@ class TeeSink:
         show: bool = True,
         *,
         max_held: int = DEFAULT_MAX_HELD,
+        duplicate: LineFilter | None = None,
     ) -> None:
         self.path = None if path is None else Path(path)
         self._file = None if path is None else FileSink(path)
@@ -711,6 +749,8 @@ class TeeSink:
             )
         self._prefix = bytes(prefix)
         self._show = show
+        self._console_ok = True
+        self._duplicate = duplicate if show else None
         self._max_held = max_held
         self._held = b""
         self._closed = False
@@ -726,16 +766,15 @@ class TeeSink:
         if end < 0:
             self._held += data
             if len(self._held) > self._max_held:
-                self._show_text(self._framed(self._held + b"\n"))
+                self._emit(self._held + b"\n")
                 self._held = b""
             return
         lines = self._held + data[: end + 1]
         self._held = data[end + 1 :]
-        text = self._framed(lines)
         if len(self._held) > self._max_held:
-            text += self._framed(self._held + b"\n")
+            lines += self._held + b"\n"
             self._held = b""
-        self._show_text(text)
+        self._emit(lines)
 
     def close(self) -> None:
         if self._closed:
@@ -743,16 +782,31 @@ class TeeSink:
         self._closed = True
         try:
             if self._show and self._held:
-                self._show_text(self._framed(self._held + b"\n"))
+                self._emit(self._held + b"\n")
             self._held = b""
         finally:
             if self._file is not None:
                 self._file.close()
 
+    def _emit(self, lines: bytes) -> None:
+        """Show complete ``lines`` (ending with b"\\n") and hand them to ``duplicate``."""
+        if self._console_ok:
+            self._show_text(self._framed(lines))
+        if self._duplicate is not None:
+            self._duplicate.feed_lines(self._prefix, lines)
+
     def _framed(self, lines: bytes) -> bytes:
         # lines ends with b"\n"; put the prefix before each line with one C-level replace.
         prefix = self._prefix
-        return prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+        text = prefix + lines[:-1].replace(b"\n", b"\n" + prefix) + b"\n"
+        if prefix and prefix + prefix in text:
+            # Some line carried the prefix already (torch's excepthook writes "[rank1]: "):
+            # frame line by line so that it is not prefixed twice.
+            text = b"".join(
+                (line if line.startswith(prefix) else prefix + line) + b"\n"
+                for line in lines[:-1].split(b"\n")
+            )
+        return text
 
     def _show_text(self, text: bytes) -> None:
         assert self.console is not None
@@ -760,8 +814,7 @@ class TeeSink:
         if self.console.gone:
             # EPIPE after `| head`, EIO from a hung-up terminal: nobody can read it any more,
             # and the file still gets everything.
-            self._show = False
-            self._held = b""
+            self._console_ok = False
 
 
 def sinks_for(
@@ -776,6 +829,7 @@ def sinks_for(
     *,
     prefix: bytes | None = None,
     max_held: int = DEFAULT_MAX_HELD,
+    duplicates: tuple[LineFilter | None, LineFilter | None] = (None, None),
 ) -> tuple[OutputSink | None, OutputSink | None]:
     """The (stdout, stderr) sinks for one worker, following torchrun's rules per stream.
 
@@ -788,7 +842,8 @@ def sinks_for(
     * neither, not ``show`` (hidden by ``--local-ranks-filter``): :class:`NullSink`;
     * neither, ``show``: ``None`` -- the worker inherits the launcher's fd, no pipe.
 
-    ``prefix`` defaults to :func:`make_prefix` ``(rank, local_rank)``. A redirect with
+    ``prefix`` defaults to :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the
+    (stdout, stderr) :class:`LineFilter` that shown tee'd lines also go to. A redirect with
     ``log_dir_for_rank`` None raises :class:`UsageError` (there is nowhere to put the file).
     """
     if log_dir_for_rank is None and redirects & ~tee & Std.ALL:
@@ -799,13 +854,15 @@ def sinks_for(
     if prefix is None:
         prefix = make_prefix(rank, local_rank)
     chosen: list[OutputSink | None] = []
-    for bit, name, console in (
-        (Std.OUT, STDOUT_LOG, console_out),
-        (Std.ERR, STDERR_LOG, console_err),
+    for bit, name, console, duplicate in (
+        (Std.OUT, STDOUT_LOG, console_out, duplicates[0]),
+        (Std.ERR, STDERR_LOG, console_err, duplicates[1]),
     ):
         path = None if log_dir_for_rank is None else Path(log_dir_for_rank) / name
         if tee & bit:
-            chosen.append(TeeSink(path, console, prefix, show, max_held=max_held))
+            chosen.append(
+                TeeSink(path, console, prefix, show, max_held=max_held, duplicate=duplicate)
+            )
         elif redirects & bit and path is not None:
             chosen.append(FileSink(path))
         else:

@@ -65,8 +65,10 @@ Signals, only in the main thread, while :meth:`Supervisor.start`, :meth:`Supervi
 second one skips the rest of the grace period; one that arrives during ``start`` is acted on by
 the next ``wait``); ``forward_signals`` are sent to every live worker and the run goes on. The
 previous handlers and wakeup fd are restored when each call returns. Left alone: a teardown
-signal the caller ignores (SIGHUP under ``nohup``: the job survives the hangup) and a signal
-whose handler was not installed from Python (``signal.getsignal`` is None).
+signal the caller ignores, when it is in ``keep_ignored`` (SIGHUP under ``nohup``: the job
+survives the hangup), and a signal whose handler was not installed from Python
+(``signal.getsignal`` is None). With ``relay_signal`` a signal-caused teardown sends the
+received signal first (SIGINT reaches the workers as SIGINT), SIGKILL after the grace period.
 
 The caller's CPU affinity, memory policy, environment and signal handlers are never changed;
 no files are created (``"forkserver"`` starts :mod:`multiprocessing`'s forkserver once per
@@ -350,6 +352,12 @@ class Supervisor:
     from the loop as each worker's end is observed. ``kill(pid, signum)`` sends every signal the
     supervisor sends (a negative pid is a process group, as for ``os.kill``); tests replace it.
     ``use_watchdog``: start the watchdog process (see :mod:`numarun.watchdog`).
+    ``relay_signal``: a teardown caused by a teardown signal sends that signal first (SIGINT
+    after Ctrl-C, so that workers' ``except KeyboardInterrupt`` runs, as under torchrun);
+    otherwise, and after a failure or :meth:`stop`, the first signal is SIGTERM.
+    ``keep_ignored``: the teardown signals that stay ignored when the caller ignores them
+    (default: all of them; the launcher keeps only SIGHUP, for ``nohup``, so that a background
+    job started with SIGINT ignored still stops on an explicit ``kill -INT``).
 
     Bad arguments raise :class:`UsageError`; nothing starts.
     """
@@ -366,6 +374,8 @@ class Supervisor:
         on_exit: Callable[[WorkerExit], None] | None = None,
         kill: Callable[[int, int], None] = os.kill,
         use_watchdog: bool = True,
+        relay_signal: bool = False,
+        keep_ignored: Sequence[int] | None = None,
     ) -> None:
         if not specs:
             raise UsageError("no workers to start; give at least one WorkerSpec")
@@ -384,6 +394,9 @@ class Supervisor:
         self._on_exit = on_exit
         self._kill = kill
         self._want_watchdog = use_watchdog
+        self._relay_signal = relay_signal
+        self._keep_ignored = self._teardown_signals if keep_ignored is None else tuple(keep_ignored)
+        self._stop_signal = signal.SIGTERM  # what a teardown sends first (see relay_signal)
         self.run_id = f"{os.getpid()}-{os.urandom(6).hex()}"
         self._marker = f"{RUN_ID_ENV}={self.run_id}".encode()
         self._phase = _NEW
@@ -536,7 +549,11 @@ class Supervisor:
 
     def _signal_scope(self) -> _SignalScope:
         return _SignalScope(
-            self._wakeup_w, self._teardown_signals, self._forward_signals, self._fallback
+            self._wakeup_w,
+            self._teardown_signals,
+            self._forward_signals,
+            self._fallback,
+            keep_ignored=self._keep_ignored,
         )
 
     def _start_watchdog(self) -> None:
@@ -828,7 +845,7 @@ class Supervisor:
             self._begin_teardown()  # success: leftovers (daemonized grandchildren) go too
         if self._phase in (_TERMINATING, _KILLING):
             if all_exited and not self._tracked:
-                signum = signal.SIGTERM if self._phase == _TERMINATING else signal.SIGKILL
+                signum = self._stop_signal if self._phase == _TERMINATING else signal.SIGKILL
                 if not self._signal_owned(signum):
                     self._begin_draining()
             elif now >= self._deadline:
@@ -866,14 +883,16 @@ class Supervisor:
             # The reader is alive, only slow: give it time, as long as it makes progress.
             self._deadline = max(self._deadline, time.monotonic() + self.kill_wait)
 
-    def _begin_teardown(self) -> None:
+    def _begin_teardown(self, received: int | None = None) -> None:
         self._phase = _TERMINATING
         self._deadline = time.monotonic() + self.grace_period
+        if received is not None and self._relay_signal:
+            self._stop_signal = received
         # The process table is read before any signal: parent links to a worker are lost as
         # soon as it dies, and its new-session children would then look like strangers.
         owned = self._sweep()
-        groups = self._signal_workers(signal.SIGTERM)
-        self._signal_owned(signal.SIGTERM, owned, signalled_groups=groups)
+        groups = self._signal_workers(self._stop_signal)
+        self._signal_owned(self._stop_signal, owned, signalled_groups=groups)
 
     def _escalate(self) -> None:
         self._phase = _KILLING
@@ -1130,7 +1149,7 @@ class Supervisor:
             if signum in self._teardown_signals:
                 if self._phase == _RUNNING:
                     self._received_signal = signum
-                    self._begin_teardown()
+                    self._begin_teardown(signum)
                 elif self._phase == _TERMINATING:
                     self._escalate()  # asked twice: skip the rest of the grace period
             elif signum in self._forward_signals:
@@ -1301,7 +1320,9 @@ def _wait_bounded(process: subprocess.Popen[bytes], limit: float) -> None:
 class _SignalScope:
     """Installs the supervisor's signal handling in the main thread (elsewhere it does nothing)
     and restores the previous handlers and wakeup fd on exit. Scopes nest: an inner one
-    restores the outer one's handlers. A teardown signal the caller ignores stays ignored."""
+    restores the outer one's handlers. A teardown signal the caller ignores stays ignored when
+    it is in ``keep_ignored`` (default: every teardown signal); the others are handled anyway,
+    and exec'd workers then start with their default action, not the caller's SIG_IGN."""
 
     def __init__(
         self,
@@ -1309,9 +1330,10 @@ class _SignalScope:
         teardown: Sequence[int],
         forward: Sequence[int],
         fallback: bool,
+        keep_ignored: Sequence[int] | None = None,
     ) -> None:
         self._wakeup = wakeup
-        self._teardown = tuple(teardown)
+        self._keep_ignored = tuple(teardown if keep_ignored is None else keep_ignored)
         self._signals = [*teardown, *forward]
         self._fallback = fallback
         self.sigchld = False
@@ -1343,7 +1365,7 @@ class _SignalScope:
             previous = signal.getsignal(signum)
             if previous is None:
                 continue  # installed outside Python: we could not restore it exactly
-            if previous == signal.SIG_IGN and signum in self._teardown:
+            if previous == signal.SIG_IGN and signum in self._keep_ignored:
                 continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
             self._previous[signum] = previous
             signal.signal(signum, _note_signal)

@@ -1,0 +1,48 @@
+"""Write the example machines of README (``--sysfs-root /tmp/dgx-a100``) as snapshots.
+
+    python3 examples/make_sysfs_examples.py [OUT_DIR]      # default: examples/sysfs
+
+Each ``<name>.tar.gz`` is what ``numarun snapshot`` would save on that machine: the sysfs files
+numarun reads, built from the fake machines of ``tests/sysfs_fixtures.py`` (needs pytest, as
+the tests do). Replay one with::
+
+    mkdir -p /tmp/dgx-a100 && tar -xzf examples/sysfs/dgx-a100.tar.gz -C /tmp/dgx-a100
+    numarun topo --sysfs-root /tmp/dgx-a100
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent / "tests"))
+sys.path.insert(0, str(HERE.parent / "src"))
+
+import sysfs_fixtures  # noqa: E402
+from numarun.topology import snapshot  # noqa: E402
+
+# archive name -> the machine function in tests/sysfs_fixtures.py
+EXAMPLES = {
+    "dgx-a100": "dgx_a100",
+    "dgx-h100": "dgx_h100",
+    "grace-hopper": "grace_hopper",
+    "amd-instinct": "amd_instinct",
+}
+
+
+def main(argv: list[str]) -> int:
+    out_dir = Path(argv[0]) if argv else HERE / "sysfs"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, shape in EXAMPLES.items():
+            machine = getattr(sysfs_fixtures, shape)()
+            root = sysfs_fixtures.write_sysfs(machine, Path(scratch) / name)
+            count = snapshot(root, out_dir / f"{name}.tar.gz")
+            print(f"wrote {out_dir / name}.tar.gz ({count} files)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
