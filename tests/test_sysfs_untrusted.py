@@ -152,3 +152,12 @@ def test_error_lines_escape_control_characters_from_the_tree(tmp_path: Path) -> 
     done = _topo(root)
     _one_line_exit_2(done, "not a CPU list")
     assert "\x1b" not in done.stderr and len(done.stderr) < 600
+
+
+@pytest.mark.parametrize("value", ["\u00b2", "9" * 5000, "0,\u0661"])
+def test_odd_visible_devices_stop_the_list_as_cuda_does(tmp_path: Path, value: str) -> None:
+    # CUDA stops at the first entry that is not a device index; so does numarun, without a
+    # traceback for digits int() cannot read or numbers too long to convert.
+    root = _tree(tmp_path)
+    topology = read_topology(str(root), environ={"CUDA_VISIBLE_DEVICES": value})
+    assert len(topology.gpus) == (1 if value.startswith("0,") else 0)

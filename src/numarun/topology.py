@@ -765,7 +765,9 @@ def _select(gpus: list[Gpu], value: str, variable: str) -> list[Gpu]:
         if entry.upper().startswith("GPU-"):
             gpu = _by_uuid(gpus, entry, variable, value)
         else:
-            index = int(entry) if entry.isdigit() else -1
+            # ASCII digits only ("²" passes isdigit() but not int()), and few of them.
+            digits = entry.isascii() and entry.isdigit() and len(entry) <= 9
+            index = int(entry) if digits else -1
             gpu = gpus[index] if 0 <= index < len(gpus) else None
         if gpu is None:
             break  # the runtime ignores this entry and everything after it
