@@ -184,12 +184,15 @@ class WorkerExit:
 class RunResult:
     """The end of a run: ``workers`` by local rank; ``first_failure`` the first ``"failed"``
     worker in time (teardown kills never count); ``received_signal`` the signal that made the
-    supervisor tear down, if any; ``unkillable`` the workers that survived SIGKILL."""
+    supervisor tear down, if any; ``unkillable`` the workers that survived SIGKILL;
+    ``stop_reason`` the reason given to :meth:`Supervisor.request_stop` when that call began the
+    teardown (a failure or signal that came first wins), else None."""
 
     workers: list[WorkerExit]
     first_failure: WorkerExit | None
     received_signal: int | None
     unkillable: list[WorkerExit]
+    stop_reason: str | None = None
 
 
 class _Worker:
@@ -358,6 +361,16 @@ class Supervisor:
     ``keep_ignored``: the teardown signals that stay ignored when the caller ignores them
     (default: all of them; the launcher keeps only SIGHUP, for ``nohup``, so that a background
     job started with SIGINT ignored still stops on an explicit ``kill -INT``).
+    ``on_failure(exit)`` is called from the loop once, when the first failure is observed and
+    before the others are signalled (say, to take the other workers' stacks); it blocks the
+    loop while it runs, so it must bound its own time.
+
+    Callers extend the loop without threads: :meth:`call_every` (timers),
+    :meth:`add_reader` (an fd of the caller's, such as a listening socket),
+    :meth:`send_signal` (to workers only, not their trees) and :meth:`request_stop` (a
+    teardown begun from a callback, recorded as ``RunResult.stop_reason``). Callbacks run in the
+    thread that runs the loop, between events; an exception from one tears everything down and
+    propagates from :meth:`wait` / :meth:`run`.
 
     Bad arguments raise :class:`UsageError`; nothing starts.
     """
@@ -376,6 +389,7 @@ class Supervisor:
         use_watchdog: bool = True,
         relay_signal: bool = False,
         keep_ignored: Sequence[int] | None = None,
+        on_failure: Callable[[WorkerExit], None] | None = None,
     ) -> None:
         if not specs:
             raise UsageError("no workers to start; give at least one WorkerSpec")
@@ -392,6 +406,7 @@ class Supervisor:
         self._forward_signals = tuple(forward_signals)
         self._is_failure = is_failure
         self._on_exit = on_exit
+        self._on_failure = on_failure
         self._kill = kill
         self._want_watchdog = use_watchdog
         self._relay_signal = relay_signal
@@ -419,6 +434,9 @@ class Supervisor:
         self._programs: dict[int, str] = {}
         self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
         self._watched_consoles: set[int] = set()
+        self._timers: list[_Timer] = []
+        self._readers: dict[int, Callable[[], None]] = {}
+        self._stop_reason: str | None = None
 
     # --- public --------------------------------------------------------------------------------
 
@@ -533,6 +551,56 @@ class Supervisor:
         if self._result is None and self._phase not in (_NEW, _DONE):
             self.stop()
 
+    # --- extending the loop --------------------------------------------------------------------
+
+    def call_every(self, interval: float, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` from the loop every ``interval`` seconds (> 0), first after one
+        interval, while the workers run (not during start or teardown). Call before or after
+        :meth:`start`; there is no way to cancel a timer but ending the run."""
+        if not interval > 0:
+            raise UsageError(f"call_every needs an interval > 0 seconds, got {interval!r}")
+        self._timers.append(_Timer(float(interval), callback, time.monotonic() + interval))
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` from the loop whenever ``fd`` (the caller's; never closed here)
+        is readable, until :meth:`remove_reader` or the end of the run."""
+        if fd in self._readers:
+            raise UsageError(f"fd {fd} already has a reader; remove it first")
+        self._readers[fd] = callback
+        if self._selector is not None:
+            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd``; nothing happens when it is not watched."""
+        if self._readers.pop(fd, None) is not None and self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+
+    def send_signal(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
+        """Send ``signum`` to each running worker process (not its process group or
+        descendants), or to those of ``local_ranks``; returns the local ranks reached. A
+        worker that has exited is never signalled, so a reused pid is never hit."""
+        wanted = None if local_ranks is None else set(local_ranks)
+        reached = []
+        for worker in self._workers:
+            rank = worker.spec.local_rank
+            if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
+                continue
+            try:
+                self._kill(worker.pid, signum)
+            except ProcessLookupError:
+                continue
+            reached.append(rank)
+        return reached
+
+    def request_stop(self, reason: str) -> None:
+        """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;
+        the run then ends as usual and ``RunResult.stop_reason`` is ``reason``. For callbacks
+        running inside the loop; does nothing once a teardown has begun."""
+        if self._phase == _RUNNING:
+            self._stop_reason = reason
+            self._begin_teardown()
+
     # --- starting ------------------------------------------------------------------------------
 
     def _open_loop(self) -> None:
@@ -546,6 +614,8 @@ class Supervisor:
             sock.setblocking(False)
             children.track(sock.fileno())
         self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
+        for fd, callback in self._readers.items():
+            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
 
     def _signal_scope(self) -> _SignalScope:
         return _SignalScope(
@@ -792,7 +862,9 @@ class Supervisor:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 return False
-            timeouts = [t for t in (deadline, self._phase_deadline()) if t is not None]
+            timeouts = [
+                t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
+            ]
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
             must_poll = (self._fallback and not self._sigchld) or not self._all_tracked_fds()
             if must_poll:
@@ -802,6 +874,23 @@ class Supervisor:
                 self._dispatch(key, mask)
             if must_poll:
                 self._poll_workers()
+            self._run_due_timers()
+
+    def _next_timer(self) -> float | None:
+        if self._phase != _RUNNING or not self._timers:
+            return None
+        return min(timer.due for timer in self._timers)
+
+    def _run_due_timers(self) -> None:
+        now = time.monotonic()
+        for timer in self._timers:
+            if self._phase != _RUNNING:
+                return
+            if timer.due <= now:
+                # The next call is one interval after this one ends: a slow callback never
+                # makes calls pile up.
+                timer.callback()
+                timer.due = time.monotonic() + timer.interval
 
     def _phase_deadline(self) -> float | None:
         return self._deadline if self._phase in (_TERMINATING, _KILLING, _DRAINING) else None
@@ -826,6 +915,8 @@ class Supervisor:
             self._untrack(worker)
         elif kind == "console":
             self._flush_console(worker)
+        elif kind == "reader":
+            worker()
         else:
             self._read_signals()
 
@@ -1033,6 +1124,8 @@ class Supervisor:
         if state == FAILED and self._first_failure is None:
             self._first_failure = worker
             if self._phase == _RUNNING:
+                if self._on_failure is not None:
+                    self._on_failure(ended)
                 self._begin_teardown()
         if self._on_exit is not None:
             self._on_exit(ended)
@@ -1153,10 +1246,7 @@ class Supervisor:
                 elif self._phase == _TERMINATING:
                     self._escalate()  # asked twice: skip the rest of the grace period
             elif signum in self._forward_signals:
-                for worker in self._workers:
-                    if not worker.exited:
-                        with contextlib.suppress(ProcessLookupError):
-                            self._kill(worker.pid, signum)
+                self.send_signal(signum)
             elif signum == signal.SIGCHLD:
                 self._poll_workers()
 
@@ -1179,6 +1269,7 @@ class Supervisor:
             first_failure=first,
             received_signal=self._received_signal,
             unkillable=[ended for ended in exits if ended.state == UNKILLABLE],
+            stop_reason=self._stop_reason,
         )
         self._release()
         self._phase = _DONE
@@ -1247,6 +1338,8 @@ class Supervisor:
         self._end_watchdog()
         if self._selector is not None:
             self._watch_consoles(watch=False)
+            for fd in list(self._readers):
+                self.remove_reader(fd)
             children.close_untracked(self._selector.fileno())
             self._selector.close()
             self._selector = None
@@ -1275,6 +1368,15 @@ class Supervisor:
         with contextlib.suppress(OSError):
             process.stdin.close()
         _wait_bounded(process, _WATCHDOG_WAIT)
+
+
+@dataclass
+class _Timer:
+    """One :meth:`Supervisor.call_every` registration; ``due`` is a ``time.monotonic()``."""
+
+    interval: float
+    callback: Callable[[], None]
+    due: float
 
 
 def _forget_process(worker: _Worker) -> None:

@@ -1,0 +1,163 @@
+"""The supervisor's extension points: timers, readers, on_failure, send_signal, request_stop."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+import time
+
+import pytest
+
+from numarun.errors import UsageError
+from numarun.supervisor import RunResult, Supervisor, WorkerExit, WorkerSpec
+
+PY = sys.executable
+ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
+SLEEP = "import time; time.sleep(60)"
+
+
+def spec(rank: int, code: str) -> WorkerSpec:
+    return WorkerSpec(local_rank=rank, rank=rank, env=ENV, argv=[PY, "-c", code])
+
+
+def running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
+
+
+def test_timer_runs_while_workers_run_and_can_stop_the_run() -> None:
+    calls: list[float] = []
+    sup = Supervisor([spec(0, SLEEP), spec(1, SLEEP)], grace_period=5)
+
+    def tick() -> None:
+        calls.append(time.monotonic())
+        if len(calls) == 3:
+            sup.request_stop("three ticks")
+
+    sup.call_every(0.05, tick)
+    result = sup.run()
+    assert len(calls) == 3  # no tick after the stop began
+    assert calls == sorted(calls)
+    assert result.stop_reason == "three ticks"
+    assert result.first_failure is None and result.received_signal is None
+    assert [w.state for w in result.workers] == ["terminated", "terminated"]
+    assert [w.exit_code for w in result.workers] == [-signal.SIGTERM] * 2
+
+
+def test_no_stop_reason_when_the_run_ends_on_its_own() -> None:
+    sup = Supervisor([spec(0, "pass")])
+    sup.call_every(30, lambda: None)
+    result = sup.run()
+    assert result.stop_reason is None
+    assert result.workers[0].state == "succeeded"
+
+
+def test_request_stop_after_a_failure_keeps_the_failure_as_the_cause() -> None:
+    sup = Supervisor([spec(0, "raise SystemExit(3)"), spec(1, SLEEP)], grace_period=5)
+    result = sup.run()
+    sup.request_stop("too late")  # the run is over: nothing happens
+    assert result.first_failure is not None and result.first_failure.exit_code == 3
+    assert result.stop_reason is None
+
+
+def test_reader_callback_runs_in_the_loop_and_can_signal_workers() -> None:
+    ours, theirs = socket.socketpair()
+    seen: list[bytes] = []
+    code = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7))\n"
+        "time.sleep(60)\n"
+    )
+    sup = Supervisor([spec(0, code), spec(1, SLEEP)], grace_period=5)
+
+    def readable() -> None:
+        seen.append(ours.recv(100))
+        assert sup.send_signal(signal.SIGUSR1, local_ranks=[0]) == [0]
+
+    sup.add_reader(ours.fileno(), readable)
+    try:
+        sup.start()
+        time.sleep(0.3)  # let rank 0 install its handler
+        theirs.send(b"go")
+        result = sup.wait()
+    finally:
+        ours.close()
+        theirs.close()
+    assert seen == [b"go"]
+    assert result is not None and result.first_failure is not None
+    assert result.first_failure.local_rank == 0 and result.first_failure.exit_code == 7
+
+
+def test_on_failure_runs_once_before_the_others_are_signalled() -> None:
+    seen: list[tuple[int, list[bool]]] = []
+    sup: Supervisor
+
+    def on_failure(ended: WorkerExit) -> None:
+        # The other worker must still be running: nothing has been signalled yet.
+        seen.append((ended.local_rank, [running(pid) for pid in sup.pids()]))
+
+    sup = Supervisor(
+        [spec(0, SLEEP), spec(1, "import time; time.sleep(0.2); raise SystemExit(5)")],
+        grace_period=5,
+        on_failure=on_failure,
+    )
+    result = sup.run()
+    assert seen == [(1, [True, False])]
+    assert result.first_failure is not None and result.first_failure.local_rank == 1
+    assert result.workers[0].state == "terminated"
+
+
+def test_send_signal_skips_exited_workers() -> None:
+    sent: list[tuple[int, int]] = []
+
+    def kill(pid: int, signum: int) -> None:
+        sent.append((pid, signum))
+        os.kill(pid, signum)
+
+    sup = Supervisor([spec(0, "pass"), spec(1, SLEEP)], grace_period=5, kill=kill)
+    reached: list[list[int]] = []
+
+    def tick() -> None:
+        if sup._workers[0].exited:
+            reached.append(sup.send_signal(signal.SIGTERM))
+
+    sup.call_every(0.05, tick)
+    result: RunResult = sup.run()
+    assert reached and reached[0] == [1]
+    pid0 = result.workers[0].pid
+    assert all(pid != pid0 and pid != -pid0 for pid, _ in sent)
+
+
+def test_bad_timer_and_duplicate_reader_are_refused() -> None:
+    sup = Supervisor([spec(0, "pass")])
+    with pytest.raises(UsageError, match="interval > 0"):
+        sup.call_every(0, lambda: None)
+    ours, theirs = socket.socketpair()
+    try:
+        sup.add_reader(ours.fileno(), lambda: None)
+        with pytest.raises(UsageError, match="already has a reader"):
+            sup.add_reader(ours.fileno(), lambda: None)
+        sup.remove_reader(ours.fileno())
+        sup.remove_reader(ours.fileno())  # twice: nothing happens
+    finally:
+        ours.close()
+        theirs.close()
+
+
+def test_a_raising_callback_tears_everything_down_and_propagates() -> None:
+    sup = Supervisor([spec(0, SLEEP)], grace_period=5)
+
+    def boom() -> None:
+        raise RuntimeError("callback failed")
+
+    sup.call_every(0.05, boom)
+    sup.start()
+    pid = sup.pids()[0]
+    with pytest.raises(RuntimeError, match="callback failed"):
+        sup.wait()
+    assert not running(pid)
