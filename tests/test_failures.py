@@ -361,7 +361,10 @@ def _python(
 def _bootstrap(
     args: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    return _python(["-m", "numarun._script", *args], cwd, env)
+    """The bootstrap as the launcher runs it (``-c``, see numarun.launcher.worker_argv)."""
+    from numarun.launcher import SCRIPT_BOOTSTRAP
+
+    return _python(["-c", SCRIPT_BOOTSTRAP, *args], cwd, env)
 
 
 _PROBE = textwrap.dedent(
@@ -417,6 +420,20 @@ def test_script_behaves_exactly_like_python(
     assert facts["file"] == str(probe)
     assert facts["path0"] == str(probe.parent)
     assert facts["name"] == "__main__" and facts["main_is_me"]
+
+
+def test_dash_m_form_of_the_bootstrap_behaves_the_same(tmp_path: Path, probe: Path) -> None:
+    args = ["scripts/probe.py", "raise", *_ODD_ARGS]
+    plain = _python(args, tmp_path)
+    ours = _python(["-m", "numarun._script", "--", *args], tmp_path)
+    assert (ours.returncode, ours.stdout, ours.stderr) == (1, plain.stdout, plain.stderr)
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "mod.py").write_text(_PROBE)
+    ours = _python(["-m", "numarun._script", "-m", "pkg.mod"], tmp_path)
+    facts = json.loads(ours.stdout.splitlines()[0])
+    assert facts["path0"] == str(tmp_path) and facts["spec"] == "pkg.mod"
 
 
 def test_script_form_without_double_dash(tmp_path: Path, probe: Path) -> None:
@@ -611,6 +628,7 @@ _RANKED_WORKER = textwrap.dedent(
 
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
+    from numarun.launcher import SCRIPT_BOOTSTRAP
     from numarun.logs import error_file_path, make_log_dirs, sinks_for
     from numarun.supervisor import Supervisor, WorkerSpec
 
@@ -623,7 +641,7 @@ def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> No
         out, err = sinks_for(rank, rank, 0, 3, attempt / str(rank), True, console_out, console_err)
         env = {**os.environ, "RANK": str(rank)}
         env["TORCHELASTIC_ERROR_FILE"] = str(error_file_path(attempt, rank))
-        argv = [sys.executable, "-u", "-m", "numarun._script", "--", "worker.py"]
+        argv = [sys.executable, "-u", "-c", SCRIPT_BOOTSTRAP, "--", "worker.py"]
         specs.append(WorkerSpec(rank, rank, env, argv, stdout=out, stderr=err, cwd=str(tmp_path)))
     supervisor = Supervisor(specs, grace_period=5.0, use_watchdog=False)
     supervisor.start()

@@ -159,18 +159,11 @@ def test_unambiguous_prefixes_of_launcher_flags_are_spelled_out() -> None:
 
 
 def test_worker_argv_for_each_kind() -> None:
+    bootstrap = "from numarun._script import main; main()"
     script = parse("t.py", "a")
-    assert worker_argv(script) == [sys.executable, "-u", "-m", "numarun._script", "--", "t.py", "a"]
+    assert worker_argv(script) == [sys.executable, "-u", "-c", bootstrap, "--", "t.py", "a"]
     module = parse("-m", "pkg.mod", "a")
-    assert worker_argv(module) == [
-        sys.executable,
-        "-u",
-        "-m",
-        "numarun._script",
-        "-m",
-        "pkg.mod",
-        "a",
-    ]
+    assert worker_argv(module) == [sys.executable, "-u", "-c", bootstrap, "-m", "pkg.mod", "a"]
     binary = parse("--no-python", "prog", "a")
     assert worker_argv(binary, "/usr/bin/prog") == ["/usr/bin/prog", "a"]
     assert parse("t.py", PYTHON_EXEC="/opt/py").python_exec == "/opt/py"
@@ -735,7 +728,7 @@ def test_dry_run_prints_plan_env_and_argv_and_starts_nothing(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "explicit" in done.stdout
     assert "local rank 1 (rank 1, cpus 0):" in done.stdout
-    assert f"-m numarun._script -- {REPORT} --lr 'a b'" in done.stdout
+    assert f"-c 'from numarun._script import main; main()' -- {REPORT} --lr 'a b'" in done.stdout
     assert "env:  RANK=1" in done.stdout and "env:  WORLD_SIZE=2" in done.stdout
     assert list(tmp_path.glob("*.json")) == []
 

@@ -2,42 +2,60 @@
 
 Command line (what the launcher puts in a worker's argv)::
 
-    python -u -m numarun._script [--] SCRIPT [ARG...]    # like: python -u SCRIPT ARG...
-    python -u -m numarun._script -m MODULE [ARG...]      # like: python -u -m MODULE ARG...
+    python -u -c "from numarun._script import main; main()" [--] SCRIPT [ARG...]
+    python -u -c "from numarun._script import main; main()" -m MODULE [ARG...]
 
-``--`` is needed only when SCRIPT starts with ``-``. The user's program sees what it would see
-under plain ``python``: ``sys.argv`` (``[SCRIPT, ARG...]``; for ``-m`` the module's file path
-first), ``sys.path[0]`` (the script's directory with symlinks resolved; the current directory
-for ``-m``; nothing added under ``-P``/``-I``), a fresh ``__main__`` module with an absolute
-``__file__``, and the same exit status: 0 at the end, ``n`` for ``SystemExit(n)``, 1 for an
-uncaught exception (traceback on stderr through ``sys.excepthook``, without this bootstrap's
-frames), death by SIGINT for an uncaught ``KeyboardInterrupt``, 2 with Python's message when
-SCRIPT cannot be opened, 1 with Python's message when MODULE is not found. A directory or
-zip archive as SCRIPT runs its ``__main__`` module, as python does. Bad bootstrap usage
-(no SCRIPT or MODULE) prints a usage line and exits 2.
+like ``python -u SCRIPT ARG...`` and ``python -u -m MODULE ARG...``. ``-c`` rather than ``-m``:
+``-m`` makes every worker import :mod:`runpy` first (3 to 4 ms on a bare interpreter), and running
+this file by its path would compile it at every start (no bytecode cache for ``__main__``).
+``python -m numarun._script ...`` works the same way. ``--`` is needed only when SCRIPT starts
+with ``-``. The user's program sees what it would see under plain ``python``: ``sys.argv``
+(``[SCRIPT, ARG...]``; for ``-m`` the module's file path first), ``sys.path[0]`` (the script's
+directory with symlinks resolved; the current directory for ``-m``; nothing added under
+``-P``/``-I``), a fresh ``__main__`` module with an absolute ``__file__``, and the same exit
+status: 0 at the end, ``n`` for ``SystemExit(n)``, 1 for an uncaught exception (traceback on
+stderr through ``sys.excepthook``, without this bootstrap's frames), death by SIGINT for an
+uncaught ``KeyboardInterrupt``, 2 with Python's message when SCRIPT cannot be opened, 1 with
+Python's message when MODULE is not found. A directory or zip archive as SCRIPT runs its
+``__main__`` module, as python does. Bad bootstrap usage (no SCRIPT or MODULE) prints a usage
+line and exits 2.
 
 What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for all threads (a
 SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
 ``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
-that file already exists, i.e. the user's own ``@record`` wrote it first. Imports stay minimal
-because every worker pays for them: ``json``/``traceback`` load only on the failure path.
+that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
+user's code, numarun's stack dumps are armed (:mod:`numarun._stackdump`).
+
+Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
+holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
+interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun._stackdump`;
+``runpy`` only for ``-m``, a directory or a zip archive (as ``python`` itself), and
+``json``/``traceback`` only on the failure path.
 """
 
-import contextlib  # already loaded by site at start-up: free
 import faulthandler
 import os
 import sys
-from types import TracebackType
+
+# typing is not imported at run time: this module is on every worker's start-up path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
 
 USAGE = "usage: python -m numarun._script [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
-def main(argv: list[str]) -> None:
-    """Run ``argv`` (this module's arguments); never returns normally from a failure."""
-    # No usable stderr (closed, or replaced by an object without a fileno): run anyway.
-    with contextlib.suppress(AttributeError, OSError, RuntimeError, ValueError):
+def main(argv: "list[str] | None" = None) -> None:
+    """Run ``argv`` (this module's arguments; default ``sys.argv[1:]``); never returns normally
+    from a failure."""
+    if argv is None:
+        argv = sys.argv[1:]
+    try:
         faulthandler.enable(all_threads=True)
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        pass  # no usable stderr (closed, or an object without a fileno): run anyway
+    _arm_stacks()
     if argv[:1] == ["-m"]:
         if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
             _usage()
@@ -74,10 +92,20 @@ def _fresh_main() -> dict[str, object]:
     return module.__dict__
 
 
+def _arm_stacks() -> None:
+    try:
+        from numarun._stackdump import arm
+    except ImportError:  # a copy of this file run outside its package: run unarmed
+        return
+    arm()
+
+
 def _run_module(name: str, args: list[str]) -> None:
-    import runpy  # already loaded: python -m used it to start this module
+    import runpy  # `python -m MODULE` imports it too
 
     sys.argv = ["-m", *args]
+    if not _safe_path():
+        _set_path0(os.getcwd())  # what `python -m` puts first
     _fresh_main()
     # The same entry point `python -m` uses: argv[0] becomes the module's file, the code runs
     # in sys.modules["__main__"], "No module named x" exits 1 with python's message.
@@ -136,8 +164,8 @@ def _safe_path() -> bool:
 
 
 def _set_path0(directory: str) -> None:
-    # Under `python -m numarun._script` sys.path[0] is the current directory; python SCRIPT
-    # would have put the script's directory there instead.
+    # sys.path[0] is '' (under -c) or the current directory (under `python -m
+    # numarun._script`); python SCRIPT would have put the script's directory there.
     if sys.path:
         sys.path[0] = directory
     else:
@@ -145,7 +173,9 @@ def _set_path0(directory: str) -> None:
 
 
 def _source_loader(path: str) -> object:
-    from importlib.machinery import SourceFileLoader
+    # importlib.machinery's class, from the frozen module every interpreter has loaded
+    # (importing importlib.machinery would cost a worker about a millisecond).
+    from _frozen_importlib_external import SourceFileLoader
 
     return SourceFileLoader("__main__", path)
 
@@ -154,7 +184,7 @@ def _own_frame(filename: str) -> bool:
     return filename in (__file__, "<frozen runpy>") or filename.endswith(f"{os.sep}runpy.py")
 
 
-def _user_traceback(tb: TracebackType | None) -> TracebackType | None:
+def _user_traceback(tb: "TracebackType | None") -> "TracebackType | None":
     while tb is not None and _own_frame(tb.tb_frame.f_code.co_filename):
         tb = tb.tb_next
     return tb

@@ -2,8 +2,9 @@
 
 Three kinds of entry point, as in torchrun: a Python script (``train.py``), a module
 (``-m pkg.module``) and a binary (``--no-python ./binary``). Python workers run
-``$PYTHON_EXEC or sys.executable -u -m numarun._script ...`` so that a worker without ``@record``
-still leaves an error file with its traceback. Each worker gets torchrun's environment (RANK,
+``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...`` (cheaper
+than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker without ``@record`` still leaves an error file with its
+traceback, and its stacks can be taken (:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``: numarun runs no rendezvous service, global rank 0 hosts the ``TCPStore``.
 
@@ -40,7 +41,8 @@ if TYPE_CHECKING:
     from numarun.plan import Plan, RankBinding
     from numarun.supervisor import RunResult, WorkerSpec
 
-SCRIPT_BOOTSTRAP = "numarun._script"
+# -c, not -m numarun._script: -m makes every worker import runpy first (see numarun._script).
+SCRIPT_BOOTSTRAP = "from numarun._script import main; main()"
 
 
 # --- what each worker gets -----------------------------------------------------------------------
@@ -51,8 +53,9 @@ def worker_argv(
 ) -> list[str]:
     """The argv exec'd for a worker (no shell anywhere).
 
-    Scripts: ``PYTHON -u -m numarun._script -- SCRIPT ARGS``; modules: ``PYTHON -u -m
-    numarun._script -m MODULE ARGS``; binaries: ``BINARY ARGS`` with ``binary_path`` (the
+    Scripts: ``PYTHON -u -c BOOTSTRAP -- SCRIPT ARGS``; modules: ``PYTHON -u -c BOOTSTRAP -m
+    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun._script`);
+    binaries: ``BINARY ARGS`` with ``binary_path`` (the
     resolved path, when given) in place of the name. With ``local_rank``, ``${local_rank}`` in
     ARGS becomes that rank (:func:`substitute_local_rank`).
     """
@@ -61,7 +64,7 @@ def worker_argv(
         args = substitute_local_rank(args, local_rank)
     if config.entrypoint_kind == "binary":
         return [binary_path or config.entrypoint, *args]
-    head = [config.python_exec, "-u", "-m", SCRIPT_BOOTSTRAP]
+    head = [config.python_exec, "-u", "-c", SCRIPT_BOOTSTRAP]
     if config.entrypoint_kind == "module":
         return [*head, "-m", config.entrypoint, *args]
     return [*head, "--", config.entrypoint, *args]
