@@ -22,6 +22,8 @@ after ``("ok", ...)``, 1 after ``("raised", ...)``, and ``n`` when ``fn`` raised
 Imports stay minimal on purpose: this module runs first in every spawned worker and the start-up
 time of N workers is benchmarked against N bare interpreters. :mod:`multiprocessing` is imported
 only when ``fn`` lives in the parent's ``__main__``; :mod:`traceback` only when ``fn`` raised.
+Each entry point first arms numarun's stack dumps (:func:`numarun._stackdump.arm`), so
+``numarun stacks`` sees ``fn`` under every start method.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ import io
 import os
 import pickle
 import sys
+
+from numarun._stackdump import arm as arm_stacks
 
 # typing is not imported at run time: this module is on every worker's start-up path.
 TYPE_CHECKING = False
@@ -62,6 +66,7 @@ def main() -> None:
         sys.exit(2)
     # Programs that fn execs must not hold the result pipe.
     os.set_inheritable(result_fd, False)
+    arm_stacks()
     sys.exit(run_payload(payload_fd, result_fd))
 
 
@@ -71,6 +76,7 @@ def run_forked(payload_fd: int, result_fd: int) -> int:
     Returns the exit status (see the module docstring); the supervisor exits with it. The
     supervisor has already made ``os.environ`` the worker's environment.
     """
+    arm_stacks()
     return run_payload(payload_fd, result_fd)
 
 
@@ -86,6 +92,7 @@ def run_fork_call(
     A forked child already holds ``fn`` and ``args``, so ``payload_fd`` is unused (-1); the
     supervisor has already made ``os.environ`` the worker's environment. Returns the exit status.
     """
+    arm_stacks()
     return call_and_report(fn, args, local_rank, result_fd)
 
 

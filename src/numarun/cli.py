@@ -1,9 +1,9 @@
 """The ``numarun`` command: parses, prints, and maps errors to exit codes. Decides nothing.
 
-``numarun topo | plan | snapshot | help ...`` are subcommands; anything else is a launch,
+``numarun topo | plan | snapshot | stacks | help ...`` are subcommands; anything else is a launch,
 handled by :mod:`numarun.launcher` with torchrun-compatible flags (``numarun --nproc-per-node 8
 train.py``), whose ``--help`` lists the subcommands too. A binary literally named ``topo``,
-``plan``, ``snapshot`` or ``help`` is launched as ``./topo``.
+``plan``, ``snapshot``, ``stacks`` or ``help`` is launched as ``./topo``.
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ from collections.abc import Sequence
 
 from numarun.errors import NumarunError, UsageError
 
-SUBCOMMANDS = ("topo", "plan", "snapshot")
+SUBCOMMANDS = ("topo", "plan", "snapshot", "stacks")
 
 # One line each for `numarun --help`; a subcommand is listed once it is in SUBCOMMANDS.
 SUMMARIES = {
     "topo": "show the machine: packages, NUMA nodes, caches, GPUs and NICs",
     "plan": "print each local rank's GPU, CPUs and memory nodes; starts nothing",
     "snapshot": "save the sysfs files numarun reads (replay with --sysfs-root)",
-    "stacks": "print the Python stacks of a running job's workers",
+    "stacks": "print the Python stacks of every rank of a running job of yours, grouped",
     "help": "this help, or a subcommand's: numarun help plan",
 }
 
@@ -204,6 +204,37 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
     return 0
 
 
+def _cmd_stacks(argv: Sequence[str]) -> int:
+    parser = _Parser(
+        prog="numarun stacks",
+        description="Print the Python stacks of every thread of every rank of a running numarun "
+        "job of yours on this host; ranks with identical stacks are grouped, the odd ones out "
+        "after the largest group. The job goes on undisturbed. Exit status: 0; 1 when no job "
+        "runs or it does not answer; 2 when several run and none is named (they are listed).",
+    )
+    parser.add_argument(
+        "run_id",
+        nargs="?",
+        metavar="RUN_ID",
+        help="the job's run id (--rdzv-id, or the one in its log paths) or its launcher's pid; "
+        "default: the only job running",
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON for programs")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="how long to wait for the job's answer (default 5)",
+    )
+    args = parser.parse_args(argv)
+    if not args.timeout > 0:
+        raise UsageError(f"--timeout must be a number of seconds > 0, not {args.timeout}")
+    from numarun.jobs import stacks_command
+
+    return stacks_command(args.run_id, as_json=args.json, timeout=args.timeout)
+
+
 def _cmd_help(argv: Sequence[str]) -> int:
     if len(argv) > 1 or (argv and argv[0] not in SUBCOMMANDS):
         raise UsageError(
@@ -219,7 +250,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args and args[0] == "help":
             return _cmd_help(args[1:])
         if args and args[0] in SUBCOMMANDS:
-            command = {"topo": _cmd_topo, "plan": _cmd_plan, "snapshot": _cmd_snapshot}[args[0]]
+            command = {
+                "topo": _cmd_topo,
+                "plan": _cmd_plan,
+                "snapshot": _cmd_snapshot,
+                "stacks": _cmd_stacks,
+            }[args[0]]
             return command(args[1:])
         from numarun import launcher
 

@@ -14,6 +14,10 @@ Root cause (torchrun's rule, ``ChildFailedError.get_first_failure``): of the wor
 on their own, the one whose failure time is smallest -- the error file's timestamp when it has
 one, else the time numarun observed the death. Error-file times are whole seconds, so failures
 within the same second are ordered by the observed death time.
+
+With stacks (:mod:`numarun.stackdumps`) the summary also shows where the other ranks were when
+the first one failed ("Other ranks when rank N failed:", grouped by identical stacks), or, after
+``--hang-timeout``, a hang block naming the ranks whose stacks differ from the rest.
 """
 
 from __future__ import annotations
@@ -256,6 +260,9 @@ def format_summary(
     log_dir: str | os.PathLike[str] | None,
     lost_logs: Sequence[str] = (),
     stopped_by: str | None = None,
+    stacks_at_failure: tuple[int, Sequence[Any]] | None = None,
+    hang: Any = None,
+    stacks_logs: str | None = None,
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -270,16 +277,28 @@ def format_summary(
     worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
     ``stopped_by`` (a signal name such as ``"SIGINT"``): the signal that made numarun stop the
     run, named in the root-cause line (or above the root cause, when a worker failed too).
+
+    ``stacks_at_failure`` (the failed global rank, the other ranks'
+    :class:`numarun.stacks.RankStacks`): a section "Other ranks when rank N failed:" after the
+    other ranks' states, grouped by identical stacks, each group's main thread cut to its
+    innermost frames. ``hang`` (a :class:`numarun.stackdumps.HangReport`): the header says
+    HUNG and a hang block replaces the root cause: how long nothing moved, the likely culprits
+    (:func:`numarun.stacks.odd_ones_out`: the ranks whose stacks differ from the majority) with
+    file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
+    stacks were written, named after either section.
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
-    cause = root_cause(ordered)
+    cause = None if hang is not None else root_cause(ordered)
+    verdict = "HUNG" if hang is not None else "FAILED"
     lines = [
         _RULE,
-        f"numarun: {_printable(entrypoint)} FAILED on {_printable(host)} "
+        f"numarun: {_printable(entrypoint)} {verdict} on {_printable(host)} "
         f"({_state_counts(ordered)})",
         _THIN,
     ]
-    if cause is None:
+    if hang is not None:
+        lines.extend(_hang_block(hang, stacks_logs))
+    elif cause is None:
         why = f" on {stopped_by}" if stopped_by else ""
         lines.append(f"Root cause: no worker failed on its own; numarun stopped the run{why}.")
     else:
@@ -289,8 +308,16 @@ def format_summary(
     others = [report for report in ordered if report is not cause]
     if others:
         lines.append(_THIN)
-        lines.append("Other ranks:")
-        lines.extend(f"  {line}" for line in _grouped_states(others, cause))
+        lines.append("Other ranks:" if hang is None else "Ranks:")
+        why = "the hang" if hang is not None else None
+        lines.extend(f"  {line}" for line in _grouped_states(others, cause, why))
+    if stacks_at_failure is not None and hang is None:
+        failed_rank, stacks = stacks_at_failure
+        lines.append(_THIN)
+        lines.append(f"Other ranks when rank {failed_rank} failed:")
+        lines.extend(_stacks_lines(stacks))
+        if stacks_logs is not None:
+            lines.append(f"  full stacks: {_printable(stacks_logs)}")
     if lost_logs:
         lines.append(_THIN)
         lines.extend(format_lost_logs(lost_logs).split("\n"))
@@ -407,11 +434,13 @@ def _stderr_tail(log_dir: Path | None) -> str:
     return "\n".join(lines[-_STDERR_TAIL_LINES:])
 
 
-def _grouped_states(others: Sequence[RankReport], cause: RankReport | None) -> list[str]:
+def _grouped_states(
+    others: Sequence[RankReport], cause: RankReport | None, why: str | None = None
+) -> list[str]:
     # Group by description (not by adjacency), so 0,2-255 collapse into one line.
     groups: dict[str, list[RankReport]] = {}
     for report in others:
-        groups.setdefault(_short_state(report, cause), []).append(report)
+        groups.setdefault(_short_state(report, cause, why), []).append(report)
     lines = []
     for description, members in groups.items():
         ranks = [member.rank for member in members]
@@ -423,12 +452,14 @@ def _grouped_states(others: Sequence[RankReport], cause: RankReport | None) -> l
     return lines
 
 
-def _short_state(report: RankReport, cause: RankReport | None) -> str:
+def _short_state(report: RankReport, cause: RankReport | None, why: str | None = None) -> str:
     if report.state == "succeeded":
         return "succeeded"
     if report.state == "failed":
         return f"failed with {describe_exit(report.exit_code, report.signal_name)}"
     if report.state == "terminated":
+        if why is not None:
+            return f"terminated by numarun after {why}"
         if cause is None:
             return "terminated by numarun"
         return f"terminated by numarun after rank {cause.rank} failed"
@@ -448,6 +479,61 @@ def _unkillable_detail(members: Sequence[RankReport]) -> str:
     if not pids:
         return f"unkillable{state}"
     return f"unkillable pid{'s' if len(pids) > 1 else ''} {shown}{state}"
+
+
+def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
+    """Grouped stacks, each group's main thread cut to its innermost frames, escaped."""
+    from numarun.stacks import SUMMARY_FRAMES, format_groups, group_ranks
+
+    lines = format_groups(group_ranks(stacks), max_frames=SUMMARY_FRAMES, other_threads=False)
+    return [indent + _printable(line) for line in lines]
+
+
+def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
+    """What the summary says about a hang: the rule that fired, the likely culprits, the
+    stacks of every rank grouped (the culprits first)."""
+    from numarun.stacks import SUMMARY_FRAMES, format_groups, group_ranks, heading, odd_ones_out
+
+    counted = "stacks unchanged and no output" if hang.output_watched else (
+        "stacks unchanged; their output is not read by numarun (no --redirects/--tee), "
+        "so only stacks counted"
+    )
+    lines = [
+        f"Hang: no rank made progress for {hang.idle:.1f} s (--hang-timeout {hang.timeout:g}): "
+        f"{counted}.",
+    ]
+    groups = group_ranks(hang.stacks)
+    majority, odd = odd_ones_out(groups)
+    pids = {item.rank: item.pid for item in hang.stacks}
+    if odd and majority is not None:
+        label = "Likely culprit" if len(odd) == 1 and len(odd[0].ranks) == 1 else "Likely culprits"
+        lines.append(f"{label} (stacks differ from the other ranks'):")
+        for group in odd:
+            pid = pids.get(group.ranks[0]) if len(group.ranks) == 1 else None
+            text = heading(group)
+            if pid:
+                label, _, where = text.partition(": ")
+                text = f"{label} (pid {pid}): {where}"
+            lines.append(f"  {_printable(text)}")
+        lines.append(f"  while {_printable(heading(majority))}")
+    elif odd:
+        lines.append("No single culprit: the ranks split into groups of the same size:")
+        lines.extend(f"  {_printable(heading(group))}" for group in odd)
+    elif majority is not None:
+        lines.append(
+            f"Every rank with stacks is in the same place: {_printable(heading(majority))}"
+        )
+    lines.append(_THIN)
+    lines.append("Stacks when the hang was declared:")
+    first = [*odd, *([majority] if majority is not None else [])]
+    ordered = first + [group for group in groups if all(group is not f for f in first)]
+    lines.extend(
+        "  " + _printable(line)
+        for line in format_groups(ordered, max_frames=SUMMARY_FRAMES, other_threads=False)
+    )
+    if stacks_logs is not None:
+        lines.append(f"  full stacks: {_printable(stacks_logs)}")
+    return lines
 
 
 def _format_ranks(ranks: Sequence[int]) -> str:

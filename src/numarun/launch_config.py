@@ -83,6 +83,7 @@ class LaunchConfig:
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     event_log_handler: str = "null"
+    hang_timeout: float | None = None  # seconds without progress before a hang (None: off)
 
     @property
     def world_size(self) -> int:
@@ -276,6 +277,13 @@ _OPTIONS: tuple[_Option, ...] = (
         (*_dual("--grace-period"), *_dual("--shutdown-timeout")),
         "seconds between "
         "SIGTERM and SIGKILL at teardown; default $TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30",
+        metavar="SECONDS",
+    ),
+    _Option(
+        _dual("--hang-timeout"),
+        "when no rank made progress for this long (stacks unchanged, no output), print "
+        "every rank's stacks, naming the ranks stuck elsewhere, stop the job and exit 124; "
+        "default off (0)",
         metavar="SECONDS",
     ),
     _Option(
@@ -489,6 +497,7 @@ def parse_args(
             f"--logs-specs {ns.logs_specs!r}: numarun writes torchrun's default log layout only "
             "(--logs-specs default); log plugins are not loaded"
         )
+    hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
     rdzv_id = (ns.rdzv_id or "").strip()
     if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
         raise UsageError(
@@ -527,7 +536,24 @@ def parse_args(
         duplicate_stderr_filters=_filters(ns.duplicate_stderr_filters),
         virtual_local_rank=ns.virtual_local_rank,
         event_log_handler=event_log_handler,
+        hang_timeout=hang_timeout,
     )
+
+
+def _hang_timeout(text: str | None, kind: str, redirects: str, tee: str) -> float | None:
+    """``--hang-timeout``: seconds > 0, or None for 0 / not given. ``--no-python`` workers
+    have no stacks: only their output tells progress, so it must reach numarun."""
+    if text is None:
+        return None
+    value = _float(text, "--hang-timeout")
+    if value == 0:
+        return None
+    if kind == "binary" and redirects == "0" and tee == "0":
+        raise UsageError(
+            "--hang-timeout with --no-python sees progress only in the workers' output: "
+            "add --redirects 3 or --tee 3 (a binary has no Python stacks)"
+        )
+    return value
 
 
 def _filters(text: str | None) -> tuple[str, ...]:

@@ -2,11 +2,12 @@
 
 Three kinds of entry point, as in torchrun: a Python script (``train.py``), a module
 (``-m pkg.module``) and a binary (``--no-python ./binary``). Python workers run
-``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...`` (cheaper
-than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker without ``@record`` still leaves an error file with its
-traceback, and its stacks can be taken (:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK,
-LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
-``env://``: numarun runs no rendezvous service, global rank 0 hosts the ``TCPStore``.
+``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...``
+(cheaper than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker
+without ``@record`` still leaves an error file with its traceback, and its stacks can be taken
+(:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK, LOCAL_RANK,
+WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through ``env://``:
+numarun runs no rendezvous service, global rank 0 hosts the ``TCPStore``.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
 :mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point
@@ -160,12 +161,15 @@ def virtual_device(base: Mapping[str, str], local_rank: int) -> str:
 def exit_code_for(result: RunResult) -> int:
     """The launcher's exit status for a finished run.
 
-    128+N when the launcher itself received signal N (130 for Ctrl-C); else 0 when no worker
+    128+N when the launcher itself received signal N (130 for Ctrl-C); else 124 when
+    ``--hang-timeout`` stopped the run (``stop_reason`` ``"hang: ..."``); else 0 when no worker
     failed; else the first failing worker's status: its exit code, 128+N when signal N killed
     it, 1 when it is unaccounted for (unkillable).
     """
     if result.received_signal:
         return 128 + int(result.received_signal)
+    if result.stop_reason is not None and result.stop_reason.startswith("hang: "):
+        return 124  # numarun.stackdumps.HANG_EXIT_CODE, as timeout(1)
     failure = result.first_failure
     if failure is None:
         return 0
@@ -397,7 +401,9 @@ def _launch(
     keep = config.log_dir is not None or to_files
     log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(announce=to_files)
     duplicates: tuple = (None, None)
+    job = None
     try:
+        job = _job_stacks(config)
         attempt_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
         duplicates = _line_filters(config, attempt_dir)
         threads = _unbound_threads(config, base)
@@ -416,8 +422,11 @@ def _launch(
                     plan_env=plan.env if plan is not None else (),
                     unbound_threads=threads,
                 ),
+                **(job.worker_env(local_rank) if job is not None else {}),
             }
             stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base, duplicates)
+            if job is not None:
+                job.count_output((stdout, stderr))
             specs.append(
                 WorkerSpec(
                     local_rank=local_rank,
@@ -440,17 +449,21 @@ def _launch(
             # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
             relay_signal=True,
             keep_ignored=(signal.SIGHUP,),
+            on_failure=job.on_failure if job is not None else None,
+            on_exit=job.on_exit if job is not None else None,
         )
+        if job is not None:
+            job.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
         # Everything allocated so far lives until exit; freezing it keeps the collector from
         # walking it again, which on a slow machine costs 10+ ms at interpreter exit.
         gc.freeze()
-        result = supervisor.run(on_started=_prefetch_failure_report)
+        result = supervisor.run(on_started=lambda: _on_started(job))
         code = exit_code_for(result)
         lost = _lost_logs(specs)
         if code != 0:
             sys.stdout.flush()
             summary = _summary(
-                config, result, attempt_dir, outputs, log_base if keep else None, lost
+                config, result, attempt_dir, outputs, log_base if keep else None, lost, job
             )
             sys.stderr.write(summary + "\n")
             sys.stderr.flush()
@@ -460,6 +473,8 @@ def _launch(
             sys.stderr.write(failures.format_lost_logs(lost) + "\n")
         return code
     finally:
+        if job is not None:
+            job.close()
         for line_filter in duplicates:
             if line_filter is not None:
                 line_filter.close()
@@ -480,6 +495,38 @@ def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
             ("filtered_stderr.log", config.duplicate_stderr_filters),
         )
     )
+
+
+def _job_stacks(config: LaunchConfig):  # -> numarun.stackdumps.JobStacks | None
+    """The job's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stackdumps`).
+
+    Where they cannot be set up (the per-user runtime directory is refused), the job runs
+    without them after one warning line; with ``--hang-timeout`` that is an error instead."""
+    from numarun.stackdumps import JobStacks
+
+    entrypoint = " ".join([config.entrypoint, *config.args])
+    n = config.nproc_per_node
+    try:
+        ranks = [(local_rank, config.global_rank(local_rank)) for local_rank in range(n)]
+        return JobStacks(
+            ranks,
+            python=config.entrypoint_kind != "binary",
+            describe={"run_id": config.run_id, "host": os.uname().nodename,
+                      "entrypoint": entrypoint[:200]},
+            hang_timeout=config.hang_timeout,
+        )  # fmt: skip
+    except (NumarunError, OSError) as error:
+        if config.hang_timeout is not None:
+            raise UsageError(f"--hang-timeout needs numarun's stack dumps: {error}") from None
+        print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
+              file=sys.stderr)  # fmt: skip
+        return None
+
+
+def _on_started(job) -> None:  # job: numarun.stackdumps.JobStacks | None
+    if job is not None:
+        job.listen()
+    _prefetch_failure_report()
 
 
 def _prefetch_failure_report(delay: float = 0.25) -> None:
@@ -626,6 +673,7 @@ def _summary(
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
     log_dir: str | None,
     lost_logs: Sequence[str] = (),
+    job: object = None,
 ) -> str:
     from pathlib import Path
 
@@ -652,6 +700,7 @@ def _summary(
         log_dir=log_dir,
         lost_logs=lost_logs,
         stopped_by=_signal_text(result.received_signal),
+        **(job.summary_fields(attempt_dir if log_dir else None) if job is not None else {}),
     )
 
 

@@ -1,0 +1,355 @@
+"""The running jobs of one user on this host, and the private channel ``numarun stacks`` uses.
+
+Each launcher (and each :func:`numarun.spawn` parent) that takes stacks listens on a Unix
+socket ``<runtime dir>/<pid>-<random>.sock``. The runtime directory is per user:
+``$XDG_RUNTIME_DIR/numarun`` when ``XDG_RUNTIME_DIR`` is set, else ``/tmp/numarun-<uid>``;
+the client looks in both, so a job is found from a session with or without that variable.
+The directory is made with mode 0700 and checked before every use without following symbolic
+links: it must be a real directory owned by the effective user with no permission bits for
+group or others, else it is refused with one line (another user who made
+``/tmp/numarun-<uid>`` first can deny the service, never read or trigger anything). The
+socket is 0600 too, and the server reads the peer's credentials (``SO_PEERCRED``) before it
+reads a byte: a peer whose uid is not the launcher's effective uid (root included) is
+disconnected without an answer. No other user can list jobs, read stacks or make numarun
+signal anything.
+
+Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}``; one reply line
+of JSON; the connection is closed. The server runs inside the supervisor's loop
+(:meth:`Supervisor.add_reader`): while it answers, the loop waits (a few milliseconds; at most
+about 1 s for the dumps plus 2 s for a client that does not read its reply). A socket whose
+launcher died (nothing listens: ``ECONNREFUSED``) is stale; the client removes it and its dump
+directory. Names carry a random part, so a stale name is never reused by a new job.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import stat
+import struct
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from numarun.errors import NumarunError, UsageError
+
+if TYPE_CHECKING:
+    from numarun.supervisor import Supervisor
+
+_REQUEST_LIMIT = 4096
+_READ_TIMEOUT = 0.5  # a client sends its request right after connecting
+_SEND_TIMEOUT = 2.0
+CLIENT_TIMEOUT = 5.0
+
+
+class JobsError(NumarunError):
+    """``numarun stacks`` found no job, or the job did not answer: exit status 1."""
+
+    exit_code = 1
+
+
+def runtime_dirs() -> list[str]:
+    """The places a user's job sockets may be, the one a new job uses first."""
+    uid = os.geteuid()
+    places = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        places.append(os.path.join(runtime, "numarun"))
+    places.append(f"/tmp/numarun-{uid}")
+    return places
+
+
+def _check_private(path: str) -> None:
+    """Raise UsageError unless ``path`` is a real directory (not a symlink) owned by us with no
+    access for group or others."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{path} is not a directory (a symbolic link?); remove it")
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+            "numarun will not use it for its job sockets"
+        )
+    if info.st_mode & 0o077:
+        raise UsageError(
+            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "make it private: chmod 700"
+        )
+
+
+def runtime_dir(*, create: bool) -> str:
+    """The directory a new job's socket and dump files go to, made (0700) and checked.
+
+    Raises UsageError (one line) when it cannot be made or fails the checks."""
+    path = runtime_dirs()[0]
+    if create:
+        parent = os.path.dirname(path)
+        try:
+            if parent != "/tmp" and not os.path.isdir(parent):
+                path = runtime_dirs()[-1]  # XDG_RUNTIME_DIR names a directory that is gone
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise UsageError(f"cannot create {path}: {error.strerror}") from None
+    try:
+        _check_private(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist") from None
+    return path
+
+
+# --- the launcher's side -------------------------------------------------------------------------
+
+
+def peer_uid(conn: socket.socket) -> int:
+    """The effective uid of the process at the other end of a connected Unix socket."""
+    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    return struct.unpack("3i", creds)[1]
+
+
+class JobServer:
+    """The listening socket of one job, served from the supervisor's loop.
+
+    ``answer(op)`` returns the reply (a JSON-able dict) for ``"info"`` or ``"stacks"``.
+    """
+
+    def __init__(self, directory: str, name: str, answer: Callable[[str], dict]) -> None:
+        from numarun import children
+
+        _check_private(directory)
+        self.path = os.path.join(directory, f"{name}.sock")
+        self._answer = answer
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            self._sock.bind(self.path)
+            os.chmod(self.path, 0o600)
+            self._sock.listen(16)
+            self._sock.setblocking(False)
+        except BaseException:
+            self._sock.close()
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            raise
+        children.track(self._sock.fileno())  # forked workers close it
+
+    def fileno(self) -> int:
+        return self._sock.fileno()
+
+    def attach(self, supervisor: Supervisor) -> None:
+        supervisor.add_reader(self._sock.fileno(), self._accept)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:  # BlockingIOError: nobody more waits
+                return
+            # A client's mistake must never end the job: nothing raises from here.
+            with conn, contextlib.suppress(Exception):
+                self._serve(conn)
+
+    def _serve(self, conn: socket.socket) -> None:
+        if peer_uid(conn) != os.geteuid():
+            return  # not the owner: not a byte read, nothing done
+        import json
+
+        conn.settimeout(_READ_TIMEOUT)
+        request = b""
+        while b"\n" not in request and len(request) < _REQUEST_LIMIT:
+            chunk = conn.recv(_REQUEST_LIMIT)
+            if not chunk:
+                break
+            request += chunk
+        try:
+            op = json.loads(request.decode("utf-8")).get("op")
+        except (ValueError, AttributeError):
+            op = None
+        if op not in ("info", "stacks"):
+            reply: dict[str, Any] = {"error": "unknown request; send {\"op\": \"stacks\"}"}
+        else:
+            try:
+                reply = self._answer(op)
+            except Exception as error:  # told to the client; the job goes on
+                reply = {"error": f"{type(error).__name__}: {error}"}
+        conn.settimeout(_SEND_TIMEOUT)
+        conn.sendall(json.dumps(reply).encode() + b"\n")
+
+    def close(self, supervisor: Supervisor | None = None) -> None:
+        from numarun import children
+
+        if self._sock.fileno() >= 0:
+            if supervisor is not None:
+                supervisor.remove_reader(self._sock.fileno())
+            children.close_untracked(self._sock.fileno())
+            self._sock.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+# --- the client's side ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job found in a runtime directory: its socket and what it said about itself (empty
+    ``info`` and an ``error`` when it did not answer)."""
+
+    path: str
+    info: dict
+    error: str | None = None
+
+    @property
+    def name(self) -> str:
+        return os.path.basename(self.path)[: -len(".sock")]
+
+
+def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT) -> dict:
+    """Send one request to the job listening on ``path``; its reply. Raises OSError
+    (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
+    import json
+
+    deadline = time.monotonic() + timeout
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        conn.settimeout(timeout)
+        conn.connect(path)
+        conn.sendall(json.dumps({"op": op}).encode() + b"\n")
+        chunks = []
+        while True:
+            conn.settimeout(max(0.01, deadline - time.monotonic()))
+            chunk = conn.recv(1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+    data = b"".join(chunks)
+    if not data.endswith(b"\n"):
+        raise TimeoutError("the job closed the connection without an answer")
+    reply = json.loads(data)
+    if not isinstance(reply, dict):
+        raise ValueError("the job's answer is not an object")
+    return reply
+
+
+def _remove_stale(directory: str, name: str) -> None:
+    """Remove a dead launcher's socket and its dump directory (files only, no symlinks)."""
+    with contextlib.suppress(OSError):
+        os.unlink(os.path.join(directory, f"{name}.sock"))
+    dumps = os.path.join(directory, f"{name}.d")
+    try:
+        if not stat.S_ISDIR(os.lstat(dumps).st_mode):
+            return
+        for entry in os.listdir(dumps):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(dumps, entry))
+        os.rmdir(dumps)
+    except OSError:
+        pass
+
+
+def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[Job]:
+    """The calling user's running jobs on this host, oldest first; stale sockets removed.
+
+    Directories that fail the checks of :func:`runtime_dir` are skipped."""
+    jobs: list[Job] = []
+    for directory in dict.fromkeys(runtime_dirs()):
+        try:
+            _check_private(directory)
+            names = sorted(os.listdir(directory))
+        except (OSError, UsageError):
+            continue
+        for entry in names:
+            if not entry.endswith(".sock"):
+                continue
+            path = os.path.join(directory, entry)
+            try:
+                jobs.append(Job(path, ask(path, "info", timeout)))
+            except (ConnectionRefusedError, FileNotFoundError):
+                _remove_stale(directory, entry[: -len(".sock")])
+            except (OSError, ValueError) as error:
+                jobs.append(Job(path, {}, f"did not answer ({error or type(error).__name__})"))
+    return sorted(jobs, key=lambda job: (job.info.get("started") or 0, job.path))
+
+
+def _matches(job: Job, wanted: str) -> bool:
+    info = job.info
+    return wanted in (job.name, str(info.get("run_id")), str(info.get("pid")))
+
+
+def format_job_list(jobs: Sequence[Job]) -> str:
+    lines = [f"  {'RUN_ID':<14} {'PID':>8} {'RANKS':>5}  {'STARTED':<8}  COMMAND"]
+    for job in jobs:
+        info = job.info
+        if job.error is not None:
+            lines.append(f"  {job.name:<14} {'?':>8} {'?':>5}  {'?':<8}  ({job.error})")
+            continue
+        started = time.strftime("%H:%M:%S", time.localtime(info.get("started") or 0))
+        lines.append(
+            f"  {info.get('run_id')!s:<14} {info.get('pid', '?'):>8} "
+            f"{len(info.get('ranks') or ()):>5}  {started:<8}  {info.get('entrypoint', '')}"
+        )
+    return "\n".join(lines)
+
+
+def choose_job(jobs: Sequence[Job], wanted: str | None) -> Job:
+    """The job ``wanted`` names (run id, launcher pid or socket name), or the only one.
+
+    Raises JobsError (exit 1) when there is none, UsageError (exit 2) listing them when the
+    choice is ambiguous."""
+    user = os.geteuid()
+    host = os.uname().nodename
+    if wanted is not None:
+        found = [job for job in jobs if _matches(job, wanted)]
+        if not found:
+            raise JobsError(f"no running numarun job {wanted!r} of uid {user} on {host}")
+    else:
+        found = list(jobs)
+        if not found:
+            raise JobsError(f"no running numarun job of uid {user} on {host}")
+    if len(found) > 1:
+        raise UsageError(
+            f"{len(found)} jobs running; name one: numarun stacks RUN_ID\n"
+            + format_job_list(found)
+        )
+    return found[0]
+
+
+def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
+    """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks; exit status."""
+    from numarun import stacks
+
+    job = choose_job(find_jobs(timeout), wanted)
+    if job.error is not None:
+        raise JobsError(f"job {job.name} {job.error}")
+    try:
+        reply = ask(job.path, "stacks", timeout)
+    except (OSError, ValueError) as error:
+        raise JobsError(f"job {job.name} did not answer: {error or type(error).__name__}") from None
+    if "error" in reply:
+        raise JobsError(f"job {job.name}: {reply['error']}")
+    ranks = [
+        stacks.rank_stacks(
+            item.get("rank", -1),
+            item.get("local_rank", -1),
+            item.get("pid"),
+            item.get("text") or "",
+            item.get("problem"),
+        )
+        for item in reply.get("dumps", [])
+    ]
+    fields = {key: reply.get(key) for key in ("run_id", "name", "pid", "host", "entrypoint")}
+    if as_json:
+        import json
+
+        print(json.dumps(stacks.stacks_to_json(ranks, **fields), indent=1))
+        return 0
+    count = len(ranks)
+    lines = [
+        f"numarun stacks: job {fields['run_id']} (launcher pid {fields['pid']}, {count} "
+        f"rank{'s' if count != 1 else ''} on {fields['host']}): {fields['entrypoint']}",
+        *stacks.format_groups(stacks.group_ranks(ranks)),
+    ]
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0

@@ -1,0 +1,412 @@
+"""Ranks' Python stacks: faulthandler's text parsed, grouped and formatted. Pure: no effects.
+
+The input is what :func:`faulthandler.register` (``all_threads=True``) writes for one rank::
+
+    Thread 0x00007f3a2c5fe640 (most recent call first):
+      File "/usr/lib/python3.11/threading.py", line 320 in wait
+      ...
+
+    Current thread 0x00007f3a3a1b3740 (most recent call first):
+      File "/job/train.py", line 14 in step
+      File "/job/train.py", line 30 in <module>
+
+faulthandler lists threads newest first, so the main thread (the oldest) comes last; it shows
+at most 100 frames per thread (then ``  ...``) and 100 threads (then ``...``). "Current
+thread" only names the thread that happened to run the signal handler.
+
+:func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap
+frames (``numarun/_script.py``, ``_worker.py``, ``children.py``, everything outside them, and
+the :mod:`runpy` frames between them and the user's module), so a stack starts at the user's
+program. :func:`group_ranks` puts ranks with identical stacks (every thread's file, line and
+function; thread ids and which thread was "current" do not count) into one :class:`Group`:
+the largest group first, ties by lowest rank, ranks without stacks last. Each group's heading
+(:func:`where`) names the innermost *user* frame of its main thread first -- a frame outside
+the standard library, ``site-packages``/``dist-packages``, numarun and ``<frozen ...>`` code --
+then the innermost frame when that is elsewhere (``all_reduce`` in torch), so the rank that is
+somewhere else stands out at a glance. :func:`odd_ones_out` names the groups that differ from
+the majority (the likely culprits of a hang).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+__all__ = [
+    "Frame",
+    "Group",
+    "RankStacks",
+    "Thread",
+    "format_groups",
+    "format_ranks",
+    "group_ranks",
+    "odd_ones_out",
+    "parse_dump",
+    "stacks_to_json",
+    "where",
+]
+
+_HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
+_FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
+_BOOTSTRAP_FILES = tuple(
+    f"{os.sep}numarun{os.sep}{name}" for name in ("_script.py", "_worker.py", "children.py")
+)
+_NUMARUN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
+_PACKAGES = ("/site-packages/", "/dist-packages/")
+_COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
+# The failure and hang summaries show this many innermost frames of each group's main thread.
+SUMMARY_FRAMES = 12
+
+
+@dataclass(frozen=True)
+class Frame:
+    """One frame as faulthandler wrote it; ``line`` None where it wrote ``???``."""
+
+    file: str
+    line: int | None
+    function: str
+
+    def location(self, *, short: bool = False) -> str:
+        """``file:line`` (``short``: library paths from the package or stdlib module on)."""
+        path = _short_path(self.file) if short else self.file
+        return f"{path}:{'?' if self.line is None else self.line}"
+
+
+@dataclass(frozen=True)
+class Thread:
+    """One thread's frames, most recent call first, bootstrap frames removed. ``ident`` is
+    faulthandler's ``0x...``; ``current``: it ran the signal handler; ``truncated``: more than
+    100 frames (faulthandler showed the innermost 100)."""
+
+    ident: str
+    current: bool
+    frames: tuple[Frame, ...]
+    truncated: bool = False
+    in_bootstrap: bool = False  # frames were all numarun's bootstrap: the program not begun
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """One rank's stacks, or why there are none.
+
+    ``threads`` in faulthandler's order (the main thread last), empty when ``problem`` says
+    why there are no stacks (``"not a Python process"``, ``"exited"``, ...). ``more_threads``:
+    faulthandler stopped at 100 threads. ``text`` is the dump exactly as written.
+    """
+
+    rank: int
+    local_rank: int
+    pid: int | None
+    threads: tuple[Thread, ...] = ()
+    problem: str | None = None
+    text: str = ""
+    more_threads: bool = False
+
+    @property
+    def main_thread(self) -> Thread | None:
+        return self.threads[-1] if self.threads else None
+
+    def key(self) -> tuple:
+        """What makes two ranks' stacks identical: every thread's frames (the main thread
+        first, the others in a fixed order); ranks without stacks: their problem."""
+        if not self.threads:
+            return ("problem", self.problem or "no stacks")
+        frames = [tuple((f.file, f.line, f.function) for f in t.frames) for t in self.threads]
+        return ("stacks", frames[-1], tuple(sorted(frames[:-1])), self.more_threads)
+
+
+@dataclass(frozen=True)
+class Group:
+    """Ranks whose stacks are identical (or that share the same problem)."""
+
+    members: tuple[RankStacks, ...]
+    ranks: tuple[int, ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ranks", tuple(sorted(member.rank for member in self.members)))
+
+    @property
+    def sample(self) -> RankStacks:
+        return min(self.members, key=lambda member: member.rank)
+
+    @property
+    def has_stacks(self) -> bool:
+        return bool(self.sample.threads)
+
+
+# --- parsing -------------------------------------------------------------------------------------
+
+
+def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
+    """(threads, more_threads) from one faulthandler dump; lines it does not know are skipped.
+
+    A dump with no thread header (``Stack (most recent call first):``, one thread) gives one
+    thread with an empty ``ident``.
+    """
+    threads: list[Thread] = []
+    more = False
+    ident: str | None = None
+    current = False
+    frames: list[Frame] = []
+    truncated = False
+
+    def close() -> None:
+        if ident is not None:
+            kept = _without_bootstrap(frames)
+            threads.append(Thread(ident, current, kept, truncated, bool(frames) and not kept))
+
+    for line in text.split("\n"):
+        header = _HEADER.match(line)
+        if header is not None or line == "Stack (most recent call first):":
+            close()
+            ident = header.group(2) if header is not None else ""
+            current = header is None or header.group(1) == "Current thread"
+            frames, truncated = [], False
+            continue
+        match = _FRAME.match(line)
+        if match is not None and ident is not None:
+            number = match.group("line")
+            frames.append(
+                Frame(match.group("file"), None if number == "???" else int(number),
+                      match.group("function"))
+            )  # fmt: skip
+        elif line == "  ..." and ident is not None:
+            truncated = True
+        elif line == "...":
+            more = True
+    close()
+    return tuple(threads), more
+
+
+def _is_bootstrap(frame: Frame) -> bool:
+    return frame.file.endswith(_BOOTSTRAP_FILES)
+
+
+def _is_runpy(frame: Frame) -> bool:
+    return frame.file == "<frozen runpy>" or frame.file.endswith(f"{os.sep}runpy.py")
+
+
+def _without_bootstrap(frames: Sequence[Frame]) -> tuple[Frame, ...]:
+    """The frames inside the innermost numarun bootstrap frame, runpy's calls removed."""
+    for index, frame in enumerate(frames):
+        if _is_bootstrap(frame):
+            kept = list(frames[:index])
+            while kept and _is_runpy(kept[-1]):
+                kept.pop()
+            return tuple(kept)
+    return tuple(frames)
+
+
+# --- where a rank is -----------------------------------------------------------------------------
+
+
+def is_library(path: str) -> bool:
+    """True for the standard library, installed packages, numarun and ``<frozen ...>`` code."""
+    return (
+        path.startswith("<")
+        or any(part in path for part in _PACKAGES)
+        or _STDLIB.search(path) is not None
+        or path.startswith(_NUMARUN_DIR)
+    )
+
+
+def _short_path(path: str) -> str:
+    for part in _PACKAGES:
+        if part in path:
+            return path.rsplit(part, 1)[1]
+    found = list(_STDLIB.finditer(path))
+    return path[found[-1].end() :] if found else path
+
+
+def where(stacks: RankStacks) -> str:
+    """One line saying where the main thread is: ``in step (/job/train.py:14), innermost
+    all_reduce (torch/distributed/distributed_c10d.py:2501)`` -- the innermost user frame
+    first; or why there are no stacks."""
+    thread = stacks.main_thread
+    if thread is None:
+        return f"no stacks: {stacks.problem or 'unknown'}"
+    if not thread.frames:
+        if thread.in_bootstrap:
+            return "in numarun's bootstrap (the program has not begun)"
+        return "no Python frame (the interpreter is starting up or exiting)"
+    innermost = thread.frames[0]
+    user = next((frame for frame in thread.frames if not is_library(frame.file)), None)
+    if user is None:
+        return f"in {innermost.function} ({innermost.location(short=True)})"
+    text = f"in {user.function} ({user.location()})"
+    if user is not innermost:
+        text += f", innermost {innermost.function} ({innermost.location(short=True)})"
+    return text
+
+
+# --- grouping ------------------------------------------------------------------------------------
+
+
+def group_ranks(ranks: Iterable[RankStacks]) -> list[Group]:
+    """Ranks with identical stacks together: groups with stacks first, largest first (ties:
+    lowest rank first), then the ranks without stacks grouped by their problem."""
+    by_key: dict[tuple, list[RankStacks]] = {}
+    for stacks in ranks:
+        by_key.setdefault(stacks.key(), []).append(stacks)
+    groups = [Group(tuple(members)) for members in by_key.values()]
+    return sorted(groups, key=lambda group: (not group.has_stacks, -len(group.ranks), group.ranks))
+
+
+def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
+    """(the majority, the groups whose stacks differ from it): the likely culprits of a hang.
+
+    The majority is the largest group with stacks; between groups of the same size, the one
+    whose main thread is inside ``torch.distributed`` (waiting in a collective), if exactly one
+    is. With one group there is no odd one; without a majority (a tie) every group is listed.
+    """
+    with_stacks = [group for group in groups if group.has_stacks]
+    if not with_stacks:
+        return None, []
+    if len(with_stacks) == 1:
+        return with_stacks[0], []
+    size = len(with_stacks[0].ranks)
+    largest = [group for group in with_stacks if len(group.ranks) == size]
+    if len(largest) > 1:
+        waiting = [group for group in largest if _in_collective(group.sample)]
+        if len(waiting) != 1:
+            return None, with_stacks
+        largest = waiting
+    majority = largest[0]
+    return majority, [group for group in with_stacks if group is not majority]
+
+
+def _in_collective(stacks: RankStacks) -> bool:
+    thread = stacks.main_thread
+    return thread is not None and any(
+        any(part in frame.file.replace(os.sep, "/") for part in _COLLECTIVE)
+        for frame in thread.frames
+    )
+
+
+def format_ranks(ranks: Iterable[int]) -> str:
+    """``0,2-7``: sorted, consecutive ranks as ranges."""
+    ordered = sorted(set(ranks))
+    if not ordered:
+        return ""
+    runs: list[str] = []
+    start = previous = ordered[0]
+    for rank in [*ordered[1:], None]:
+        if rank is not None and rank == previous + 1:
+            previous = rank
+            continue
+        runs.append(str(start) if start == previous else f"{start}-{previous}")
+        if rank is not None:
+            start = previous = rank
+    return ",".join(runs)
+
+
+def heading(group: Group) -> str:
+    """``ranks 0,2-7: in step (/job/train.py:14), innermost all_reduce (...)``."""
+    label = "rank" if len(group.ranks) == 1 else "ranks"
+    return f"{label} {format_ranks(group.ranks)}: {where(group.sample)}"
+
+
+def format_groups(
+    groups: Sequence[Group], *, max_frames: int | None = None, other_threads: bool = True
+) -> list[str]:
+    """Text lines: per group its :func:`heading`, then its stacks indented (main thread first,
+    frames most recent call first, as Python's traceback lines). ``max_frames`` keeps the
+    innermost frames of each thread (``... N more frames``); ``other_threads`` False shows
+    only the main thread and how many others there are."""
+    lines: list[str] = []
+    for group in groups:
+        lines.append(heading(group))
+        sample = group.sample
+        if not sample.threads:
+            continue
+        threads = [sample.threads[-1], *sample.threads[:-1]]
+        count = len(threads)
+        for index, thread in enumerate(threads):
+            if index and not other_threads:
+                rest = count - 1
+                lines.append(f"    ({rest} other thread{'s' if rest != 1 else ''} not shown)")
+                break
+            name = "main thread" if index == 0 else f"thread {index + 1} of {count}"
+            lines.append(f"    {name} ({thread.ident or 'id unknown'}, most recent call first):")
+            frames = thread.frames if max_frames is None else thread.frames[:max_frames]
+            if not thread.frames:
+                lines.append("      (no Python frame)")
+            for frame in frames:
+                number = "?" if frame.line is None else frame.line
+                lines.append(f'      File "{frame.file}", line {number}, in {frame.function}')
+            hidden = len(thread.frames) - len(frames)
+            if hidden:
+                lines.append(f"      ... {hidden} more frame{'s' if hidden != 1 else ''}")
+            elif thread.truncated:
+                lines.append("      ... (faulthandler shows at most 100 frames)")
+        if sample.more_threads and other_threads:
+            lines.append("    ... (faulthandler shows at most 100 threads)")
+    return lines
+
+
+# --- JSON ----------------------------------------------------------------------------------------
+
+
+def _frame_json(frame: Frame) -> dict[str, object]:
+    return {"file": frame.file, "line": frame.line, "function": frame.function}
+
+
+def stacks_to_json(ranks: Sequence[RankStacks], **job: object) -> dict[str, object]:
+    """The document ``numarun stacks --json`` prints: ``job`` fields (``run_id``, ``pid``,
+    ``host``, ...), ``taken_at`` (epoch seconds), ``groups`` as :func:`group_ranks` orders
+    them (``ranks``, ``where``: the heading's text, ``user_frame``/``innermost_frame`` or
+    None, ``problem``), and ``ranks`` by rank, each with ``threads`` (main thread last, as
+    faulthandler lists them; ``main`` marks it) of ``frames`` (most recent call first)."""
+    groups = []
+    for group in group_ranks(ranks):
+        thread = group.sample.main_thread
+        frames = thread.frames if thread is not None else ()
+        user = next((frame for frame in frames if not is_library(frame.file)), None)
+        groups.append(
+            {
+                "ranks": list(group.ranks),
+                "where": where(group.sample),
+                "user_frame": _frame_json(user) if user is not None else None,
+                "innermost_frame": _frame_json(frames[0]) if frames else None,
+                "problem": group.sample.problem,
+            }
+        )
+    documents = []
+    for stacks in sorted(ranks, key=lambda item: item.rank):
+        last = len(stacks.threads) - 1
+        documents.append(
+            {
+                "rank": stacks.rank,
+                "local_rank": stacks.local_rank,
+                "pid": stacks.pid,
+                "problem": stacks.problem,
+                "more_threads": stacks.more_threads,
+                "threads": [
+                    {
+                        "id": thread.ident,
+                        "main": index == last,
+                        "current": thread.current,
+                        "truncated": thread.truncated,
+                        "frames": [_frame_json(frame) for frame in thread.frames],
+                    }
+                    for index, thread in enumerate(stacks.threads)
+                ],
+            }
+        )
+    return {**job, "taken_at": time.time(), "groups": groups, "ranks": documents}
+
+
+def rank_stacks(
+    rank: int, local_rank: int, pid: int | None, text: str | None, problem: str | None
+) -> RankStacks:
+    """A :class:`RankStacks` from a dump's text (None or empty: ``problem`` says why)."""
+    if not text:
+        return RankStacks(rank, local_rank, pid, problem=problem or "no stacks")
+    threads, more = parse_dump(text)
+    if not threads:
+        return RankStacks(rank, local_rank, pid, problem=problem or "unreadable dump", text=text)
+    return RankStacks(rank, local_rank, pid, threads, problem, text, more)
