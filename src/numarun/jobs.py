@@ -4,6 +4,7 @@ Each launcher (and each :func:`numarun.spawn` parent) that takes stacks listens 
 socket ``<runtime dir>/<pid>-<random>.sock``. The runtime directory is per user:
 ``$XDG_RUNTIME_DIR/numarun`` when ``XDG_RUNTIME_DIR`` is set, else ``/tmp/numarun-<uid>``;
 the client looks in both, so a job is found from a session with or without that variable.
+``$NUMARUN_RUNTIME_DIR`` names one directory to use instead, for jobs and client alike.
 The directory is made with mode 0700 and checked before every use without following symbolic
 links: it must be a real directory owned by the effective user with no permission bits for
 group or others, else it is refused with one line (another user who made
@@ -43,6 +44,7 @@ _REQUEST_LIMIT = 4096
 _READ_TIMEOUT = 0.5  # a client sends its request right after connecting
 _SEND_TIMEOUT = 2.0
 CLIENT_TIMEOUT = 5.0
+RUNTIME_DIR_ENV = "NUMARUN_RUNTIME_DIR"  # one directory instead of the default places
 
 
 class JobsError(NumarunError):
@@ -52,7 +54,11 @@ class JobsError(NumarunError):
 
 
 def runtime_dirs() -> list[str]:
-    """The places a user's job sockets may be, the one a new job uses first."""
+    """The places a user's job sockets may be, the one a new job uses first
+    (``$NUMARUN_RUNTIME_DIR`` alone when set)."""
+    chosen = os.environ.get(RUNTIME_DIR_ENV)
+    if chosen:
+        return [os.path.abspath(chosen)]
     uid = os.geteuid()
     places = []
     runtime = os.environ.get("XDG_RUNTIME_DIR")
@@ -88,7 +94,7 @@ def runtime_dir(*, create: bool) -> str:
     if create:
         parent = os.path.dirname(path)
         try:
-            if parent != "/tmp" and not os.path.isdir(parent):
+            if not os.path.isdir(parent):
                 path = runtime_dirs()[-1]  # XDG_RUNTIME_DIR names a directory that is gone
             os.mkdir(path, 0o700)
         except FileExistsError:

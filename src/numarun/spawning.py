@@ -315,10 +315,22 @@ def _start(
         _worker_spec(i, fn, args, start_method, worker_envs[i], blob, prep, placement)
         for i in range(nprocs)
     ]
+    from numarun.stackdumps import for_spawn
     from numarun.supervisor import Supervisor
 
-    supervisor = Supervisor(specs, grace_period=grace_period)
-    supervisor.start()
+    specs, stacks = for_spawn(specs, fn)  # `numarun stacks` reaches fn under every start method
+    supervisor = Supervisor(
+        specs, grace_period=grace_period, on_exit=stacks.on_exit if stacks else None
+    )
+    try:
+        if stacks is not None:
+            stacks.attach(supervisor)
+            stacks.listen()
+        supervisor.start()
+    except BaseException:
+        if stacks is not None:
+            stacks.close()
+        raise
     return SpawnContext(supervisor, nprocs)
 
 

@@ -18,10 +18,12 @@ rank would have to ``exec``. A rank whose own code took the signal over (its han
 numarun's: the user's handler wins) is reported as such and not signalled again in this run.
 
 When a dump is complete. faulthandler writes no end marker. A dump is taken as complete when
-it ends with a newline, has not grown for 2 ms, and its last line is the bottom of the main
-thread (listed last) -- a ``<module>`` frame, or faulthandler's ``...`` after 100 frames or
-threads; any other dump that has not grown for 25 ms is taken too. :meth:`RankDumps.take`
-waits at most ``limit`` seconds (1 s) for all ranks together, typically a few milliseconds.
+it has not grown for 2 ms and its last line is the bottom of the main thread (listed last),
+which for both bootstraps is their ``-c`` code (``File "<string>", line 1 in <module>``), or
+faulthandler's ``...`` after 100 threads; any other dump that ends with a newline and has not
+grown for 25 ms is taken too (a fork worker's, a stack deeper than 100 frames).
+:meth:`RankDumps.take` waits at most ``limit`` seconds (1 s) for all ranks together, typically
+a few milliseconds.
 
 Hang rule (``--hang-timeout SECONDS``, :class:`HangWatch`): every ``interval`` seconds
 (``timeout / 5``, between 0.5 and 10 s) the dumps asked for at the previous tick are read and
@@ -43,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 
 from numarun import children
 from numarun._stackdump import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.errors import NumarunError
 
 if TYPE_CHECKING:
     from numarun.stacks import RankStacks
@@ -107,11 +111,11 @@ def _signal_state(pid: int) -> tuple[bool, bool] | None:
 
 
 def _structurally_complete(data: bytes) -> bool:
-    """True when ``data`` ends where a dump ends: the bottom frame of the main thread."""
-    if not data.endswith(b"\n"):
-        return False
-    last = data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
-    return last.endswith(b" in <module>") or last in (b"  ...", b"...", b"  <no Python frame>")
+    """True when ``data`` ends where a dump through numarun's bootstraps ends: the bottom
+    frame of the main thread (listed last) is the bootstrap's ``-c`` code, ``<string>`` line 1
+    -- or faulthandler's ``...`` after 100 threads. (A fork worker's bottom frame is its
+    parent's, unknown here: its dump is taken once quiet.)"""
+    return data.endswith((b'  File "<string>", line 1 in <module>\n', b"\n...\n"))
 
 
 def normalized(dump: bytes) -> bytes:
@@ -465,6 +469,7 @@ class JobStacks:
         python: bool,
         describe: Mapping[str, object],
         hang_timeout: float | None = None,
+        close_when_done: bool = False,
     ) -> None:
         from numarun import jobs
 
@@ -486,6 +491,7 @@ class JobStacks:
             HangWatch(self.dumps, hang_timeout, output_watched=False) if hang_timeout else None
         )
         self.at_failure: tuple[WorkerExit, list[RankStacks]] | None = None
+        self._close_when_done = close_when_done
         self._server: Any = None
         self._supervisor: Supervisor | None = None
 
@@ -517,7 +523,11 @@ class JobStacks:
         self._server.attach(self._supervisor)
 
     def on_exit(self, ended: WorkerExit) -> None:
+        """The supervisor's ``on_exit``; with ``close_when_done``, the last rank's end closes
+        everything (the :func:`numarun.spawn` case: no launcher around it to do so)."""
         self.dumps.note_exit(ended)
+        if self._close_when_done and not self.dumps.live():
+            self.close()
 
     def on_failure(self, ended: WorkerExit) -> None:
         """The supervisor's ``on_failure``: the other ranks' stacks, before anyone is signalled
@@ -605,3 +615,32 @@ def write_stacks_files(
             continue
         written.append(path)
     return written
+
+
+def for_spawn(specs: Sequence[Any], fn: object) -> tuple[list[Any], JobStacks | None]:
+    """:func:`numarun.spawn`'s workers with their dump files added to their environment, and
+    the :class:`JobStacks` to attach (``numarun stacks`` answers while the parent waits in
+    ``join``); it closes itself when the last worker ends, or at interpreter exit. Where
+    stacks cannot be set up, the specs unchanged, None, and a :class:`RuntimeWarning`."""
+    import dataclasses
+
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    try:
+        job = JobStacks(
+            [(spec.local_rank, spec.rank) for spec in specs],
+            python=True,
+            describe={"run_id": f"spawn-{os.getpid()}", "host": os.uname().nodename,
+                      "entrypoint": f"numarun.spawn({name}) in {' '.join(sys.argv)[:150]}"},
+            close_when_done=True,
+        )  # fmt: skip
+    except (NumarunError, OSError) as error:
+        import warnings
+
+        warnings.warn(f"`numarun stacks` will not reach these workers: {error}",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
+        return list(specs), None
+    import atexit
+
+    atexit.register(job.close)
+    env = job.worker_env
+    return [dataclasses.replace(s, env={**s.env, **env(s.local_rank)}) for s in specs], job
