@@ -102,17 +102,24 @@ def real_dump(tmp_path: Path, mode: str, name: str) -> tuple[str, bytes]:
         assert proc.stdout is not None
         seen = proc.stdout.readline()
         _armed(proc.pid)
-        os.kill(proc.pid, STACKS_SIGNAL)
-        deadline = time.monotonic() + 10
-        data = b""
-        while time.monotonic() < deadline:
-            data = dump.read_bytes()
-            if _structurally_complete(data) or data.endswith(b"  ...\n"):
-                break
-            time.sleep(0.01)
-        time.sleep(0.1)  # nothing more comes
-        assert dump.read_bytes() == data
-        return seen, data
+        where = {"elsewhere": b"park_elsewhere", "deep": b"  ...", "many-threads": b"\n...\n"}
+        marker = where.get(mode, b"park_main_here")
+        deadline = time.monotonic() + 20
+        while True:  # until the main thread has reached its parking place
+            dump.write_bytes(b"")
+            os.kill(proc.pid, STACKS_SIGNAL)
+            data = b""
+            while time.monotonic() < deadline:
+                data = dump.read_bytes()
+                if _structurally_complete(data) or data.endswith(b"  ...\n"):
+                    break
+                time.sleep(0.01)
+            time.sleep(0.1)  # nothing more comes
+            assert dump.read_bytes() == data
+            if marker in data.rsplit(b"(most recent call first):", 1)[-1]:
+                return seen, data
+            assert time.monotonic() < deadline, data
+            time.sleep(0.05)
     finally:
         proc.kill()
         proc.wait()

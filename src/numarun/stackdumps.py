@@ -26,7 +26,7 @@ grown for 25 ms is taken too (a fork worker's, a stack deeper than 100 frames).
 a few milliseconds.
 
 Hang rule (``--hang-timeout SECONDS``, :class:`HangWatch`): every ``interval`` seconds
-(``timeout / 5``, between 0.5 and 10 s) the dumps asked for at the previous tick are read and
+(``timeout / 100``, between 0.5 and 2 s) the dumps asked for at the previous tick are read and
 new ones are asked for: nothing waits. Progress is any of: a rank's stacks differ from its
 previous sample (every thread's file, line and function), a byte of output from any rank that
 numarun reads (``--redirects``/``--tee``/``--local-ranks-filter``; output that goes straight to
@@ -34,11 +34,20 @@ the terminal is invisible to the launcher), a rank that exited, a rank not yet a
 declared once nothing progressed for ``timeout`` seconds; a rank whose own code took signal 42
 over and a ``--no-python`` rank are judged by their output alone, a rank that does not answer
 counts as not moving, and a job in which nothing at all can be observed is never declared
-hung. Limits: a loop whose every iteration stays on one line and prints nothing, or one C call
-(a matmul, a blocking read) longer than the timeout, looks hung: choose a timeout above the
-longest such stretch. Cost: per tick and rank, one read of ``/proc/<pid>/status``, one signal,
-one read and one truncation of a small file, in the launcher, and one faulthandler dump (tens of
-microseconds) in the rank; see ``benchmarks/bench_stacks.py``.
+hung.
+
+Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
+``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
+long C call) shows the same stack in all ``n = timeout / interval`` samples of a window with
+probability ``p ** n``, and then looks hung. Choose a timeout many steps long (300 s: 150
+samples; ``0.95 ** 150`` is 5e-4 per window), let numarun read the output (``--tee``/
+``--redirects``) when the job logs regularly, and expect a single C call longer than the
+timeout (a blocking read, a huge matmul) to look hung. Conversely a rank that loops on one
+line (``while not ready: time.sleep(1)``) looks still: that is a hang by this rule.
+
+Cost: per tick and rank, one read of ``/proc/<pid>/status``, one signal, one read and one
+truncation of a small file in the launcher, and one faulthandler dump (tens of microseconds)
+in the rank; ``benchmarks/bench_stacks.py`` measures the launcher's CPU.
 """
 
 from __future__ import annotations
@@ -351,7 +360,7 @@ class HangWatch:
     def __init__(self, dumps: RankDumps, timeout: float, *, output_watched: bool) -> None:
         self.dumps = dumps
         self.timeout = float(timeout)
-        self.interval = min(max(self.timeout / 5, 0.5), 10.0)
+        self.interval = min(max(self.timeout / 100, 0.5), 2.0)
         self.output_watched = output_watched
         self.report: HangReport | None = None
         self._output = 0
