@@ -10,8 +10,9 @@ Two figures, measured side by side in one run and printed as a markdown table wi
   the launcher's exit being seen here, while the other workers sleep and honour SIGTERM.
   Target for numarun: < 50 ms (torchrun: about 0.7 s).
 
-Also prints what the ``numarun._script`` bootstrap costs a worker: ``python -u -m
-numarun._script -- worker.py`` against ``python -u worker.py``, one at a time.
+Also prints what the ``numarun._script`` bootstrap costs a worker, started as the launcher
+starts it (``python -u -c "from numarun._script import main; main()" -- worker.py``) against
+``python -u worker.py``, one at a time (``benchmarks/bench_bootstrap.py`` measures it closely).
 
 Bytecode is cached under ``$TMPDIR/bench_launch_pycache`` for every interpreter started (the
 warm-up run fills it), as an installed package would have it.
@@ -132,7 +133,9 @@ def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
         return time.perf_counter() - t0
 
     bare = [sys.executable, "-u", script, str(folder)]
-    wrapped = [sys.executable, "-u", "-m", "numarun._script", "--", script, str(folder)]
+    from numarun.launcher import SCRIPT_BOOTSTRAP
+
+    wrapped = [sys.executable, "-u", "-c", SCRIPT_BOOTSTRAP, "--", script, str(folder)]
     plain, through = [], []
     for _ in range(runs):  # interleaved, so drifts hit both alike
         plain.append(timed(bare))

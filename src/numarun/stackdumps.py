@@ -25,22 +25,21 @@ grown for 25 ms is taken too (a fork worker's, a stack deeper than 100 frames).
 :meth:`RankDumps.take` waits at most ``limit`` seconds (1 s) for all ranks together, typically
 a few milliseconds.
 
-Hang rule (``--hang-timeout SECONDS``, :class:`HangWatch`): every ``interval`` seconds
-(``timeout / 100``, between 0.5 and 2 s) the dumps asked for at the previous tick are read and
-new ones are asked for: nothing waits. Progress is any of: a rank's stacks differ from its
+Hang rule (``--hang-timeout SECONDS``, :class:`HangWatch`): every ``interval`` seconds (``timeout /
+100``, between 1 and 2 s; at least 1 s per 8 ranks) the dumps asked for at the previous tick are
+read and new ones are asked for: nothing waits. Progress is any of: a rank's stacks differ from its
 previous sample (every thread's file, line and function), a byte of output from any rank that
-numarun reads (``--redirects``/``--tee``/``--local-ranks-filter``; output that goes straight to
-the terminal is invisible to the launcher), a rank that exited, a rank not yet armed. A hang is
-declared once nothing progressed for ``timeout`` seconds; a rank whose own code took signal 42
-over and a ``--no-python`` rank are judged by their output alone, a rank that does not answer
-counts as not moving, and a job in which nothing at all can be observed is never declared
-hung.
+numarun reads (``--redirects``/``--tee``/``--local-ranks-filter``; output that goes straight to the
+terminal is invisible to the launcher), a rank that exited, a rank not yet armed. A hang is declared
+once nothing progressed for ``timeout`` seconds; a rank whose own code took signal 42 over and a
+``--no-python`` rank are judged by their output alone, a rank that does not answer counts as not
+moving, and a job in which nothing at all can be observed is never declared hung.
 
 Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
 ``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
 long C call) shows the same stack in all ``n = timeout / interval`` samples of a window with
-probability ``p ** n``, and then looks hung. Choose a timeout many steps long (300 s: 150
-samples; ``0.95 ** 150`` is 5e-4 per window), let numarun read the output (``--tee``/
+probability ``p ** n``, and then looks hung. Choose a timeout many steps long (300 s on 8
+ranks: 150 samples; ``0.95 ** 150`` is 5e-4 per window), let numarun read the output (``--tee``/
 ``--redirects``) when the job logs regularly, and expect a single C call longer than the
 timeout (a blocking read, a huge matmul) to look hung. Conversely a rank that loops on one
 line (``while not ready: time.sleep(1)``) looks still: that is a hang by this rule.
@@ -212,15 +211,30 @@ class RankDumps:
         was not asked (not Python, exited, not armed, signal pending, handler replaced)."""
         self._refresh_pids()
         problems: dict[int, str] = {}
-        now = time.monotonic()
+        ready: list[int] = []
         for local_rank in self.local_ranks if local_ranks is None else local_ranks:
-            state = self._ranks[local_rank]
-            problem = self._ask_one(state, now)
-            if problem is not None:
+            problem = self._check(self._ranks[local_rank])
+            if problem is None:
+                ready.append(local_rank)
+            else:
                 problems[local_rank] = problem
+        if ready:
+            assert self._supervisor is not None
+            for local_rank in ready:
+                fd = self._ranks[local_rank].fd
+                assert fd is not None
+                os.ftruncate(fd, 0)
+            reached = set(self._supervisor.send_signal(STACKS_SIGNAL, ready))
+            now = time.monotonic()
+            for local_rank in ready:
+                if local_rank in reached:
+                    self._ranks[local_rank].asked_at = now
+                else:
+                    problems[local_rank] = EXITED
         return problems
 
-    def _ask_one(self, state: _Rank, now: float) -> str | None:
+    def _check(self, state: _Rank) -> str | None:
+        """Why ``state``'s rank must not be signalled now, or None."""
         if state.fd is None:
             return NOT_PYTHON
         if state.exited or state.pid <= 0 or self._supervisor is None:
@@ -235,10 +249,6 @@ class RankDumps:
             return PENDING
         if not caught:
             return NOT_ARMED
-        os.ftruncate(state.fd, 0)
-        if self._supervisor.send_signal(STACKS_SIGNAL, [state.local_rank]) != [state.local_rank]:
-            return EXITED
-        state.asked_at = now
         return None
 
     def read(self, local_rank: int) -> bytes:
@@ -246,7 +256,8 @@ class RankDumps:
         fd = self._ranks[local_rank].fd
         if fd is None:
             return b""
-        return os.pread(fd, _MAX_DUMP, 0)
+        size = os.fstat(fd).st_size
+        return os.pread(fd, min(size, _MAX_DUMP), 0) if size else b""
 
     def answer_problem(self, local_rank: int, data: bytes, *, final: bool) -> str | None:
         """Why an asked rank has written no dump (None: it has, or may still). ``final``: no
@@ -360,7 +371,10 @@ class HangWatch:
     def __init__(self, dumps: RankDumps, timeout: float, *, output_watched: bool) -> None:
         self.dumps = dumps
         self.timeout = float(timeout)
-        self.interval = min(max(self.timeout / 100, 0.5), 2.0)
+        # timeout / 100 between 1 and 2 s, and at least 1 s per 8 ranks: the launcher's CPU
+        # stays near 0.5 ms per second of wall time whatever the number of ranks.
+        ranks = len(dumps.local_ranks)
+        self.interval = max(min(max(self.timeout / 100, 1.0), 2.0), ranks / 8)
         self.output_watched = output_watched
         self.report: HangReport | None = None
         self._output = 0
