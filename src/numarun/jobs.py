@@ -28,16 +28,16 @@ import contextlib
 import os
 import socket
 import stat
-import struct
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from numarun.errors import NumarunError, UsageError
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
+    from typing import Any
+
     from numarun.supervisor import Supervisor
 
 _REQUEST_LIMIT = 4096
@@ -113,6 +113,8 @@ def runtime_dir(*, create: bool) -> str:
 
 def peer_uid(conn: socket.socket) -> int:
     """The effective uid of the process at the other end of a connected Unix socket."""
+    import struct
+
     creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
@@ -199,14 +201,14 @@ class JobServer:
 # --- the client's side ---------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
 class Job:
     """A job found in a runtime directory: its socket and what it said about itself (empty
     ``info`` and an ``error`` when it did not answer)."""
 
-    path: str
-    info: dict
-    error: str | None = None
+    def __init__(self, path: str, info: dict, error: str | None = None) -> None:
+        self.path = path
+        self.info = info
+        self.error = error
 
     @property
     def name(self) -> str:

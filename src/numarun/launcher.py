@@ -544,7 +544,9 @@ def _prefetch_failure_report(delay: float = 0.25) -> None:
 
 
 def _import_failures() -> None:
-    import numarun.failures  # noqa: F401
+    # The stacks taken at a failure are parsed with numarun.stacks.
+    import numarun.failures
+    import numarun.stacks  # noqa: F401
 
 
 def _temp_log_dir(*, announce: bool) -> str:

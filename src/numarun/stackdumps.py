@@ -18,9 +18,9 @@ rank would have to ``exec``. A rank whose own code took the signal over (its han
 numarun's: the user's handler wins) is reported as such and not signalled again in this run.
 
 When a dump is complete. faulthandler writes no end marker. A dump is taken as complete when
-it has not grown for 2 ms and its last line is the bottom of the main thread (listed last),
-which for both bootstraps is their ``-c`` code (``File "<string>", line 1 in <module>``), or
-faulthandler's ``...`` after 100 threads; any other dump that ends with a newline and has not
+its last line is the bottom of the main thread (listed last, so written last), which for both
+bootstraps is their ``-c`` code (``File "<string>", line 1 in <module>``), or faulthandler's
+``...`` after 100 threads; any other dump that ends with a newline and has not
 grown for 25 ms is taken too (a fork worker's, a stack deeper than 100 frames).
 :meth:`RankDumps.take` waits at most ``limit`` seconds (1 s) for all ranks together, typically
 a few milliseconds.
@@ -56,14 +56,15 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from numarun import children
 from numarun._stackdump import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.errors import NumarunError
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
+    from typing import Any
+
     from numarun.stacks import RankStacks
     from numarun.supervisor import Supervisor, WorkerExit
 
@@ -71,8 +72,7 @@ HANG_REASON = "hang: "  # RunResult.stop_reason of a run ended by HangWatch star
 HANG_EXIT_CODE = 124  # as timeout(1): "the command timed out"
 TAKE_LIMIT = 1.0  # seconds to wait for every rank's dump together
 _MAX_DUMP = 4 * 1024 * 1024  # faulthandler's own limits keep a dump far below this
-_POLL = 0.002
-_QUIET_STRUCTURED = 0.002
+_POLL = 0.001
 _QUIET_ANY = 0.025
 _REPLACED_AFTER = 0.1  # signal delivered, file still empty this long: someone else's handler
 _SIG_BIT = 1 << (STACKS_SIGNAL - 1)
@@ -131,15 +131,20 @@ def normalized(dump: bytes) -> bytes:
     return dump.replace(b"Current thread ", b"Thread ")
 
 
-@dataclass
 class _Rank:
-    local_rank: int
-    rank: int
-    fd: int | None
-    pid: int = 0
-    exited: bool = False
-    replaced: bool = False
-    asked_at: float | None = None  # monotonic time of the last signal; None: no dump expected
+    """One rank's dump file and what the launcher knows of it (a plain class: a dataclass
+    would cost the launcher's start-up a millisecond)."""
+
+    __slots__ = ("asked_at", "exited", "fd", "local_rank", "pid", "rank", "replaced")
+
+    def __init__(self, local_rank: int, rank: int, fd: int | None) -> None:
+        self.local_rank = local_rank
+        self.rank = rank
+        self.fd = fd
+        self.pid = 0
+        self.exited = False
+        self.replaced = False
+        self.asked_at: float | None = None  # monotonic time of the last signal
 
 
 class RankDumps:
@@ -302,11 +307,9 @@ class RankDumps:
                 if len(data) != size:
                     seen[local_rank] = (len(data), now)
                     since = now
-                quiet = now - since
-                done = data.endswith(b"\n") and (
-                    quiet >= _QUIET_ANY or (quiet >= _QUIET_STRUCTURED and
-                                            _structurally_complete(data))
-                )  # fmt: skip
+                done = _structurally_complete(data) or (
+                    data.endswith(b"\n") and now - since >= _QUIET_ANY
+                )
                 problem = None if data else self.answer_problem(local_rank, data, final=False)
                 if done or problem is not None:
                     pending.remove(local_rank)
@@ -352,15 +355,17 @@ class RankDumps:
                 os.rmdir(self.directory)
 
 
-@dataclass(frozen=True)
 class HangReport:
     """What :class:`HangWatch` saw when it declared the hang: ``stacks`` of every rank (the
-    last samples), how long nothing moved, and whether output counted."""
+    last samples), ``idle`` seconds without progress, and whether output counted."""
 
-    timeout: float
-    idle: float
-    stacks: Sequence[RankStacks]
-    output_watched: bool
+    def __init__(
+        self, timeout: float, idle: float, stacks: Sequence[RankStacks], output_watched: bool
+    ) -> None:
+        self.timeout = timeout
+        self.idle = idle
+        self.stacks = stacks
+        self.output_watched = output_watched
 
 
 class HangWatch:
