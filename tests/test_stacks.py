@@ -307,3 +307,34 @@ def test_signal_state_reads_proc(tmp_path: Path) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert _signal_state(proc.pid) is None
+
+
+# --- --hang-timeout and the exit status ----------------------------------------------------------
+
+
+def test_hang_timeout_option() -> None:
+    from numarun.errors import UsageError
+    from numarun.launch_config import parse_args
+
+    assert parse_args(["t.py"]).hang_timeout is None
+    assert parse_args(["--hang-timeout", "7.5", "t.py"]).hang_timeout == 7.5
+    assert parse_args(["--hang_timeout=0", "t.py"]).hang_timeout is None  # 0: off
+    assert parse_args(["t.py"], environ={"PET_HANG_TIMEOUT": "30"}).hang_timeout == 30.0
+    assert parse_args(["--hang-t", "3", "t.py"]).hang_timeout == 3.0  # a prefix, as torchrun's
+    for bad in ("-1", "soon", "inf"):
+        with pytest.raises(UsageError, match="--hang-timeout must be"):
+            parse_args(["--hang-timeout", bad, "t.py"])
+    with pytest.raises(UsageError, match="add --redirects 3 or --tee 3"):
+        parse_args(["--hang-timeout", "5", "--no-python", "prog"])
+    assert parse_args(["--hang-timeout", "5", "--tee", "3", "--no-python", "prog"]).hang_timeout
+
+
+def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
+    from numarun.launcher import exit_code_for
+    from numarun.supervisor import RunResult, WorkerExit
+
+    ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)
+    failed = WorkerExit(1, 1, 2, 1, None, "failed", 1.0)
+    assert exit_code_for(RunResult([ended], None, None, [], "hang: no rank moved")) == 124
+    assert exit_code_for(RunResult([ended, failed], failed, None, [], "hang: x")) == 124
+    assert exit_code_for(RunResult([ended], None, signal.SIGINT, [], "hang: x")) == 130

@@ -410,7 +410,12 @@ class HangWatch:
         supervisor.call_every(self.interval, self.tick)
 
     def tick(self) -> None:
-        """Read the dumps asked for at the last tick, judge progress, ask again."""
+        """Read the dumps asked for at the last tick, judge progress, ask again. An I/O error
+        skips this tick (an exception here would end the job)."""
+        with contextlib.suppress(OSError):
+            self._tick()
+
+    def _tick(self) -> None:
         now = time.monotonic()
         dumps = self.dumps
         progress = self._output != self._seen_output
@@ -562,7 +567,8 @@ class JobStacks:
         (at most :data:`TAKE_LIMIT` seconds)."""
         self.dumps.note_exit(ended)
         others = [r for r in self.dumps.live() if r != ended.local_rank]
-        self.at_failure = (ended, self.dumps.take(others) if others else [])
+        with contextlib.suppress(OSError):  # no stacks then: the teardown must go on
+            self.at_failure = (ended, self.dumps.take(others) if others else [])
 
     def _answer(self, op: str) -> dict[str, object]:
         info: dict[str, object] = {
@@ -614,6 +620,10 @@ class JobStacks:
 
     def close(self) -> None:
         """Close the socket and remove the dump files; idempotent."""
+        if self._close_when_done:
+            import atexit
+
+            atexit.unregister(self.close)
         if self._server is not None:
             self._server.close(self._supervisor)
             self._server = None
