@@ -444,3 +444,49 @@ def test_another_user_cannot_get_stacks_or_trigger_anything(runtime: Path) -> No
     finally:
         stop(proc)
     assert gone(list(pids.values()))
+
+
+def test_stale_sockets_are_removed_without_following_links(runtime: Path, tmp_path: Path) -> None:
+    dead = socket.socket(socket.AF_UNIX)
+    dead.bind(str(runtime / "123-deadbeef.sock"))
+    dead.close()  # a launcher that died: the file stays, nobody listens
+    (runtime / "123-deadbeef.d").mkdir(mode=0o700)
+    (runtime / "123-deadbeef.d" / "rank0").write_text("old dump")
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "keep").write_text("not numarun's")
+    other = socket.socket(socket.AF_UNIX)
+    other.bind(str(runtime / "456-cafef00d.sock"))
+    other.close()
+    (runtime / "456-cafef00d.d").symlink_to(victim)
+    done = stacks(runtime)
+    assert done.returncode == 1 and "no running numarun job of uid" in done.stderr
+    assert sorted(os.listdir(runtime)) == ["456-cafef00d.d"]  # the link is left alone
+    assert (victim / "keep").read_text() == "not numarun's"
+
+
+def test_a_runtime_directory_that_is_not_private_is_refused(runtime: Path, tmp_path: Path) -> None:
+    script = tmp_path / "quick.py"
+    script.write_text("print('ran')\n")
+    runtime.chmod(0o755)
+    done = subprocess.run(
+        [sys.executable, "-m", "numarun", str(script)],
+        env=_env(runtime), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0 and done.stdout == "ran\n"  # the job runs, without stacks
+    assert done.stderr.count("\n") == 1
+    assert "`numarun stacks` will not reach this job:" in done.stderr
+    assert "is open to other users (mode 755)" in done.stderr
+    os.chown(runtime, NOBODY, NOBODY)
+    runtime.chmod(0o700)
+    done = subprocess.run(
+        [sys.executable, "-m", "numarun", "--hang-timeout", "5", str(script)],
+        env=_env(runtime), capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert (done.returncode, done.stdout) == (2, "")  # nothing started
+    assert done.stderr == (
+        f"numarun: error: --hang-timeout needs numarun's stack dumps: {runtime} belongs to uid "
+        f"{NOBODY}, not to you (uid {os.geteuid()}); numarun will not use it for its job "
+        "sockets\n"
+    )
+    assert os.listdir(runtime) == []
