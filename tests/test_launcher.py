@@ -489,7 +489,9 @@ def test_unbound_threads_count_physical_cores_once(tmp_path: Path) -> None:
 
 def _result(exit_code: int | None = None, received: int | None = None) -> SimpleNamespace:
     failure = None if exit_code is None else SimpleNamespace(exit_code=exit_code)
-    return SimpleNamespace(workers=[], first_failure=failure, received_signal=received)
+    return SimpleNamespace(
+        workers=[], first_failure=failure, received_signal=received, stop_reason=None
+    )
 
 
 @pytest.mark.parametrize(

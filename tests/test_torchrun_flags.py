@@ -88,6 +88,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "dry_run": ((), ("1", "x")),
     "sysfs_root": (("--dry-run",), ("/nonexistent",)),
     "cpus_allowed": (("--numa-binding", "cpu"), ("0", "x")),
+    "hang_timeout": ((), ("30", "x")),
 }
 
 
