@@ -205,8 +205,8 @@ class WorkerRun:
     def watch(self, supervisor: Supervisor) -> None:
         """Read the result sockets from ``supervisor``'s loop; call before it starts."""
         self.supervisor = supervisor
-        for reader in self.readers:
-            supervisor.add_reader(reader.fileno(), reader.read)
+        for rank, reader in enumerate(self.readers):
+            supervisor.add_reader(reader.fileno(), lambda rank=rank: self._read_result(rank))
 
     def attach(self, pids: list[int]) -> list[WorkerPopen]:
         """The workers started with these pids (by local rank): one popen each."""
@@ -219,6 +219,14 @@ class WorkerRun:
         ]
 
     # --- the supervisor's callbacks ------------------------------------------------------------
+
+    def _read_result(self, rank: int) -> None:
+        reader = self.readers[rank]
+        reader.read()
+        if not reader.readable and reader.is_open and self.supervisor is not None:
+            # End of file comes a little before the pidfd turns readable (a dying process
+            # closes its fds first): stop watching, or the loop would spin until then.
+            self.supervisor.remove_reader(reader.fileno())
 
     def on_exit(self, ended: WorkerExit) -> None:
         rank = ended.local_rank

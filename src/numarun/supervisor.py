@@ -509,7 +509,8 @@ class Supervisor:
         return [worker.pid for worker in self._workers]
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
-        """Run the loop until the run ends; None if ``timeout`` seconds passed first.
+        """Run the loop until the run ends; None if ``timeout`` seconds passed first
+        (``wait(0)`` handles what is ready without waiting).
 
         The run ends when every worker succeeded (leftover owned processes are then torn down
         too), or after the teardown that follows the first failure, a teardown signal or
