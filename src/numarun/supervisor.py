@@ -758,18 +758,19 @@ class Supervisor:
 
     def _deliver_payloads(self) -> None:
         """Write every payload now, to all children at once, so that workers run whether or not
-        anyone waits; what a child has not read within ``_EXEC_LIMIT`` stays with the loop."""
-        import select
-
+        anyone waits; what a child has not read within ``_EXEC_LIMIT`` stays with the loop.
+        What the workers send meanwhile (results, output, the caller's readers) is read as the
+        loop reads it, so a worker that answers while it reads cannot stall us; exits and
+        signals wait for the loop."""
+        assert self._selector is not None
         deadline = time.monotonic() + _EXEC_LIMIT
-        while True:
-            pending = {w.payload_fd: w for w in self._workers if w.payload_fd is not None}
+        while any(w.payload_fd is not None for w in self._workers):
             left = deadline - time.monotonic()
-            if not pending or left <= 0:
+            if left <= 0:
                 return
-            _, ready, _ = select.select([], list(pending), [], left)
-            for fd in ready:
-                self._write_payload(pending[fd])
+            for key, mask in self._selector.select(left):
+                if key.data[0] in ("payload", "result", "output", "reader"):
+                    self._dispatch(key, mask)
 
     def _fork_worker(
         self,
