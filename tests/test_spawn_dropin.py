@@ -568,6 +568,32 @@ def test_a_caller_that_never_joins(method: str, daemon: str, tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize("method", METHODS)
+def test_workers_never_outlive_a_killed_caller(method: str, tmp_path: Path) -> None:
+    """Non-daemon workers of a caller that is SIGKILLed without joining die with it."""
+    directory = tmp_path / "out"
+    directory.mkdir()
+    script = tmp_path / "job.py"
+    script.write_text(
+        f"import sys, time\nsys.path.insert(0, {str(TESTS_DIR)!r})\n"
+        + UNJOINED
+        + "    time.sleep(60)  # killed while its workers run (they would end after 1 s)\n"
+    )
+    job = subprocess.Popen([sys.executable, str(script), method, "non-daemon", str(directory)])
+    try:
+        deadline = time.monotonic() + 60
+        while not all((directory / f"pid{rank}").exists() for rank in (0, 1)):
+            assert job.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        pids = [int((directory / f"pid{rank}").read_text()) for rank in (0, 1)]
+        job.kill()
+        assert all(_dead(pid) for pid in pids)
+    finally:
+        job.kill()
+        job.wait()
+    assert list(directory.glob("done*")) == []
+
+
+@pytest.mark.parametrize("method", METHODS)
 def test_the_last_queue_put_arrives(method: str) -> None:
     """Issue 11.2: a worker's queue feeder thread is flushed by multiprocessing's exit handler
     before the worker exits."""
