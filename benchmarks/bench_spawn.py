@@ -2,8 +2,10 @@
 
     python benchmarks/bench_spawn.py [--repeats 9] [--torch-repeats 3] [--teardown-runs 20]
                                      [--counts 1,2,4,8] [--method spawn] [--no-torch]
+                                     [--sections startup,workercpu,teardown,cpu,memory]
+                                     [--memory-mib 50] [--memory-methods spawn,fork]
 
-Three measurements, each taken alternately for every contender so they share the machine's
+Five measurements, each taken alternately for every contender so they share the machine's
 conditions, and reported as medians and ratios:
 
 1. Start-up, N = 1, 2, 4, 8 workers: from the call to the last worker's first line. Each
@@ -13,6 +15,10 @@ conditions, and reported as medians and ratios:
    :class:`subprocess.Popen` (each Popen waits for its child's exec). torch.multiprocessing's
    workers import torch before ``fn`` runs, which dominates its figures. Target: numarun
    within 1.5x of the anchor.
+1b. CPU per call (``workercpu``), which the load of a shared machine distorts far less than
+   wall time: for one worker, the user+system CPU of this process and of the worker
+   (``RUSAGE_CHILDREN``: the worker is reaped by the call) per ``numarun.spawn`` call, median of
+   ``--repeats`` calls after a warm-up, beside one bare interpreter's CPU.
 2. Failure to full teardown: rank 0 records the time and raises while the other ranks sleep
    (default SIGTERM disposition); the time until ``spawn`` raises in the parent, when every
    worker is gone. Target: median < 50 ms.
@@ -20,6 +26,11 @@ conditions, and reported as medians and ratios:
    per second of wall time during a 1 s ``join(timeout=1)`` while 2 workers sleep (after an
    unmeasured 0.5 s join that absorbs the start-up work); and the CPU
    of the final join (teardown sweep of owned processes, reaping). Target: < 1 ms/s.
+4. Memory of return values: in a fresh interpreter (numarun and its imports loaded by a small
+   warm-up call first), 4 workers each return ``--memory-mib`` MiB (a ``bytes``); the caller's
+   peak resident memory above its resident memory just before the call (``VmHWM`` after
+   ``/proc/self/clear_refs`` reset it to ``VmRSS``), against the anchor, the payload itself
+   (the values the caller ends up holding). Target: at most 1.5x the payload.
 
 The worker functions live in this file, which is imported by module name (not as ``__main__``)
 so that spawned workers import nothing but it and the standard library.
@@ -68,6 +79,10 @@ def fail_or_sleep(local_rank: int, directory: str, nprocs: int) -> None:
 
 def sleep_for(local_rank: int, seconds: float) -> None:
     time.sleep(seconds)
+
+
+def big_value(local_rank: int, size: int) -> bytes:
+    return bytes([local_rank]) * size
 
 
 # --- contenders ----------------------------------------------------------------------------------
@@ -126,6 +141,43 @@ def start_torch(torch_mp: Any, nprocs: int, method: str) -> float:
     )
 
 
+def _children_cpu_seconds() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def cpu_per_call(call: Callable[[], object]) -> tuple[float, float]:
+    """(CPU seconds of this process, CPU seconds of its reaped children) for one ``call()``."""
+    own, children = _cpu_seconds(), _children_cpu_seconds()
+    call()
+    return _cpu_seconds() - own, _children_cpu_seconds() - children
+
+
+def bench_worker_cpu(repeats: int, method: str) -> list[str]:
+    import subprocess
+    from statistics import median
+
+    import numarun
+
+    def ours() -> object:
+        return numarun.spawn(sleep_for, args=(0,), nprocs=1, start_method=method)
+
+    def bare() -> object:
+        return subprocess.run([sys.executable, "-c", BARE_CODE], stdout=subprocess.DEVNULL)
+
+    ours()  # warm-up: imports, the resource tracker, the forkserver
+    samples = [(cpu_per_call(ours), cpu_per_call(bare)) for _ in range(repeats)]
+    parent = median(s[0][0] for s in samples) * 1000
+    worker = median(s[0][1] for s in samples) * 1000
+    anchor = median(s[1][1] for s in samples) * 1000
+    return [
+        f"| CPU per call, 1 worker ({method}, median of {repeats}) | caller {parent:.1f} ms, "
+        f"worker {worker:.1f} ms | bare interpreter {anchor:.1f} ms |",
+    ]
+
+
 def teardown(spawn: Callable[..., object], expected: type[BaseException], nprocs: int) -> float:
     """Seconds from rank 0's failure to ``spawn`` raising in the parent."""
     import tempfile
@@ -163,6 +215,58 @@ def supervision_cpu(context: Any, window: float) -> tuple[float, float]:
     while not context.join():
         pass
     return idle, _cpu_seconds() - cpu
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as status:
+        line = next(line for line in status if line.startswith(field + ":"))
+    return int(line.split()[1])
+
+
+def memory_child(method: str, nprocs: int, size: int) -> None:
+    """Runs in a fresh interpreter: prints the peak bytes above the baseline for one call."""
+    import numarun
+
+    numarun.spawn(big_value, args=(1,), nprocs=nprocs, start_method=method)  # imports, tracker
+    with open("/proc/self/clear_refs", "w") as clear:
+        clear.write("5")  # VmHWM := VmRSS
+    baseline = _status_kib("VmRSS")
+    values = numarun.spawn(big_value, args=(size,), nprocs=nprocs, start_method=method)
+    peak = _status_kib("VmHWM")
+    assert [len(value) for value in values] == [size] * nprocs
+    print((peak - baseline) * 1024)
+
+
+def peak_above_baseline(method: str, nprocs: int, size: int) -> int:
+    import subprocess
+
+    done = subprocess.run(
+        [sys.executable, __file__, "--memory-child", method, str(nprocs), str(size)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return int(done.stdout.split()[-1])
+
+
+def bench_memory(mib: int, methods: list[str], repeats: int) -> list[str]:
+    from statistics import median
+
+    nprocs, size = 4, mib * 1024 * 1024
+    payload = nprocs * size
+    rows = [
+        f"| start method | payload ({nprocs} x {mib} MiB) | caller's peak above baseline "
+        f"(median of {repeats}) | ratio | target |",
+        "|---|---|---|---|---|",
+    ]
+    for method in methods:
+        peak = median(peak_above_baseline(method, nprocs, size) for _ in range(repeats))
+        rows.append(
+            f"| {method} | {payload / 2**20:.0f} MiB | {peak / 2**20:.0f} MiB | "
+            f"{peak / payload:.2f}x | <= 1.5x |"
+        )
+        print(rows[-1], file=sys.stderr, flush=True)
+    return rows
 
 
 # --- report --------------------------------------------------------------------------------------
@@ -249,7 +353,17 @@ def main() -> None:
     parser.add_argument("--counts", default="1,2,4,8", help="worker counts for start-up")
     parser.add_argument("--method", default="spawn", choices=("spawn", "fork", "forkserver"))
     parser.add_argument("--no-torch", action="store_true", help="leave torch.mp out")
+    parser.add_argument("--sections", default="startup,workercpu,teardown,cpu,memory")
+    parser.add_argument("--memory-mib", type=int, default=50, help="MiB returned per worker")
+    parser.add_argument("--memory-methods", default="spawn,fork")
+    parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.memory_child:
+        method, nprocs, size = args.memory_child
+        memory_child(method, int(nprocs), int(size))
+        return
+    sections = set(args.sections.split(","))
     # Imported before any measurement, so every numarun and bare figure comes from the same
     # parent: one that has torch loaded, as a training script's parent usually does.
     torch_mp = None if args.no_torch else _torch_mp()
@@ -262,11 +376,22 @@ def main() -> None:
         "### Start-up: call to the last worker's first line (median; ratio vs bare)",
         "",
     ]
-    rows += bench_startup(counts, args.repeats, args.torch_repeats, args.method, torch_mp)
-    rows += ["", "### Teardown and supervision cost", ""]
-    rows += ["| measurement | numarun | torch.multiprocessing | target |", "|---|---|---|---|"]
-    rows += bench_teardown(args.teardown_runs, 4, torch_mp)
-    rows += bench_cpu(3.0, torch_mp)
+    if "startup" in sections:
+        rows += bench_startup(counts, args.repeats, args.torch_repeats, args.method, torch_mp)
+    if "workercpu" in sections:
+        rows += ["", "| measurement | numarun | anchor |", "|---|---|---|"]
+        rows += bench_worker_cpu(max(args.repeats, 15), args.method)
+    if sections & {"teardown", "cpu"}:
+        rows += ["", "### Teardown and supervision cost", ""]
+        rows += ["| measurement | numarun | torch.multiprocessing | target |", "|---|---|---|---|"]
+    if "teardown" in sections:
+        rows += bench_teardown(args.teardown_runs, 4, torch_mp)
+    if "cpu" in sections:
+        rows += bench_cpu(3.0, torch_mp)
+    if "memory" in sections:
+        rows += ["", "### Return values: the caller's peak memory", ""]
+        methods = args.memory_methods.split(",")
+        rows += bench_memory(args.memory_mib, methods, args.memory_repeats)
     print("\n".join(rows))
 
 

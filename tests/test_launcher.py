@@ -186,7 +186,6 @@ def test_worker_argv_for_each_kind() -> None:
         (["--master-port", "0", "--nnodes", "2", "t.py"], "fixed port"),
         (["--master-addr", "a", "--rdzv-endpoint", "b:1", "t.py"], "disagree"),
         (["-m", "--no-python", "x"], "cannot be combined"),
-        (["--run-path", "-m", "x"], "cannot be combined"),
         (["--nproc-per-node", "2", "--rank-cpus", "0", "t.py"], "exactly one per local rank"),
         (["--rank-cpus", "0", "--numa-binding", "cpu", "t.py"], "cannot be combined"),
         (["--numa-binding", "explicit", "t.py"], "--rank-cpus"),

@@ -239,7 +239,8 @@ def test_first_failure_in_time_is_raised_and_later_ones_are_attached(tmp_path: P
     error = info.value
     assert error.error_index == 1
     assert "rank 1 fails first" in str(error)
-    assert [(f.error_index, type(f)) for f in error.failures] == [(0, ProcessRaisedException)]
+    assert [f.error_index for f in error.failures] == [0]
+    assert isinstance(error.failures[0], ProcessRaisedException)
     assert "rank 0 fails second" in str(error.failures[0])
 
 
@@ -250,10 +251,10 @@ def test_exceptions_pickle_round_trip() -> None:
     raised = ProcessRaisedException("\n\n-- Process 0 terminated with ...", 0, 99)
     raised.failures = [exited]
     copy = pickle.loads(pickle.dumps(raised))
-    assert type(copy) is ProcessRaisedException
+    assert isinstance(copy, ProcessRaisedException)  # (joined with torch's, when loaded)
     assert (str(copy), copy.error_index, copy.pid) == (str(raised), 0, 99)
     inner = copy.failures[0]
-    assert type(inner) is ProcessExitedException
+    assert isinstance(inner, ProcessExitedException)
     assert (str(inner), inner.error_index, inner.error_pid, inner.exit_code, inner.signal_name) == (
         "process 1 terminated with signal SIGSEGV",
         1,
@@ -675,10 +676,12 @@ def test_twenty_spawn_runs_leak_nothing(tmp_path: Path, monkeypatch: pytest.Monk
 # --- more API behaviour --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("spawn_grace", "join_grace", "cleaned"), [(0, 30, True), (30, 0, False)])
+@pytest.mark.parametrize(("spawn_grace", "join_grace", "cleaned"), [(0, 2, True), (30, 0, False)])
 def test_join_grace_period_overrides_the_one_given_to_spawn(
     tmp_path: Path, spawn_grace: float, join_grace: float, cleaned: bool
 ) -> None:
+    """join's grace period (as torch's: waited before SIGTERM too) also replaces spawn's
+    time between SIGTERM and SIGKILL: rank 1 needs 0.3 s after SIGTERM to clean up."""
     context = numarun.spawn(
         sp_funcs.slow_sigterm_cleanup,
         args=(str(tmp_path),),

@@ -1,29 +1,52 @@
-"""What runs inside every worker of :func:`numarun.spawn`, before and around the user's ``fn``.
+"""What runs inside every worker of :func:`numarun.spawn`: multiprocessing's own child bootstrap.
 
-Three entry points, one per start method, all ending in :func:`call_and_report`:
+Each worker is a :class:`WorkerProcess`, a :class:`multiprocessing.process.BaseProcess` made in
+the caller (name ``SpawnProcess-N`` / ``ForkProcess-N`` / ``ForkServerProcess-N``, the caller's
+authkey, the caller as parent). In the child, after the binding is in force, it runs
+``BaseProcess._bootstrap`` exactly as a :mod:`multiprocessing` child does: ``current_process()``,
+``parent_process()``, the forced start method, after-fork hooks, ``fn`` (through
+:meth:`WorkerProcess.run`), then multiprocessing's exit handlers (queue feeder threads are
+flushed), the join of non-daemon threads and the flush of stdio. Entry points, one per start
+method:
 
-* ``spawn``: the supervisor execs ``python -c "from numarun._worker import main; main()"`` with
-  the binding already applied at birth; :func:`main` reads the payload from the fd named by
-  ``NUMARUN_PAYLOAD_FD``, writes the result to the fd named by ``NUMARUN_RESULT_FD`` and exits.
-* ``fork``: the supervisor forks and, after binding, calls a ``functools.partial`` of
-  :func:`run_fork_call` that holds ``fn`` itself (nothing is pickled on the way in).
-* ``forkserver``: the forkserver's child calls :func:`run_forked` after binding; it unpickles
-  ``fn`` only then, so nothing of the user's runs before the binding is in force.
+* ``spawn``: the supervisor execs ``python -c "...; from numarun._worker import main; main()"``
+  (numarun's own directory is put on ``sys.path`` for that one import, so a numarun that the
+  caller found through its own ``sys.path`` is the one that runs); :func:`main` reads the
+  payload from the fd named by ``NUMARUN_PAYLOAD_FD``: a plain pickle of the header
+  (``{"fds": [...], "tracker_fd": ...}``), then multiprocessing's preparation data (``sys.argv``,
+  ``sys.path``, the working directory, the main module, imported as ``__mp_main__`` as
+  :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and
+  its arguments.
+* ``forkserver``: multiprocessing's fork server forks the child and runs
+  :func:`numarun.children.forkserver_child`, which binds and then calls :func:`run_forkserver`:
+  the payload is only the :class:`WorkerProcess` (the fork server prepared the interpreter).
+* ``fork``: the supervisor forks, binds, and calls :func:`run_fork` with the
+  :class:`WorkerProcess` itself (nothing is pickled on the way in, as with multiprocessing).
 
-The payload is two pickles back to back: a header dict (``local_rank``, ``sys_path``, ``prep``:
-:mod:`multiprocessing` preparation data or None) and the ``(fn, args)`` pair. The supervisor
-has set the worker's environment (exec: ``execve``; fork/forkserver: ``os.environ``).
+Fds: payloads and results are pickled with :class:`multiprocessing.reduction.ForkingPickler`
+while :class:`FdCollector` stands in for multiprocessing's ``Popen``
+(``multiprocessing.context.set_spawning_popen``), so queues, pipes, locks, events, Manager
+proxies, sockets and torch's shared-memory tensors pickle as they do for a process
+multiprocessing starts. Each fd an object asks to pass (``reduction.DupFd``) is recorded and
+becomes a :class:`PassedFd`: an index into the fds the receiver was given. The worker gets its
+fds from the supervisor (``WorkerSpec.pass_fds``: the result socket first, then the payload's);
+the caller gets a result's fds with the result, through ``SCM_RIGHTS``.
 
-The result is one pickle: ``("ok", value)`` or ``("raised", traceback text)``. Exit status: 0
-after ``("ok", ...)``, 1 after ``("raised", ...)``, and ``n`` when ``fn`` raised
-``SystemExit(n)`` (``SystemExit(None)`` is 0; a non-integer code is printed to stderr and gives
-1, as Python itself does); in that case nothing is written to the result pipe.
+The result: the worker's end of a Unix stream socket; the caller's end stays open for the whole
+run, so a dup of the worker's end is multiprocessing's parent sentinel. One frame:
+``RESULT_HEADER`` (pickle length, fd count) sent with the first ``MAX_FDS_PER_MESSAGE`` fds, one
+``b"\\0"`` byte with each further batch, then a ForkingPickler pickle of ``("ok", value)`` or
+``("raised", traceback text)``. Exit status: 0 after ``("ok", ...)``, 1 after ``("raised",
+...)``, ``n`` for ``SystemExit(n)`` (then no frame is sent; ``BaseProcess._bootstrap`` maps the
+code as Python does).
 
-Imports stay minimal on purpose: this module runs first in every spawned worker and the start-up
-time of N workers is benchmarked against N bare interpreters. :mod:`multiprocessing` is imported
-only when ``fn`` lives in the parent's ``__main__``; :mod:`traceback` only when ``fn`` raised.
-Each entry point first arms numarun's stack dumps (:func:`numarun._stackdump.arm`), so
-``numarun stacks`` sees ``fn`` under every start method.
+Each entry point first arms numarun's stack dumps (:func:`numarun._stackdump.arm`), before
+anything of the caller's is unpickled, so ``numarun stacks`` sees ``fn`` under every start
+method.
+
+Start-up cost matters (this module runs first in every spawned worker, and N workers' start-up
+is benchmarked against N bare interpreters): only what the bootstrap needs is imported;
+:mod:`traceback` only when ``fn`` raised.
 """
 
 from __future__ import annotations
@@ -31,7 +54,11 @@ from __future__ import annotations
 import io
 import os
 import pickle
+import socket
+import struct
 import sys
+import threading
+from multiprocessing import context, process, reduction
 
 from numarun._stackdump import arm as arm_stacks
 
@@ -42,122 +69,137 @@ if TYPE_CHECKING:
     from typing import Any
 
 PAYLOAD_FD_ENV = "NUMARUN_PAYLOAD_FD"
-RESULT_FD_ENV = "NUMARUN_RESULT_FD"
+RESULT_HEADER = struct.Struct("!QI")  # pickle length, number of fds passed with the frame
+MAX_FDS_PER_MESSAGE = 253  # SCM_MAX_FD: the kernel's limit for one SCM_RIGHTS message
+
+_PROCESS_NAMES = {"spawn": "SpawnProcess", "fork": "ForkProcess", "forkserver": "ForkServerProcess"}
 
 # True while this worker imports the parent's main module: numarun.spawn called from module
 # level of a script without an ``if __name__ == "__main__":`` guard must fail, not fork-bomb.
 importing_main = False
 
+# The fds a PassedFd indexes into, while load_with_fds() runs in this thread.
+_loading = threading.local()
+
+
+class WorkerProcess(process.BaseProcess):
+    """One worker as multiprocessing sees it: ``fn(local_rank, *args)`` is its target.
+
+    Made in the caller; its copy in the child (forked, or unpickled after the binding) is what
+    ``_bootstrap`` runs. ``result_fd`` is set in the child only.
+    """
+
+    def __init__(
+        self,
+        fn: Callable[..., Any],
+        local_rank: int,
+        args: Sequence[Any],
+        start_method: str,
+        daemon: bool,
+    ) -> None:
+        super().__init__(target=fn, args=(local_rank, *args), daemon=daemon)
+        # As multiprocessing's SpawnProcess etc.: _bootstrap makes it the child's default.
+        self._start_method = start_method
+        self._name = f"{_PROCESS_NAMES[start_method]}-" + ":".join(map(str, self._identity))
+        self.result_fd = -1
+
+    def run(self) -> None:
+        """Call ``fn`` and send its outcome to the caller (see the module docstring)."""
+        try:
+            value = self._target(*self._args, **self._kwargs)  # type: ignore[attr-defined]
+        except SystemExit:
+            raise
+        except BaseException as exc:
+            # The traceback starts at fn: this frame says nothing to the user.
+            exc.__traceback__ = exc.__traceback__.tb_next if exc.__traceback__ else None
+            report_exception(self.result_fd, None)
+            raise SystemExit(1) from None
+        try:
+            data, fds = dumps(("ok", value))
+        except BaseException:
+            report_exception(self.result_fd, "while pickling the return value of fn")
+            raise SystemExit(1) from None
+        # value stays referenced until sent: its objects own the fds that go with it.
+        send_result(self.result_fd, data, fds)
+
+
+# --- entry points --------------------------------------------------------------------------------
+
 
 def main() -> None:
     """Entry point of a worker started with ``start_method="spawn"``; never returns.
 
-    Exits with the status described in the module docstring. Without the two environment
-    variables (not started by numarun) it prints one line to stderr and exits 2.
+    Without ``NUMARUN_PAYLOAD_FD`` (not started by numarun) it prints one line to stderr and
+    exits 2.
     """
     try:
         payload_fd = int(os.environ.pop(PAYLOAD_FD_ENV))
-        result_fd = int(os.environ.pop(RESULT_FD_ENV))
     except (KeyError, ValueError):
         sys.stderr.write(
-            f"numarun._worker: {PAYLOAD_FD_ENV} / {RESULT_FD_ENV} are not set; "
+            f"numarun._worker: {PAYLOAD_FD_ENV} is not set; "
             "this module runs inside workers started by numarun.spawn\n"
         )
         sys.exit(2)
-    # Programs that fn execs must not hold the result pipe.
-    os.set_inheritable(result_fd, False)
     arm_stacks()
-    sys.exit(run_payload(payload_fd, result_fd))
-
-
-def run_forked(payload_fd: int, result_fd: int) -> int:
-    """Fork target for ``start_method="forkserver"``: unpickle ``fn`` now, after binding, run it.
-
-    Returns the exit status (see the module docstring); the supervisor exits with it. The
-    supervisor has already made ``os.environ`` the worker's environment.
-    """
-    arm_stacks()
-    return run_payload(payload_fd, result_fd)
-
-
-def run_fork_call(
-    fn: Callable[..., Any],
-    args: Sequence[Any],
-    local_rank: int,
-    payload_fd: int,
-    result_fd: int,
-) -> int:
-    """Fork target for ``start_method="fork"`` (bound with ``functools.partial``).
-
-    A forked child already holds ``fn`` and ``args``, so ``payload_fd`` is unused (-1); the
-    supervisor has already made ``os.environ`` the worker's environment. Returns the exit status.
-    """
-    arm_stacks()
-    return call_and_report(fn, args, local_rank, result_fd)
-
-
-def run_payload(payload_fd: int, result_fd: int) -> int:
-    """Read the payload to EOF, prepare the interpreter, unpickle ``fn`` and run it."""
     stream = io.BytesIO(read_all(payload_fd))
     os.close(payload_fd)
     header = pickle.load(stream)
-    sys.path[:] = header["sys_path"]
+    if header["tracker_fd"] is not None:
+        # As multiprocessing.spawn.spawn_main: share the caller's resource tracker.
+        from multiprocessing import resource_tracker
+
+        resource_tracker._resource_tracker._fd = header["tracker_fd"]
+    fds = header["fds"]
+    os.set_inheritable(fds[0], False)  # programs that fn execs must not hold the result socket
+    sys.exit(load_and_bootstrap(stream, fds, prepare=True))
+
+
+def run_forkserver(payload_fd: int, result_fd: int) -> int:
+    """Fork target for ``start_method="forkserver"``: unpickle the worker now, after the
+    binding, and run it. Returns the exit status."""
+    from numarun import children
+
+    arm_stacks()
+    stream = io.BytesIO(read_all(payload_fd))
+    os.close(payload_fd)
+    return load_and_bootstrap(stream, children.passed_fds, prepare=False)
+
+
+def run_fork(worker: WorkerProcess, payload_fd: int, result_fd: int) -> int:
+    """Fork target for ``start_method="fork"`` (bound with ``functools.partial``): the forked
+    child already holds the worker; returns the exit status."""
+    from numarun import children
+
+    arm_stacks()
+    worker.result_fd = children.passed_fds[0]
+    return worker._bootstrap(parent_sentinel=os.dup(worker.result_fd))  # type: ignore[attr-defined]
+
+
+def load_and_bootstrap(stream: io.BytesIO, passed: Sequence[int], *, prepare: bool) -> int:
+    """Prepare the interpreter (``prepare``: from the preparation data in ``stream``), load the
+    worker with ``passed[1:]`` as its fds, and run multiprocessing's bootstrap on it.
+
+    ``passed[0]`` is the result socket. Returns the exit status.
+    """
+    result_fd = passed[0]
+    current = process.current_process()
+    current._inheriting = True  # type: ignore[attr-defined]  # as multiprocessing.spawn._main
     try:
-        if header["prep"] is not None:
-            prepare_main(header["prep"])
-        fn, args = pickle.load(stream)
+        if prepare:
+            prepare_main(pickle.load(stream))
+        worker = load_with_fds(stream, passed[1:])
     except BaseException:
         return report_exception(result_fd, "while loading fn and args in the worker")
+    finally:
+        del current._inheriting  # type: ignore[attr-defined]
     del stream
-    return call_and_report(fn, args, header["local_rank"], result_fd)
-
-
-def call_and_report(
-    fn: Callable[..., Any], args: Sequence[Any], local_rank: int, result_fd: int
-) -> int:
-    """Run ``fn(local_rank, *args)``, write its outcome to ``result_fd``; return the exit status."""
-    try:
-        value = fn(local_rank, *args)
-    except SystemExit as exc:
-        os.close(result_fd)
-        return exit_status(exc.code)
-    except BaseException as exc:
-        # The traceback starts at fn: the frame of this bootstrap says nothing to the user.
-        exc.__traceback__ = exc.__traceback__.tb_next if exc.__traceback__ else None
-        return report_exception(result_fd, None)
-    try:
-        data = pickle.dumps(("ok", value), protocol=pickle.HIGHEST_PROTOCOL)
-    except BaseException:
-        return report_exception(result_fd, "while pickling the return value of fn")
-    del value
-    write_and_close(result_fd, data)
-    return 0
-
-
-def report_exception(result_fd: int, context: str | None) -> int:
-    """Write ``("raised", traceback)`` for the exception being handled; return 1."""
-    import traceback
-
-    exc = sys.exc_info()[1]
-    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    if context is not None:
-        text = f"{text}(raised {context})\n"
-    write_and_close(result_fd, pickle.dumps(("raised", text), protocol=pickle.HIGHEST_PROTOCOL))
-    return 1
-
-
-def exit_status(code: object) -> int:
-    """Python's own mapping of a ``SystemExit`` code to a process exit status."""
-    if code is None:
-        return 0
-    if isinstance(code, int):
-        return code & 0xFF
-    sys.stderr.write(f"{code}\n")
-    return 1
+    worker.result_fd = result_fd
+    return worker._bootstrap(parent_sentinel=os.dup(result_fd))  # type: ignore[no-any-return]
 
 
 def prepare_main(prep: dict[str, Any]) -> None:
-    """Import the parent's ``__main__`` as ``__mp_main__`` the way :mod:`multiprocessing` does."""
+    """:func:`multiprocessing.spawn.prepare`: ``sys.argv``, ``sys.path``, working directory,
+    authkey, and the parent's ``__main__`` imported as ``__mp_main__``."""
     global importing_main
     import multiprocessing.spawn
 
@@ -168,6 +210,115 @@ def prepare_main(prep: dict[str, Any]) -> None:
         importing_main = False
 
 
+# --- fds through pickles -------------------------------------------------------------------------
+
+
+class PassedFd:
+    """What ``multiprocessing.reduction.DupFd(fd)`` pickles to under :class:`FdCollector`: the
+    index of the fd among those handed to the receiver (as multiprocessing's fork server
+    ``_DupFd``). :meth:`detach` works only while :func:`load_with_fds` runs."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def detach(self) -> int:
+        table = getattr(_loading, "table", None)
+        if table is None:
+            raise RuntimeError("a numarun PassedFd is detached only while numarun unpickles")
+        table.taken.add(self.index)
+        return table.fds[self.index]  # type: ignore[no-any-return]
+
+
+class FdCollector:
+    """Stands in for multiprocessing's ``Popen`` while numarun pickles for another process:
+    ``duplicate_for_child(fd)`` records the fd and returns its index; ``DupFd`` wraps it."""
+
+    DupFd = PassedFd
+
+    def __init__(self) -> None:
+        self.fds: list[int] = []
+
+    def duplicate_for_child(self, fd: int) -> int:
+        self.fds.append(fd)
+        return len(self.fds) - 1
+
+
+def dumps(*objects: object) -> tuple[memoryview, list[int]]:
+    """``objects`` pickled back to back by ForkingPickler in multiprocessing's spawning context;
+    returns the bytes and the fds they refer to (to hand over with them, in order)."""
+    collector = FdCollector()
+    stream = io.BytesIO()
+    previous = context.get_spawning_popen()
+    context.set_spawning_popen(collector)
+    try:
+        for obj in objects:
+            reduction.ForkingPickler(stream, pickle.HIGHEST_PROTOCOL).dump(obj)
+    finally:
+        context.set_spawning_popen(previous)
+    return stream.getbuffer(), collector.fds
+
+
+class _FdTable:
+    def __init__(self, fds: Sequence[int]) -> None:
+        self.fds = fds
+        self.taken: set[int] = set()
+
+
+def load_with_fds(source: Any, fds: Sequence[int], *, close_untaken: bool = False) -> Any:
+    """One pickle from ``source`` (a binary stream, or bytes-like: read in place) with ``fds``
+    as the fds its :class:`PassedFd` objects name; ``close_untaken``: close the fds no object
+    took (the caller's side of a result)."""
+    table = _FdTable(fds)
+    previous = getattr(_loading, "table", None)
+    _loading.table = table
+    try:
+        return pickle.load(source) if hasattr(source, "read") else pickle.loads(source)
+    finally:
+        _loading.table = previous
+        if close_untaken:
+            for index, fd in enumerate(fds):
+                if index not in table.taken:
+                    os.close(fd)
+
+
+# --- the result ----------------------------------------------------------------------------------
+
+
+def send_result(fd: int, data: bytes | memoryview, fds: Sequence[int]) -> None:
+    """Send one result frame (module docstring) on the socket ``fd``, then close it.
+
+    A caller that is gone (``BrokenPipeError``, ``ConnectionResetError``) is ignored: it kills
+    us anyway.
+    """
+    sock = socket.socket(fileno=fd)
+    batches = [fds[i : i + MAX_FDS_PER_MESSAGE] for i in range(0, len(fds), MAX_FDS_PER_MESSAGE)]
+    header = RESULT_HEADER.pack(len(data), len(fds))
+    try:
+        if batches:
+            socket.send_fds(sock, [header], batches[0])
+        else:
+            sock.sendall(header)
+        for batch in batches[1:]:
+            socket.send_fds(sock, [b"\0"], batch)
+        sock.sendall(data)
+    except (BrokenPipeError, ConnectionResetError):
+        pass
+    finally:
+        sock.close()
+
+
+def report_exception(result_fd: int, where: str | None) -> int:
+    """Send ``("raised", traceback)`` for the exception being handled; return 1."""
+    import traceback
+
+    exc = sys.exc_info()[1]
+    text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    if where is not None:
+        text = f"{text}(raised {where})\n"
+    send_result(result_fd, pickle.dumps(("raised", text), protocol=pickle.HIGHEST_PROTOCOL), ())
+    return 1
+
+
 def read_all(fd: int) -> bytes:
     """Read ``fd`` until EOF."""
     chunks = []
@@ -176,18 +327,3 @@ def read_all(fd: int) -> bytes:
         if not chunk:
             return b"".join(chunks)
         chunks.append(chunk)
-
-
-def write_and_close(fd: int, data: bytes) -> None:
-    """Write all of ``data`` to ``fd`` (a pipe the supervisor drains), then close it.
-
-    A supervisor that is gone (``BrokenPipeError``) is ignored: it kills us anyway.
-    """
-    view = memoryview(data)
-    try:
-        while view:
-            view = view[os.write(fd, view[: 1 << 20]) :]
-    except BrokenPipeError:
-        pass
-    finally:
-        os.close(fd)

@@ -22,7 +22,9 @@ the close-on-exec error pipe and exits 127; the supervisor reads end of file on 
 the exec succeeded, else the report, which :meth:`Supervisor.start` raises.
 
 ``start="fork"`` (:func:`fork_child`, in a child of :func:`fork`), in this order: every fd in
-the registry below except the worker's own pipes is closed; the wakeup fd is unset and the
+the registry below except the worker's own pipes and ``pass_fds`` is closed and the registry is
+emptied (what the child opens later may reuse those numbers, and must stay open in the children
+it forks in turn); the wakeup fd is unset and the
 caller's own signal handlers are put back; then the forked preamble: ``setsid()``,
 ``PR_SET_PDEATHSIG(SIGKILL)``, the parent check (exit 1), binding, the stdout/stderr pipes
 dup'ed onto fds 1 and 2 with ``sys.stdout``/``sys.stderr`` reopened on them, ``os.environ``
@@ -37,6 +39,9 @@ pickled by module and name): multiprocessing's forkserver forks the child and ha
 worker's pipes (:class:`InheritedFd`); the child runs the same forked preamble (its parent is
 the forkserver, whose death fires the parent-death signal; the parent check is skipped when the
 forkserver's pid is unknown), then ``fork_target`` as above.
+
+In both, :data:`passed_fds` holds the spec's ``pass_fds`` as fd numbers of the child (the same
+numbers after a fork; those the forkserver handed over in a forkserver child), in order.
 
 The fd registry: every fd a supervisor holds open is tracked (:func:`track`, :func:`close`), so
 that children started with ``os.fork()`` close them all, those of other supervisors running in
@@ -66,6 +71,9 @@ _NOT_OURS_EXIT = 1  # a child whose supervisor died before the preamble finished
 # (those of other supervisors running in other threads included).
 _open_fds: set[int] = set()
 _open_fds_lock = threading.Lock()
+
+# In a fork or forkserver child: WorkerSpec.pass_fds as this process's fd numbers, in order.
+passed_fds: list[int] = []
 
 
 # --- fds -----------------------------------------------------------------------------------------
@@ -275,12 +283,17 @@ def fork_child(
     supervisor installed its own (the supervisor passes it in, so this module never imports
     the supervisor).
     """
+    global _open_fds_lock
     status = 1
     try:
         # No lock here: another thread may have held it at fork time, and we are alone now.
         for fd in [fd for fd in _open_fds if fd not in worker_fds]:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        # Those numbers are free now: a worker that forks in turn must not close what reuses them.
+        _open_fds.clear()
+        _open_fds_lock = threading.Lock()
+        passed_fds[:] = spec.pass_fds
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
         restore_callers_handlers()  # a forked worker runs under the caller's
@@ -328,10 +341,13 @@ def forkserver_child(
     result_fd: int,
     stdout_fd: int | None,
     stderr_fd: int | None,
+    passed: Sequence[int] = (),
 ) -> None:
-    """Entry of a ``start="forkserver"`` child (a Process target); never returns."""
+    """Entry of a ``start="forkserver"`` child (a Process target); never returns. ``passed``:
+    the spec's ``pass_fds`` as handed over by the forkserver (:data:`passed_fds`)."""
     status = 1
     try:
+        passed_fds[:] = passed
         _setup_forked_child(
             parent_pid=parent_pid,
             cpus=cpus,

@@ -19,6 +19,12 @@ class UsageError(NumarunError):
     """A malformed argument or a combination of arguments that cannot work."""
 
 
+class InvalidArgument(UsageError, ValueError):
+    """A bad argument to numarun's Python API (``numarun.spawn``): a :class:`UsageError` that
+    is also the :class:`ValueError` ``torch.multiprocessing`` raises for the same mistake, so
+    code written against either catches it."""
+
+
 class TopologyError(NumarunError):
     """The machine description cannot be read (missing or unreadable sysfs root)."""
 

@@ -565,12 +565,14 @@ def _filters(text: str | None) -> tuple[str, ...]:
 
 
 def _entrypoint(ns: argparse.Namespace, rest: list[str]) -> tuple[str, str, list[str]]:
-    if ns.module and ns.no_python:
+    # As torchrun's config_from_args: --run-path runs the script file whatever -m or
+    # --no-python say; only without it are -m and --no-python refused together.
+    if ns.run_path:
+        what = "script"
+    elif ns.module and ns.no_python:
         raise UsageError("-m/--module and --no-python cannot be combined")
-    if ns.run_path and (ns.module or ns.no_python):
-        other = "-m/--module" if ns.module else "--no-python"
-        raise UsageError(f"--run-path runs a script file; it cannot be combined with {other}")
-    what = "module" if ns.module else "binary" if ns.no_python else "script"
+    else:
+        what = "module" if ns.module else "binary" if ns.no_python else "script"
     if not rest or not rest[0]:
         raise UsageError(
             "missing the training script (numarun [options] train.py [args...], "

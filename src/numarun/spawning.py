@@ -1,24 +1,30 @@
 """``numarun.spawn`` / ``numarun.start_processes``: ``fn(local_rank, *args)`` in N bound workers.
 
-The API follows ``torch.multiprocessing.spawn`` (same arguments, same exception classes and
-messages) with three differences: ``join=True`` returns the list of return values; every
-worker is bound to its CPUs and memory policy before it runs anything (``binding=``,
-``mem_binding=``); and workers are supervised by :class:`numarun.supervisor.Supervisor`, which
-tears down each worker's whole process tree on the first failure and on SIGINT/SIGTERM/SIGHUP.
+A drop-in for ``torch.multiprocessing.spawn`` / ``start_processes`` (same arguments, exception
+classes and messages, :class:`ProcessContext` API), with these additions: ``join=True`` returns
+the list of return values; every worker is bound to its CPUs and memory policy before it runs
+anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
+``spawn`` forces ``spawn``); and workers are supervised by
+:class:`numarun.supervisor.Supervisor`, which tears down each worker's whole process tree on the
+first failure and on SIGINT/SIGTERM/SIGHUP while joining.
 
-How a worker starts, per ``start_method``:
+Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``)
+that runs multiprocessing's own child bootstrap (:mod:`numarun._worker`), and its arguments and
+return value are pickled as multiprocessing pickles for a process it starts (ForkingPickler in
+multiprocessing's spawning context, fds handed over), so queues, pipes, locks, events, Manager
+proxies and torch's shared-memory CPU tensors work under every start method:
 
-* ``"spawn"`` (default): a fresh ``python -c`` interpreter, bound at birth, reads
-  ``pickle((fn, args))`` from a pipe. When the pickle refers to the parent's ``__main__``,
-  :mod:`multiprocessing`'s preparation data travels along and the worker imports the parent's
-  main script as ``__mp_main__`` first, exactly like ``multiprocessing`` does, so a script
-  guarded by ``if __name__ == "__main__":`` works.
-* ``"fork"``: a forked copy of this process, bound, calls ``fn`` directly (closures and
-  lambdas work; nothing is pickled on the way in).
+* ``"spawn"`` (default): a fresh interpreter (with the caller's interpreter flags), bound at
+  birth, reads multiprocessing's preparation data (``sys.argv``, ``sys.path``, the main module,
+  imported as ``__mp_main__``) and the worker from a pipe.
+* ``"fork"``: a forked copy of this process, bound, runs the worker it already holds (closures
+  and lambdas work; nothing is pickled on the way in).
 * ``"forkserver"``: :mod:`multiprocessing`'s fork server forks the worker; the binding is
-  applied in that child and only then is ``(fn, args)`` unpickled.
+  applied in that child and only then is the worker (``fn`` and ``args``) unpickled.
+* ``None``: the platform's default (``multiprocessing.get_start_method()``), as torch.
 
-Return values always come back pickled through a pipe (no temporary files), of any size.
+Workers run as soon as the call returns, joined or not. The caller's side of a run (results,
+sentinels, what ``processes`` call) is :mod:`numarun.spawn_workers`.
 """
 
 from __future__ import annotations
@@ -34,18 +40,20 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from numarun import _worker, workerenv
-from numarun.errors import UsageError
+from numarun.errors import InvalidArgument
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from numarun.binding import MemPolicy
     from numarun.plan import Plan
-    from numarun.supervisor import RunResult, Supervisor, WorkerExit
+    from numarun.spawn_workers import WorkerRun
+    from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
     from numarun.topology import Topology
 
 __all__ = [
     "START_METHODS",
+    "ProcessContext",
     "ProcessException",
     "ProcessExitedException",
     "ProcessRaisedException",
@@ -55,19 +63,25 @@ __all__ = [
 ]
 
 START_METHODS = ("spawn", "fork", "forkserver")
-WORKER_CODE = "from numarun._worker import main; main()"
+
+
+# --- exceptions ----------------------------------------------------------------------------------
 
 
 class ProcessException(Exception):
-    """A worker failed. ``error_index`` is its local rank, ``pid`` (alias ``error_pid``) its pid.
+    """A worker failed. ``error_index`` is its local rank, ``error_pid`` (alias ``pid``) its pid.
 
     The exception raised is the first failure in time; ``failures`` holds the exceptions of the
     other workers that failed on their own (not those numarun terminated), in order of death.
-    Instances pickle with all attributes.
+    When ``torch.multiprocessing`` is loaded, the instances numarun raises also belong to
+    torch's class of the same name (``except torch.multiprocessing.ProcessRaisedException``
+    catches them); ``except numarun.ProcessRaisedException`` always does. Instances pickle with
+    all attributes.
     """
 
     def __init__(self, msg: str, error_index: int, error_pid: int) -> None:
-        super().__init__(msg)
+        # Not super(): with torch's class among the bases, the next __init__ is torch's.
+        Exception.__init__(self, msg)
         self.msg = msg
         self.error_index = error_index
         self.error_pid = error_pid
@@ -77,8 +91,12 @@ class ProcessException(Exception):
     def pid(self) -> int:
         return self.error_pid
 
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.msg, self.error_index, self.error_pid)
+
     def __reduce__(self) -> tuple[Any, ...]:
-        return type(self), (self.msg, self.error_index, self.error_pid), self.__dict__
+        name = _numarun_class(type(self)).__name__
+        return _rebuild_exception, (name, self._init_args()), self.__dict__
 
 
 class ProcessRaisedException(ProcessException):
@@ -100,36 +118,75 @@ class ProcessExitedException(ProcessException):
         exit_code: int,
         signal_name: str | None = None,
     ) -> None:
-        super().__init__(msg, error_index, error_pid)
+        ProcessException.__init__(self, msg, error_index, error_pid)
         self.exit_code = exit_code
         self.signal_name = signal_name
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        args = (self.msg, self.error_index, self.error_pid, self.exit_code, self.signal_name)
-        return type(self), args, self.__dict__
+    def _init_args(self) -> tuple[Any, ...]:
+        return (self.msg, self.error_index, self.error_pid, self.exit_code, self.signal_name)
 
 
-class SpawnContext:
-    """Running workers, returned by ``spawn(..., join=False)``.
+_EXCEPTIONS = {cls.__name__: cls for cls in (ProcessRaisedException, ProcessExitedException)}
+_JOINED: dict[type, type] = {}
 
-    Use :meth:`join` until it returns True, or as a context manager: leaving the ``with`` block
-    tears down workers still running (SIGTERM to each worker's tree, SIGKILL after the grace
-    period) without raising for them. Keep it referenced until then: a context dropped
-    unjoined leaves its workers running until this process exits (they die with it).
-    The thread that called ``spawn`` must outlive the workers: the kernel's parent-death signal
-    (SIGKILL) fires when the thread that created a worker exits.
+
+def _raised_as(cls: type[ProcessException]) -> type[ProcessException]:
+    """``cls``, joined with torch's class of the same name when ``torch.multiprocessing`` is
+    loaded (never imported here): real subclassing, which is what ``except`` checks."""
+    peer = getattr(sys.modules.get("torch.multiprocessing.spawn"), cls.__name__, None)
+    if not (isinstance(peer, type) and issubclass(peer, Exception)):
+        return cls
+    joined = _JOINED.get(cls)
+    if joined is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        joined = _JOINED[cls] = type(cls.__name__, (cls, peer), namespace)
+    return joined
+
+
+def _numarun_class(cls: type) -> type:
+    return next(base for base in cls.__mro__ if base.__module__ == __name__)
+
+
+def _rebuild_exception(name: str, args: tuple[Any, ...]) -> ProcessException:
+    return _raised_as(_EXCEPTIONS[name])(*args)
+
+
+# --- the context ---------------------------------------------------------------------------------
+
+
+class ProcessContext:
+    """Running workers, returned by ``start_processes(..., join=False)``, as torch's.
+
+    ``processes``: one :class:`multiprocessing.process.BaseProcess` per local rank (``pid``,
+    ``name``, ``sentinel``, ``exitcode``, ``is_alive()``, ``join(timeout)``, ``terminate()``,
+    ``kill()``, ``daemon``); ``sentinels``: ``{sentinel: local rank}`` of the workers
+    :meth:`join` has not seen end; ``error_files``: ``None`` per rank (tracebacks come through
+    a pipe, not files). Call :meth:`join` until it returns True, or use the context as a
+    context manager: leaving the ``with`` block tears down workers still running (SIGTERM to
+    each worker's tree, SIGKILL after the grace period) without raising for them.
+
+    A context that is never joined: at interpreter exit multiprocessing's exit handler waits
+    for non-daemon workers and terminates daemon ones; if this process dies, its workers die
+    with it (parent-death signal). The thread that called ``start_processes`` must outlive the
+    workers: the kernel's parent-death signal (SIGKILL) fires when the thread that created a
+    worker exits.
     """
 
-    def __init__(self, supervisor: Supervisor, nprocs: int) -> None:
-        self._supervisor = supervisor
-        self._nprocs = nprocs
+    def __init__(
+        self, run: WorkerRun, processes: list[_worker.WorkerProcess], grace_period: float
+    ) -> None:
+        self.processes = processes
+        self.error_files: list[str | None] = [None] * len(processes)
+        self.sentinels = {process.sentinel: rank for rank, process in enumerate(processes)}
+        self._run = run
+        self._grace_period = grace_period
         self._values: list[Any] | None = None
         self._error: BaseException | None = None
         self._finished = False
 
     def pids(self) -> list[int]:
         """The workers' pids, by local rank."""
-        return self._supervisor.pids()
+        return [int(process.pid) for process in self.processes]
 
     @property
     def return_values(self) -> list[Any] | None:
@@ -141,9 +198,12 @@ class SpawnContext:
 
         Returns True when every worker finished successfully (then :attr:`return_values` is
         set; later calls return True at once), False when the timeout passed first (workers keep
-        running). On the first failure the others are torn down (SIGTERM, then SIGKILL after
-        ``grace_period``, default: the one given to ``spawn``) and :class:`ProcessRaisedException`
-        or :class:`ProcessExitedException` is raised; later calls raise it again. A SIGINT
+        running). On the first failure, as torch: with ``grace_period`` the other workers get
+        that long to end on their own, then SIGTERM (with a ``Terminating process N via signal
+        SIGTERM`` warning logged for each, as torch logs), then ``grace_period`` (default: the
+        one given to ``spawn``) before SIGKILL; numarun sends these to each worker's whole
+        process tree. Then :class:`ProcessRaisedException` or
+        :class:`ProcessExitedException` is raised; later calls raise it again. A SIGINT
         received while waiting tears the workers down and raises :class:`KeyboardInterrupt`;
         SIGTERM or SIGHUP tear down, then are re-delivered to this process with its previous
         disposition, and if that returns, :class:`SystemExit` with ``128 + signal`` is raised.
@@ -154,20 +214,33 @@ class SpawnContext:
             return True
         if grace_period is not None:
             _check_grace_period(grace_period)
-            self._supervisor.grace_period = grace_period
+        self._run.failure_grace = grace_period
+        supervisor = self._run.supervisor
+        assert supervisor is not None
+        supervisor.grace_period = float(
+            self._grace_period if grace_period is None else grace_period
+        )
+        self._run.joining = True
         try:
-            result = self._supervisor.wait(timeout)
+            result = self._run.join(timeout)
         except BaseException:
             self._finish_after_error()
             raise
+        finally:
+            self._run.joining = False
+        for rank in range(len(self.processes)):
+            if self._run.has_ended(rank):
+                self.sentinels.pop(self.processes[rank].sentinel, None)
         if result is None:
             return False
         self._finished = True
         try:
-            self._values = _return_values(result, self._nprocs)
+            self._values = _outcome(result, self._run)
         except ProcessException as exc:
             self._error = exc
             raise
+        finally:
+            self._finish()
         return True
 
     def stop(self, grace_period: float | None = None) -> None:
@@ -178,17 +251,45 @@ class SpawnContext:
         """
         if not self._finished:
             self._finished = True
-            self._supervisor.stop(grace_period)
+            supervisor = self._run.supervisor
+            assert supervisor is not None
+            self._run.result = supervisor.stop(grace_period)
+            self._finish()
 
     def _finish_after_error(self) -> None:
         self._finished = True
-        self._supervisor.stop()
+        supervisor = self._run.supervisor
+        assert supervisor is not None
+        self._run.result = supervisor.stop()
+        self._finish()
 
-    def __enter__(self) -> SpawnContext:
+    def _finish(self) -> None:
+        """The run is over: results are decoded or dropped; multiprocessing forgets the
+        workers (each ``sentinel`` stays valid until its process is closed or collected)."""
+        from multiprocessing import process
+
+        for worker in self.processes:
+            process._children.discard(worker)  # type: ignore[attr-defined]
+        for reader in self._run.readers:
+            reader.close()
+        self.sentinels.clear()
+
+    def _release(self) -> None:
+        """Close everything, sentinels too (the context was never handed out)."""
+        self._finish()
+        for worker in self.processes:
+            if worker._popen is not None:  # type: ignore[attr-defined]
+                worker._popen.close()  # type: ignore[attr-defined]
+        self._run.close()
+
+    def __enter__(self) -> ProcessContext:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
+
+
+SpawnContext = ProcessContext  # torch's old name; numarun's name before ProcessContext
 
 
 def spawn(
@@ -197,7 +298,7 @@ def spawn(
     nprocs: int = 1,
     join: bool = True,
     daemon: bool = False,
-    start_method: str = "spawn",
+    start_method: str | None = "spawn",
     *,
     binding: str | Plan | Sequence[Sequence[int] | str] | None = None,
     mem_binding: str | None = None,
@@ -206,20 +307,27 @@ def spawn(
     binding_fallback: bool = False,
     master_addr: str | None = None,
     master_port: int | None = None,
-) -> list[Any] | SpawnContext:
+) -> list[Any] | ProcessContext:
     """Run ``fn(local_rank, *args)`` in ``nprocs`` workers; by default wait and return their values.
 
     Args:
         fn: called as ``fn(local_rank, *args)`` in each worker. Under ``"spawn"`` and
             ``"forkserver"`` it and ``args`` must pickle (a module-level function); under
-            ``"fork"`` anything callable works.
+            ``"fork"`` anything callable works. ``args`` may hold what multiprocessing passes to
+            a process it starts: queues, pipes, locks, events, ``Manager`` proxies, shared
+            ``Value``/``Array``, sockets, CPU tensors (shared memory: changes in place are seen
+            by the caller).
         nprocs: number of workers (>= 1); local rank ``i`` is also ``RANK`` ``i``.
-        join: True: wait, return ``[fn's value for rank 0, ...]``. False: return a
-            :class:`SpawnContext` at once.
-        daemon: accepted for compatibility with ``torch.multiprocessing``; it changes nothing,
-            because workers never outlive numarun: they are torn down when a worker fails, when
-            this process is signalled while joining, and (parent-death signal) when it dies.
-        start_method: ``"spawn"``, ``"fork"`` or ``"forkserver"``.
+        join: True: wait, return ``[fn's value for rank 0, ...]`` (pickled as arguments are,
+            so a returned tensor comes back in shared memory). False: return a
+            :class:`ProcessContext` at once; the workers are already running.
+        daemon: the workers' daemon flag, as multiprocessing's: daemon workers cannot start
+            multiprocessing children and are terminated when this process exits; non-daemon
+            workers are waited for at exit. Either way workers never outlive a process that is
+            killed (parent-death signal), and are torn down when a worker fails or this process
+            is signalled while joining.
+        start_method: ``"spawn"``, ``"fork"``, ``"forkserver"``, or None for the platform's
+            default, as torch.
         binding: None (inherit this process's CPUs), a planner mode (``"node"``, ``"socket"``,
             ``"exclusive"``, ``"core-complex"``, ``"cpu"``), a ready :class:`numarun.plan.Plan`
             with one rank per worker, or one CPU set per rank (``[[0, 1], [2, 3]]`` or
@@ -243,8 +351,10 @@ def spawn(
     physical cores, or for unbound workers this process's physical cores divided by ``nprocs``
     (at least 1). torchrun forces 1 instead.
 
-    Raises, before any worker starts: :class:`numarun.errors.UsageError` (bad argument,
-    unpicklable ``fn``/``args``, a call made while a spawned worker imports the main module),
+    Raises, before any worker starts: :class:`numarun.errors.InvalidArgument` (a
+    :class:`ValueError` and :class:`~numarun.errors.UsageError`: bad argument, unpicklable
+    ``fn``/``args``, a call made while a spawned worker imports the main module),
+    :class:`numarun.errors.UsageError` (unknown binding mode, from the planner),
     :class:`numarun.errors.PlanError` (binding impossible here),
     :class:`numarun.errors.BindingError` (CPUs or memory policy not allowed here).
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
@@ -262,6 +372,7 @@ def spawn(
         fn,
         args,
         nprocs,
+        daemon,
         start_method,
         binding=binding,
         mem_binding=mem_binding,
@@ -271,13 +382,15 @@ def spawn(
         master_addr=master_addr,
         master_port=master_port,
     )
-    del daemon
     if not join:
         return context
-    with context:
-        while not context.join():
-            pass
-    values = context.return_values
+    try:
+        with context:
+            while not context.join():
+                pass
+        values = context.return_values
+    finally:
+        context._release()
     assert values is not None
     return values
 
@@ -292,7 +405,8 @@ def _start(
     fn: Callable[..., Any],
     args: Sequence[Any],
     nprocs: int,
-    start_method: str,
+    daemon: bool,
+    start_method: str | None,
     *,
     binding: object,
     mem_binding: str | None,
@@ -301,37 +415,54 @@ def _start(
     binding_fallback: bool,
     master_addr: str | None,
     master_port: int | None,
-) -> SpawnContext:
-    """Check everything, plan, build the worker specs and start them; nothing starts on error."""
-    _check_arguments(fn, args, nprocs, start_method, grace_period, env)
-    args = tuple(args)
-    blob = _pickle_call(fn, args, start_method) if start_method != "fork" else None
-    prep = _preparation_data(blob, start_method)
+) -> ProcessContext:
+    """Check everything, plan, build the workers and start them; nothing starts on error."""
+    method = _check_arguments(fn, args, nprocs, start_method, grace_period, env)
     base_env = dict(os.environ)
     base_env.update(env or {})
     placement = _resolve_binding(binding, mem_binding, nprocs, binding_fallback, base_env)
     worker_envs = _worker_envs(base_env, nprocs, placement, master_addr, master_port)
-    specs = [
-        _worker_spec(i, fn, args, start_method, worker_envs[i], blob, prep, placement)
-        for i in range(nprocs)
+    workers = [
+        _worker.WorkerProcess(fn, rank, tuple(args), method, bool(daemon)) for rank in range(nprocs)
     ]
+    # Importing multiprocessing.util registers multiprocessing's exit handler, which waits for
+    # non-daemon workers and terminates daemon ones when this interpreter exits.
+    from multiprocessing import process, util  # noqa: F401
+
+    from numarun.spawn_workers import WorkerRun
     from numarun.stackdumps import for_spawn
     from numarun.supervisor import Supervisor
 
-    specs, stacks = for_spawn(specs, fn)  # `numarun stacks` reaches fn under every start method
-    supervisor = Supervisor(
-        specs, grace_period=grace_period, on_exit=stacks.on_exit if stacks else None
-    )
+    run = WorkerRun(nprocs, method)
+    stacks = None
     try:
+        specs = _worker_specs(workers, method, worker_envs, placement, run)
+        specs, stacks = for_spawn(specs, fn)  # `numarun stacks` reaches fn under every method
+
+        def on_exit(ended: WorkerExit) -> None:
+            run.on_exit(ended)
+            if stacks is not None:
+                stacks.on_exit(ended)
+
+        supervisor = Supervisor(
+            specs, grace_period=grace_period, on_exit=on_exit, on_failure=run.on_failure
+        )
+        run.watch(supervisor)
         if stacks is not None:
             stacks.attach(supervisor)
             stacks.listen()
         supervisor.start()
     except BaseException:
+        run.close()
         if stacks is not None:
             stacks.close()
         raise
-    return SpawnContext(supervisor, nprocs)
+    for worker, popen in zip(workers, run.attach(supervisor.pids()), strict=True):
+        # What BaseProcess.start() does once its Popen runs.
+        worker._popen = popen  # type: ignore[attr-defined]
+        worker._sentinel = popen.sentinel  # type: ignore[attr-defined]
+        process._children.add(worker)  # type: ignore[attr-defined]
+    return ProcessContext(run, workers, grace_period)
 
 
 def _check_arguments(
@@ -341,29 +472,38 @@ def _check_arguments(
     start_method: object,
     grace_period: object,
     env: object,
-) -> None:
+) -> str:
+    """Raise InvalidArgument for a bad argument; returns the start method to use."""
     worker = sys.modules.get("numarun._worker")
     if worker is not None and getattr(worker, "importing_main", False):
-        raise UsageError(
+        raise InvalidArgument(
             "numarun.spawn was called while a worker imported the main module; "
             'put the call under if __name__ == "__main__":'
         )
     if not callable(fn):
-        raise UsageError(f"fn must be callable, got {type(fn).__name__}")
+        raise InvalidArgument(f"fn must be callable, got {type(fn).__name__}")
     if not isinstance(args, (tuple, list)):
-        raise UsageError(f"args must be a tuple of arguments for fn, got {type(args).__name__}")
+        raise InvalidArgument(
+            f"args must be a tuple of arguments for fn, got {type(args).__name__}"
+        )
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise UsageError(f"nprocs must be an integer >= 1, got {nprocs!r}")
+        raise InvalidArgument(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    if start_method is None:
+        import multiprocessing
+
+        start_method = multiprocessing.get_start_method()
     if start_method not in START_METHODS:
-        raise UsageError(
-            f"unknown start_method {start_method!r}; choose one of {', '.join(START_METHODS)}"
+        raise InvalidArgument(
+            f"unknown start_method {start_method!r}; choose one of {', '.join(START_METHODS)} "
+            "(or None for the platform's default)"
         )
     _check_grace_period(grace_period)
     if env is not None and (
         not isinstance(env, Mapping)
         or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items())
     ):
-        raise UsageError("env must be a mapping of str to str")
+        raise InvalidArgument("env must be a mapping of str to str")
+    return str(start_method)
 
 
 def _check_grace_period(grace_period: object) -> None:
@@ -372,40 +512,9 @@ def _check_grace_period(grace_period: object) -> None:
         or not isinstance(grace_period, (int, float))
         or not grace_period >= 0
     ):
-        raise UsageError(f"grace_period must be a number of seconds >= 0, got {grace_period!r}")
-
-
-def _pickle_call(fn: Callable[..., Any], args: tuple[Any, ...], start_method: str) -> bytes:
-    try:
-        return pickle.dumps((fn, args), protocol=pickle.HIGHEST_PROTOCOL)
-    except Exception as exc:
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise UsageError(
-            f"fn or args cannot be pickled for start_method={start_method!r}: {reason}; "
-            "define fn at module level or use start_method='fork'"
-        ) from None
-
-
-def _preparation_data(blob: bytes | None, start_method: str) -> dict[str, Any] | None:
-    """multiprocessing's preparation data when the pickle refers to ``__main__``, else None.
-
-    Only the spawn method needs it (the fork server prepares its children itself). Checking the
-    bytes for the module name may give a false positive, which only costs the worker an import.
-    """
-    if blob is None or start_method != "spawn" or b"__main__" not in blob:
-        return None
-    import multiprocessing.spawn
-
-    prep = multiprocessing.spawn.get_preparation_data("numarun-worker")
-    if "init_main_from_path" not in prep and "init_main_from_name" not in prep:
-        raise UsageError(
-            "fn or args come from an interactive __main__ that a spawned worker cannot import; "
-            "move fn into a module or use start_method='fork'"
+        raise InvalidArgument(
+            f"grace_period must be a number of seconds >= 0, got {grace_period!r}"
         )
-    if "authkey" in prep:
-        # multiprocessing refuses to pickle its AuthenticationString outside its own spawning.
-        prep["authkey"] = bytes(prep["authkey"])
-    return prep
 
 
 @dataclass(frozen=True)
@@ -470,7 +579,7 @@ def _unbound_placement(
     if mem_binding in (None, "none"):
         return _Placement([None] * nprocs, [None] * nprocs, None, env)
     if mem_binding != "local":
-        raise UsageError(
+        raise InvalidArgument(
             f"mem_binding={mem_binding!r} needs memory nodes from a CPU binding; "
             "pass binding='node' (or another mode), or use mem_binding='local'"
         )
@@ -488,7 +597,7 @@ def _make_plan(
 
     if isinstance(binding, Plan):
         if len(binding.ranks) != nprocs:
-            raise UsageError(
+            raise InvalidArgument(
                 f"the plan has {len(binding.ranks)} ranks but nprocs is {nprocs}; "
                 "make the plan for the same number of workers"
             )
@@ -506,12 +615,12 @@ def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
     from numarun.cpulist import parse_cpulist
 
     if not isinstance(binding, Sequence) or isinstance(binding, (bytes, bytearray)):
-        raise UsageError(
+        raise InvalidArgument(
             "binding must be a mode name, a Plan or one CPU list per rank "
             f"(e.g. [[0], [1]]), got {type(binding).__name__}"
         )
     if len(binding) != nprocs:
-        raise UsageError(
+        raise InvalidArgument(
             f"binding lists CPUs for {len(binding)} ranks but nprocs is {nprocs}; "
             "give one CPU list per rank"
         )
@@ -524,7 +633,7 @@ def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
         ):
             rank_cpus.append(tuple(sorted(set(item))))
         else:
-            raise UsageError(
+            raise InvalidArgument(
                 f"invalid CPU list {item!r} in binding; use a list of CPU numbers or a "
                 "string like '0-3,8'"
             )
@@ -573,48 +682,123 @@ def _worker_envs(
 # --- worker specs --------------------------------------------------------------------------------
 
 
-def _worker_spec(
-    local_rank: int,
-    fn: Callable[..., Any],
-    args: tuple[Any, ...],
-    start_method: str,
-    worker_env: dict[str, str],
-    blob: bytes | None,
-    prep: dict[str, Any] | None,
+def _worker_specs(
+    workers: list[_worker.WorkerProcess],
+    method: str,
+    worker_envs: list[dict[str, str]],
     placement: _Placement,
-) -> Any:
+    run: WorkerRun,
+) -> list[WorkerSpec]:
+    """One WorkerSpec per worker; under spawn/forkserver the worker is pickled here, so an
+    argument that cannot go to another process raises before anything starts."""
     from numarun.supervisor import WorkerSpec
 
-    common: dict[str, Any] = {
-        "local_rank": local_rank,
-        "rank": local_rank,
-        "env": worker_env,
-        "want_result": True,
-        "cpus": placement.cpus[local_rank],
-        "mem": placement.mems[local_rank],
-    }
-    if start_method == "fork":
-        target = functools.partial(_worker.run_fork_call, fn, args, local_rank)
-        return WorkerSpec(start="fork", fork_target=target, **common)
-    assert blob is not None
-    header = {
-        "local_rank": local_rank,
-        "sys_path": list(sys.path),
-        "prep": prep,
-    }
-    payload = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL) + blob
-    if start_method == "forkserver":
-        return WorkerSpec(
-            start="forkserver", fork_target=_worker.run_forked, payload=payload, **common
+    argv: list[str] = []
+    tracker: tuple[int, ...] = ()
+    if method == "spawn":
+        argv = _exec_argv()
+        # As multiprocessing's spawn: children share this process's resource tracker.
+        from multiprocessing import resource_tracker
+
+        tracker = (resource_tracker.getfd(),)
+    specs = []
+    for rank, worker in enumerate(workers):
+        result_fd = run.readers[rank].child_fd
+        common: dict[str, Any] = {
+            "local_rank": rank,
+            "rank": rank,
+            "env": worker_envs[rank],
+            "cpus": placement.cpus[rank],
+            "mem": placement.mems[rank],
+        }
+        if method == "fork":
+            target = functools.partial(_worker.run_fork, worker)
+            specs.append(
+                WorkerSpec(start="fork", fork_target=target, pass_fds=(result_fd,), **common)
+            )
+            continue
+        prep = _preparation_data(worker.name) if method == "spawn" else None
+        body, fds = _pickle_worker(worker, prep, method)
+        passed = [result_fd, *fds]
+        if method == "forkserver":
+            specs.append(
+                WorkerSpec(
+                    start="forkserver",
+                    fork_target=_worker.run_forkserver,
+                    payload=body,
+                    pass_fds=tuple(passed),
+                    **common,
+                )
+            )
+            continue
+        header = {"fds": passed, "tracker_fd": tracker[0] if tracker else None}
+        payload = pickle.dumps(header, protocol=pickle.HIGHEST_PROTOCOL) + body
+        specs.append(
+            WorkerSpec(
+                start="exec", argv=argv, payload=payload, pass_fds=(*passed, *tracker), **common
+            )
         )
-    argv = [sys.executable, "-c", WORKER_CODE]
-    return WorkerSpec(start="exec", argv=argv, payload=payload, **common)
+    return specs
+
+
+def _exec_argv() -> list[str]:
+    """What a spawned worker execs: multiprocessing's interpreter (``set_executable``) with
+    this one's flags (``-O``, ``-X``, ``-W``, ``-S``, ...), as multiprocessing's spawn runs it.
+    numarun's own directory is on ``sys.path`` only while ``numarun`` itself is imported (its
+    submodules are found through the package), so the numarun this process imported is the one
+    that runs, however it was found, and nothing else is shadowed."""
+    import subprocess
+    from multiprocessing import spawn as mp_spawn
+
+    import numarun
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(numarun.__file__)))
+    code = (
+        f"import sys; sys.path.insert(0, {root!r}); import numarun; sys.path.remove({root!r}); "
+        "from numarun._worker import main; main()"
+    )
+    executable = os.fsdecode(mp_spawn.get_executable())
+    flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
+    return [executable, *flags, "-c", code]
+
+
+def _preparation_data(name: str) -> dict[str, Any]:
+    """multiprocessing's preparation data for a spawned child named ``name``."""
+    from multiprocessing import spawn as mp_spawn
+
+    return mp_spawn.get_preparation_data(name)  # type: ignore[no-any-return]
+
+
+def _pickle_worker(
+    worker: _worker.WorkerProcess, prep: dict[str, Any] | None, method: str
+) -> tuple[memoryview, list[int]]:
+    """The payload after its header: ``prep`` (spawn only) and the worker, and their fds."""
+    objects = (worker,) if prep is None else (prep, worker)
+    try:
+        body, fds = _worker.dumps(*objects)
+    except Exception as exc:
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise InvalidArgument(
+            f"fn or args cannot be pickled for start_method={method!r}: {reason}; "
+            "define fn at module level or use start_method='fork'"
+        ) from None
+    if (
+        prep is not None
+        and "init_main_from_path" not in prep
+        and "init_main_from_name" not in prep
+        and b"__main__" in body
+    ):
+        raise InvalidArgument(
+            "fn or args come from an interactive __main__ that a spawned worker cannot import; "
+            "move fn into a module or use start_method='fork'"
+        )
+    return body, fds
 
 
 # --- results -------------------------------------------------------------------------------------
 
 
-def _return_values(result: RunResult, nprocs: int) -> list[Any]:
+def _outcome(result: RunResult, run: WorkerRun) -> list[Any]:
     """The workers' return values, or raise what the run's outcome calls for.
 
     Workers that survived SIGKILL (uninterruptible sleep) cannot be waited for; each gets a
@@ -631,63 +815,56 @@ def _return_values(result: RunResult, nprocs: int) -> list[Any]:
     if result.first_failure is not None or failed:
         first = result.first_failure or min(failed, key=_death_time)
         others = sorted((w for w in failed if w.local_rank != first.local_rank), key=_death_time)
-        error = _failure(first)
-        error.failures = [_failure(w) for w in others]
+        error = _failure(first, run)
+        error.failures = [_failure(w, run) for w in others]
         raise error
     by_rank = sorted(result.workers, key=lambda w: w.local_rank)
-    if len(by_rank) != nprocs:
-        raise RuntimeError(f"numarun: expected {nprocs} worker results, got {len(by_rank)}")
-    return [_value_of(w) for w in by_rank]
+    if len(by_rank) != run.nprocs:
+        raise RuntimeError(f"numarun: expected {run.nprocs} worker results, got {len(by_rank)}")
+    return [_value_of(worker, run) for worker in by_rank]
 
 
 def _death_time(worker: WorkerExit) -> float:
     return worker.ended_at if worker.ended_at is not None else float("inf")
 
 
-def _value_of(worker: WorkerExit) -> Any:
-    """``fn``'s return value; None when the worker wrote none (it left by ``SystemExit(0)``)."""
-    if not worker.result:
-        return None
+def _value_of(worker: WorkerExit, run: WorkerRun) -> Any:
+    """``fn``'s return value; None when the worker sent none (it left by ``SystemExit(0)``).
+    Each result is unpickled from the one buffer it was read into, then dropped."""
     try:
-        outcome, value = pickle.loads(worker.result)
+        outcome = run.readers[worker.local_rank].outcome()
     except Exception as exc:
-        raise ProcessRaisedException(
+        raise _raised_as(ProcessRaisedException)(
             f"\n\n-- Process {worker.local_rank} returned a value that cannot be unpickled "
             f"here: {exc!r}\n",
             worker.local_rank,
             worker.pid,
         ) from exc
-    return value if outcome == "ok" else None
+    if outcome is None or outcome[0] != "ok":
+        return None
+    return outcome[1]
 
 
-def _failure(worker: WorkerExit) -> ProcessException:
+def _failure(worker: WorkerExit, run: WorkerRun) -> ProcessException:
     """The exception describing one failed worker, in torch.multiprocessing's words."""
     from numarun.supervisor import signal_name
 
     index = worker.local_rank
-    traceback_text = _raised_traceback(worker.result)
-    if traceback_text is not None:
-        message = f"\n\n-- Process {index} terminated with the following error:\n{traceback_text}"
-        return ProcessRaisedException(message, index, worker.pid)
+    try:
+        outcome = run.readers[index].outcome()
+    except Exception:
+        outcome = None
+    if outcome is not None and outcome[0] == "raised":
+        message = f"\n\n-- Process {index} terminated with the following error:\n{outcome[1]}"
+        return _raised_as(ProcessRaisedException)(message, index, worker.pid)
     code = worker.exit_code if worker.exit_code is not None else -signal.SIGKILL
+    exited = _raised_as(ProcessExitedException)
     if code < 0:
         name = worker.signal_name or signal_name(code)
-        return ProcessExitedException(
+        return exited(
             f"process {index} terminated with signal {name}", index, worker.pid, code, name
         )
-    return ProcessExitedException(
-        f"process {index} terminated with exit code {code}", index, worker.pid, code
-    )
-
-
-def _raised_traceback(result: bytes) -> str | None:
-    if not result:
-        return None
-    try:
-        outcome, text = pickle.loads(result)
-    except Exception:
-        return None
-    return text if outcome == "raised" else None
+    return exited(f"process {index} terminated with exit code {code}", index, worker.pid, code)
 
 
 def _raise_for_signal(signum: int) -> None:

@@ -24,7 +24,12 @@ hold, which forked children close.
 
 Workers run with ``NUMARUN_RUN_ID=<run id>`` added to their environment. ``payload`` is written
 by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/forkserver:
-``payload_fd``, -1 when there is no payload), then closed so the child sees end of file.
+``payload_fd``, -1 when there is no payload), then closed so the child sees end of file; it is
+written during :meth:`Supervisor.start`, to all workers at once, so workers run as soon as
+``start`` returns, joined or not (what a child has not read within a minute is left to the
+loop). ``pass_fds``: fds of the caller's that the worker gets too (exec: open at the same
+numbers; fork: kept open; forkserver: handed over by the forkserver), listed for the child in
+:data:`numarun.children.passed_fds` (fork/forkserver); the caller keeps and closes its own.
 ``want_result`` gives the child a pipe (exec: ``NUMARUN_RESULT_FD``; fork/forkserver:
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 
@@ -153,6 +158,7 @@ class WorkerSpec:
     stdout: OutputSink | None = None
     stderr: OutputSink | None = None
     cwd: str | None = None
+    pass_fds: Sequence[int] = ()
 
 
 @dataclass(frozen=True)
@@ -307,6 +313,8 @@ def _validate_spec(spec: WorkerSpec) -> str:
         raise UsageError(f"{who}: start={spec.start!r} needs a callable fork_target")
     if spec.payload is not None and not isinstance(spec.payload, (bytes, bytearray, memoryview)):
         raise UsageError(f"{who}: payload must be bytes, not {type(spec.payload).__name__}")
+    if not all(isinstance(fd, int) and fd >= 0 for fd in spec.pass_fds):
+        raise UsageError(f"{who}: pass_fds must be fd numbers >= 0, got {spec.pass_fds!r}")
     if spec.cwd is not None and not os.path.isdir(spec.cwd):
         raise UsageError(f"{who}: working directory {spec.cwd!r} does not exist")
     if spec.cpus is not None:
@@ -468,6 +476,7 @@ class Supervisor:
                 for spec in self._specs:
                     self._workers.append(self._start_worker(spec))
                 self._await_exec()
+                self._deliver_payloads()
                 if self._want_watchdog:
                     # Started last so that workers start sooner; until it runs, the workers'
                     # own parent-death signal covers a supervisor that dies (no grandchildren).
@@ -500,7 +509,8 @@ class Supervisor:
         return [worker.pid for worker in self._workers]
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
-        """Run the loop until the run ends; None if ``timeout`` seconds passed first.
+        """Run the loop until the run ends; None if ``timeout`` seconds passed first
+        (``wait(0)`` handles what is ready without waiting).
 
         The run ends when every worker succeeded (leftover owned processes are then torn down
         too), or after the teardown that follows the first failure, a teardown signal or
@@ -707,7 +717,7 @@ class Supervisor:
                     spec,
                     program,
                     env,
-                    [fd for fd in pass_fds if fd not in streams.values()],
+                    [*(fd for fd in pass_fds if fd not in streams.values()), *spec.pass_fds],
                     streams.get("stdout"),
                     streams.get("stderr"),
                 )
@@ -746,6 +756,22 @@ class Supervisor:
                 if fd in reports:
                     raise _child_error(worker.spec, reports[fd].decode(errors="replace"))
 
+    def _deliver_payloads(self) -> None:
+        """Write every payload now, to all children at once, so that workers run whether or not
+        anyone waits; what a child has not read within ``_EXEC_LIMIT`` stays with the loop.
+        What the workers send meanwhile (results, output, the caller's readers) is read as the
+        loop reads it, so a worker that answers while it reads cannot stall us; exits and
+        signals wait for the loop."""
+        assert self._selector is not None
+        deadline = time.monotonic() + _EXEC_LIMIT
+        while any(w.payload_fd is not None for w in self._workers):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            for key, mask in self._selector.select(left):
+                if key.data[0] in ("payload", "result", "output", "reader"):
+                    self._dispatch(key, mask)
+
     def _fork_worker(
         self,
         worker: _Worker,
@@ -754,8 +780,9 @@ class Supervisor:
         result_fd: int,
         streams: dict[str, int],
     ) -> None:
+        spec = worker.spec
         parent_pid = os.getpid()
-        keep = {fd for fd in (payload_fd, result_fd, *streams.values()) if fd >= 0}
+        keep = {fd for fd in (payload_fd, result_fd, *streams.values(), *spec.pass_fds) if fd >= 0}
         pid = children.fork()
         if pid == 0:
             children.fork_child(
@@ -806,6 +833,7 @@ class Supervisor:
                 inherited(result_fd),
                 inherited(streams.get("stdout")),
                 inherited(streams.get("stderr")),
+                tuple(children.InheritedFd(fd) for fd in spec.pass_fds),
             ),
             name=f"numarun-rank{spec.local_rank}",
         )
@@ -818,6 +846,9 @@ class Supervisor:
                 f"local rank {spec.local_rank}: start='forkserver' needs a picklable "
                 f"module-level fork_target ({exc})"
             ) from exc
+        # The supervisor waits for it and closes it: multiprocessing's exit handler must not
+        # join it too (it would find it closed).
+        _forget_child(process)
         worker.process = process
         worker.pid = process.pid
 
@@ -851,17 +882,20 @@ class Supervisor:
     # --- the loop ------------------------------------------------------------------------------
 
     def _loop(self, deadline: float | None) -> bool:
-        """Dispatch events and advance phases until done (True) or ``deadline`` (False)."""
+        """Dispatch events and advance phases until done (True) or ``deadline`` (False).
+        Events already waiting are dispatched even when ``deadline`` has passed (``wait(0)``)."""
         assert self._selector is not None
         if self._fallback:
             self._poll_workers()  # deaths before our SIGCHLD handler existed
+        passes = 0
         while True:
             self._advance()
             if self._phase == _DONE:
                 return True
             now = time.monotonic()
-            if deadline is not None and now >= deadline:
+            if deadline is not None and now >= deadline and passes:
                 return False
+            passes += 1
             timeouts = [
                 t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
             ]
@@ -1386,6 +1420,11 @@ def _forget_process(worker: _Worker) -> None:
     if worker.exited:
         process.close()
         return
+    _forget_child(process)
+
+
+def _forget_child(process: Any) -> None:
+    """Drop ``process`` from multiprocessing's list of children, which its exit handler joins."""
     try:
         from multiprocessing import process as mp_process
 

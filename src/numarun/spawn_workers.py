@@ -1,0 +1,401 @@
+"""The caller's side of the workers of one ``numarun.start_processes`` call.
+
+:class:`WorkerRun` holds what the supervisor does not: each worker's result socket
+(:class:`ResultReader`: read from the supervisor's loop through ``Supervisor.add_reader``, and
+while the caller waits on one worker, here), one sentinel per worker (a pidfd: readable once the
+worker has ended, what ``multiprocessing.connection.wait`` users wait on), the exits the
+supervisor reported (``on_exit``), and the grace period of ``ProcessContext.join(grace_period=G)``
+that ``on_failure`` waits out before the supervisor tears the other workers down (torch's
+meaning: G for the others to end on their own, then SIGTERM, then G before SIGKILL).
+
+:class:`WorkerPopen` is what each worker's :class:`multiprocessing.process.BaseProcess` holds as
+``_popen`` once started, so that ``pid``, ``sentinel``, ``exitcode``, ``is_alive()``,
+``join(timeout)``, ``terminate()``, ``kill()`` and ``close()`` work as for a process that
+multiprocessing started, and so does multiprocessing's exit handler (at interpreter exit it
+terminates daemon children and joins the others). Side effects: ``exitcode`` and ``is_alive()``
+of a ``spawn``/``fork`` worker only look (``waitid(WNOWAIT)``); of a ``forkserver`` worker that
+has ended (not our child: its status comes from the fork server), they let the supervisor
+observe the end, which starts the teardown when it is a failure. ``join`` of one worker waits
+for that worker alone (reading results meanwhile). The first of these calls that finds every
+worker ended lets the supervisor finish the run (reaping, leftover descendants, its fds).
+"""
+
+from __future__ import annotations
+
+import array
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import time
+import weakref
+from typing import TYPE_CHECKING, Any
+
+from numarun import _worker, children
+
+if TYPE_CHECKING:
+    from numarun.supervisor import RunResult, Supervisor, WorkerExit
+
+log = logging.getLogger(__name__)
+
+_READ_SIZE = 1 << 20
+_SOCKET_BUFFER = 1 << 20  # fewer wake-ups per megabyte of result (the kernel may cap it)
+_ANCILLARY_SIZE = socket.CMSG_SPACE(_worker.MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+_RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
+_NO_PIDFD_TICK = 0.05  # waiting on one worker where pidfds do not work
+
+
+class ResultReader:
+    """The caller's end of one worker's result socket and the frame read from it so far (the
+    frame's format: :mod:`numarun._worker`). The frame's pickle goes straight into a buffer of
+    its final size, so a result is held once until it is unpickled."""
+
+    def __init__(self) -> None:
+        parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        for sock, option in ((parent, socket.SO_RCVBUF), (child, socket.SO_SNDBUF)):
+            children.track(sock.fileno())
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
+        parent.setblocking(False)
+        self._sock: socket.socket | None = parent
+        self._child: socket.socket | None = child
+        self.child_fd = child.fileno()
+        self._head = bytearray()
+        self._prefix: int | None = None  # header and fd-batch bytes before the pickle
+        self._length = 0
+        self._nfds = 0
+        self._body: bytearray | None = None
+        self._filled = 0
+        self._fds: list[int] = []
+        self._truncated = False
+        self._eof = False
+
+    @property
+    def is_open(self) -> bool:
+        return self._sock is not None
+
+    @property
+    def readable(self) -> bool:
+        """Worth waiting on: open and not at end of file."""
+        return self._sock is not None and not self._eof
+
+    def fileno(self) -> int:
+        assert self._sock is not None
+        return self._sock.fileno()
+
+    def read(self) -> bool:
+        """Read what one call brings; False when nothing more is waiting (or end of file)."""
+        sock = self._sock
+        if sock is None or self._eof:
+            return False
+        try:
+            if self._body is None:
+                data, ancillary, flags, _ = sock.recvmsg(_READ_SIZE, _ANCILLARY_SIZE, _RECV_FLAGS)
+                self._keep_fds(ancillary, flags)
+                if data:
+                    self._head += data
+                    self._parse_head()
+                count = len(data)
+            elif self._filled < len(self._body):
+                with memoryview(self._body) as view:
+                    count, ancillary, flags, _ = sock.recvmsg_into(
+                        [view[self._filled :]], _ANCILLARY_SIZE, _RECV_FLAGS
+                    )
+                self._keep_fds(ancillary, flags)
+                self._filled += count
+            else:
+                count = len(sock.recv(_READ_SIZE))  # nothing belongs after the frame
+        except BlockingIOError:
+            return False
+        except OSError:
+            count = 0
+        if count == 0:
+            self._eof = True
+        return count > 0
+
+    def drain(self) -> None:
+        """Read everything waiting now (the worker has ended: all it sent is here)."""
+        while self.read():
+            pass
+
+    def close_child_end(self) -> None:
+        """The worker's end, once the worker has it (or could not start)."""
+        if self._child is not None:
+            children.close_untracked(self._child.fileno())
+            self._child.close()
+            self._child = None
+
+    def close_socket(self) -> None:
+        self.close_child_end()
+        if self._sock is not None:
+            children.close_untracked(self._sock.fileno())
+            self._sock.close()
+            self._sock = None
+
+    def outcome(self) -> tuple[str, Any] | None:
+        """The worker's ``(outcome, value)``, unpickled now (once), or None without a whole
+        frame. The fds that came with it are given to the objects that ask for them; the
+        others are closed. Raises what unpickling raises."""
+        body, fds = self._body, self._fds
+        complete = (
+            body is not None
+            and self._filled == len(body)
+            and not self._truncated
+            and len(fds) == self._nfds
+        )
+        self._body, self._fds = None, []
+        if not complete or body is None:
+            for fd in fds:
+                os.close(fd)
+            return None
+        return _worker.load_with_fds(body, fds, close_untaken=True)  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        """Close the socket and any fds received but not given out."""
+        self.close_socket()
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._body, self._fds = None, []
+
+    def _parse_head(self) -> None:
+        header = _worker.RESULT_HEADER
+        if self._prefix is None and len(self._head) >= header.size:
+            length, self._nfds = header.unpack_from(self._head)
+            batches = -(-self._nfds // _worker.MAX_FDS_PER_MESSAGE)
+            self._prefix = header.size + max(0, batches - 1)
+            self._length = length
+        if self._prefix is not None and len(self._head) >= self._prefix:
+            rest = self._head[self._prefix : self._prefix + self._length]
+            self._body = bytearray(self._length)
+            self._body[: len(rest)] = rest
+            self._filled = len(rest)
+            self._head = bytearray()
+
+    def _keep_fds(self, ancillary: list[tuple[int, int, bytes]], flags: int) -> None:
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(data[: len(data) - len(data) % fds.itemsize])
+                self._fds.extend(fds)
+        if flags & socket.MSG_CTRUNC:
+            self._truncated = True
+
+
+class WorkerRun:
+    """The workers of one call, from the caller's side (module docstring). Created before the
+    supervisor starts them (the readers' child ends go into ``WorkerSpec.pass_fds``);
+    :meth:`attach` once they run."""
+
+    def __init__(self, nprocs: int, start_method: str) -> None:
+        self.nprocs = nprocs
+        self.start_method = start_method
+        self.readers = [ResultReader() for _ in range(nprocs)]
+        self.supervisor: Supervisor | None = None
+        self.pids: list[int] = []
+        self.exit_codes: dict[int, int | None] = {}
+        self.failure_grace: float | None = None
+        self.joining = False  # ProcessContext.join is waiting: warn as torch's join does
+        self.result: RunResult | None = None
+        self._sentinels: dict[int, int] = {}
+        self._observed_exit: dict[int, int] = {}  # rank -> pipe write end (no pidfds)
+
+    def watch(self, supervisor: Supervisor) -> None:
+        """Read the result sockets from ``supervisor``'s loop; call before it starts."""
+        self.supervisor = supervisor
+        for rank, reader in enumerate(self.readers):
+            supervisor.add_reader(reader.fileno(), lambda rank=rank: self._read_result(rank))
+
+    def attach(self, pids: list[int]) -> list[WorkerPopen]:
+        """The workers started with these pids (by local rank): one popen each."""
+        self.pids = list(pids)
+        for reader in self.readers:
+            reader.close_child_end()
+        return [
+            WorkerPopen(self, rank, pid, self._open_sentinel(rank, pid))
+            for rank, pid in enumerate(pids)
+        ]
+
+    # --- the supervisor's callbacks ------------------------------------------------------------
+
+    def _read_result(self, rank: int) -> None:
+        reader = self.readers[rank]
+        reader.read()
+        if not reader.readable and reader.is_open and self.supervisor is not None:
+            # End of file comes a little before the pidfd turns readable (a dying process
+            # closes its fds first): stop watching, or the loop would spin until then.
+            self.supervisor.remove_reader(reader.fileno())
+
+    def on_exit(self, ended: WorkerExit) -> None:
+        rank = ended.local_rank
+        self.exit_codes[rank] = ended.exit_code
+        reader = self.readers[rank]
+        reader.drain()
+        if reader.is_open and self.supervisor is not None:
+            self.supervisor.remove_reader(reader.fileno())
+        reader.close_socket()
+        writer = self._observed_exit.pop(rank, None)
+        if writer is not None:
+            children.close(writer)
+
+    def on_failure(self, failed: WorkerExit) -> None:
+        """torch's grace: let the others end on their own for ``failure_grace`` seconds, then,
+        inside ``ProcessContext.join`` (where torch does it), warn which ones the supervisor is
+        about to terminate."""
+        others = [r for r in range(self.nprocs) if r != failed.local_rank]
+        if self.failure_grace:
+            deadline = time.monotonic() + self.failure_grace
+            while (left := [r for r in others if not self.has_ended(r)]) and (
+                (remaining := deadline - time.monotonic()) > 0
+            ):
+                self._wait_events(left, remaining)
+        for rank in others:
+            if self.joining and not self.has_ended(rank):
+                log.warning("Terminating process %d via signal SIGTERM", self.pids[rank])
+
+    # --- per worker ----------------------------------------------------------------------------
+
+    def has_ended(self, rank: int) -> bool:
+        """True once the worker has ended (observed, or its sentinel is ready); never acts."""
+        if rank in self.exit_codes:
+            return True
+        fd = self._sentinels.get(rank)
+        return fd is not None and _ready(fd)
+
+    def poll(self, rank: int) -> int | None:
+        """The worker's exit code (Popen convention) if it has ended, else None. The first call
+        that finds every worker ended lets the supervisor finish the run (reaping)."""
+        code = self._peek(rank)
+        if (
+            code is not None
+            and self.result is None
+            and all(map(self.has_ended, range(self.nprocs)))
+        ):
+            self.join(None)
+        return code
+
+    def _peek(self, rank: int) -> int | None:
+        if rank in self.exit_codes:
+            return self.exit_codes[rank]
+        fd = self._sentinels.get(rank)
+        has_pidfd = fd is not None and rank not in self._observed_exit
+        if has_pidfd and not _ready(fd):  # type: ignore[arg-type]
+            return None
+        if self.start_method != "forkserver":  # our child: look without reaping
+            options = os.WEXITED | os.WNOHANG | os.WNOWAIT
+            try:
+                info = os.waitid(os.P_PID, self.pids[rank], options)
+            except ChildProcessError:
+                info = None  # already reaped: the supervisor has reported it
+            else:
+                if info is None and not has_pidfd:
+                    return None  # still running
+            if info is not None:
+                if info.si_code == os.CLD_EXITED:
+                    return info.si_status  # type: ignore[no-any-return]
+                return -info.si_status  # type: ignore[no-any-return]
+        self.pump()
+        return self.exit_codes.get(rank)
+
+    def wait_worker(self, rank: int, timeout: float | None) -> int | None:
+        """Wait up to ``timeout`` seconds (None: no limit) for one worker; its exit code, or
+        None on timeout. Results are read meanwhile; nothing is signalled."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            code = self.poll(rank)
+            if code is not None:
+                return code
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return None
+            self._wait_events([rank], remaining)
+
+    def send_signal(self, rank: int, signum: int) -> None:
+        if rank not in self.exit_codes and self.supervisor is not None:
+            self.supervisor.send_signal(signum, [rank])
+
+    # --- the whole run -------------------------------------------------------------------------
+
+    def pump(self) -> None:
+        """One pass of the supervisor's loop, without waiting."""
+        self.join(0)
+
+    def join(self, timeout: float | None) -> RunResult | None:
+        """The supervisor's loop for up to ``timeout`` seconds; the run's result once ended."""
+        if self.result is None and self.supervisor is not None:
+            self.result = self.supervisor.wait(timeout)
+        return self.result
+
+    def release_sentinel(self, rank: int) -> None:
+        children.close(self._sentinels.pop(rank, None))
+        children.close(self._observed_exit.pop(rank, None))
+
+    def close(self) -> None:
+        """Close the sentinels and the readers (after the run)."""
+        for rank in list(self._sentinels):
+            self.release_sentinel(rank)
+        for reader in self.readers:
+            reader.close()
+
+    def _open_sentinel(self, rank: int, pid: int) -> int:
+        """A pidfd; for a worker already gone, a pipe at end of file; where pidfds do not
+        work, a pipe whose write end is closed when the supervisor reports the exit."""
+        try:
+            fd = children.track(os.pidfd_open(pid))
+        except ProcessLookupError:
+            fd, writer = children.parent_pipe(parent_reads=True)
+            children.close(writer)
+        except (OSError, AttributeError):
+            fd, writer = children.parent_pipe(parent_reads=True)
+            self._observed_exit[rank] = writer
+        self._sentinels[rank] = fd
+        return fd
+
+    def _wait_events(self, ranks: list[int], timeout: float | None) -> None:
+        """Wait until one of ``ranks`` may have ended or ``timeout`` passed, reading results."""
+        sentinels = [self._sentinels[r] for r in ranks if r in self._sentinels]
+        if not sentinels or any(r in self._observed_exit for r in ranks):
+            timeout = _NO_PIDFD_TICK if timeout is None else min(timeout, _NO_PIDFD_TICK)
+        readers = [reader for reader in self.readers if reader.readable]
+        ready, _, _ = select.select([*sentinels, *readers], [], [], timeout)
+        for item in ready:
+            if isinstance(item, ResultReader):
+                item.read()
+
+
+class WorkerPopen:
+    """A started worker as multiprocessing's ``Popen`` (what ``BaseProcess`` calls)."""
+
+    def __init__(self, run: WorkerRun, rank: int, pid: int, sentinel: int) -> None:
+        self.method = run.start_method
+        self.pid = pid
+        self.sentinel = sentinel
+        self._run = run
+        self._rank = rank
+        self._release = weakref.finalize(self, run.release_sentinel, rank)
+        self._release.atexit = False  # multiprocessing's exit handler still needs the sentinel
+
+    @property
+    def returncode(self) -> int | None:
+        return self._run.exit_codes.get(self._rank)
+
+    def poll(self, flag: int = os.WNOHANG) -> int | None:
+        return self._run.poll(self._rank) if flag == os.WNOHANG else self.wait()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        return self._run.wait_worker(self._rank, timeout)
+
+    def terminate(self) -> None:
+        self._run.send_signal(self._rank, signal.SIGTERM)
+
+    def kill(self) -> None:
+        self._run.send_signal(self._rank, signal.SIGKILL)
+
+    def close(self) -> None:
+        self._release()
+
+
+def _ready(fd: int) -> bool:
+    return bool(select.select([fd], [], [], 0)[0])
