@@ -153,6 +153,7 @@ class ElasticNode:
         self.config = config
         self.change: Change | None = None
         self.round: Round | None = None
+        self.last_notice: str | None = None  # the last other node's notice seen
         self.poll_interval = config.monitor_interval or DEFAULT_POLL_INTERVAL
         conf = dict(config.rdzv_conf)
         window = int(conf.get("keep_alive_interval", 5)) * int(
@@ -217,14 +218,29 @@ class ElasticNode:
         config = self.config
         previous = self.round
 
-        def join() -> tuple[Any, list[Any]]:
+        def join() -> tuple[Any, Any, list[Any]]:
             from types import SimpleNamespace
 
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
             if previous is not None and previous.group_rank == 0 and previous.use_agent_store:
                 _clear_worker_store(previous)
             info = handler.next_rendezvous()
+            store_info = info.bootstrap_store_info
+            if handler.use_agent_store:
+                # torch's handler publishes the workers' store (MASTER_ADDR, MASTER_PORT in
+                # the round's store) only in the first round it is rank 0 in, and its other
+                # nodes read them only in their first round: a node joining a later round
+                # then waits forever for the keys (torchrun too: the first node of
+                # --nnodes 1:2 never admits the second). Every round, rank 0 publishes them
+                # again and the others read them, with torch's own RendezvousStoreInfo.build.
+                store_info = RendezvousStoreInfo.build(
+                    info.rank,
+                    info.store,
+                    local_addr=store_info.master_addr,
+                    server_port=store_info.master_port,
+                )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             # A method that uses none of the agent's state: torch's own rank assignment
             # (and keys in the store), so torchrun nodes in the same round agree with ours.
@@ -232,10 +248,10 @@ class ElasticNode:
                 None, info.store, info.rank, info.world_size, spec
             )
             info.store.add(_ALIVE_KEY.format(info.rank), 1)  # "a numarun node", at once
-            return info, workers
+            return info, store_info, workers
 
         try:
-            info, workers = run_blocking(join)
+            info, store_info, workers = run_blocking(join)
         except Exception as error:
             name = type(error).__name__
             if name == "RendezvousGracefulExitError":
@@ -244,7 +260,6 @@ class ElasticNode:
                     "(every place was taken); nothing to run"
                 ) from None
             raise RendezvousFailed(self._failure_text(error)) from None
-        store_info = info.bootstrap_store_info
         self._store = info.store
         self.round = Round(
             group_rank=info.rank,
@@ -278,7 +293,7 @@ class ElasticNode:
                 f"{self.config.min_nodes} node(s) joined"
             )
         if name == "RendezvousClosedError":
-            return f"{self.where} is closed: another node ended the job"
+            return f"{self.where} was closed by another node" + _because(self.last_notice)
         if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
             return f"cannot reach the {self.where}: {_first_line(cause)}"
         return f"{self.where}: {name}: {_first_line(cause)}"
@@ -328,7 +343,8 @@ class ElasticNode:
         for rank in range(self.round.group_world_size):
             key = _STOP_KEY.format(rank)
             if rank != self.round.group_rank and self._store.check([key]):
-                return self._store.get(key).decode("utf-8", "replace")
+                self.last_notice = self._store.get(key).decode("utf-8", "replace")
+                return self.last_notice
         return None  # only our own notice
 
     def _silent_neighbour(self) -> int | None:
@@ -358,11 +374,8 @@ class ElasticNode:
 
     def on_worker_failure(self, ended: WorkerExit) -> None:
         """The supervisor's ``on_failure``: tell the other nodes at once."""
-        what = (
-            f"signal {ended.signal_name}"
-            if ended.signal_name
-            else f"exit code {ended.exit_code}"
-        )
+        code = ended.exit_code
+        what = f"signal {ended.signal_name}" if ended.signal_name else f"exit code {code}"
         self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}")
 
     def announce(self, message: str) -> None:

@@ -334,14 +334,10 @@ def attempt_line(name: str, reports: Sequence[RankReport], *, stopped_by: str | 
     return _printable(line)
 
 
-def format_attempts(lines: Sequence[str], *, finished: bool = False) -> str:
-    """The earlier attempts of a job, one :func:`attempt_line` each, under a heading; with
-    ``finished`` the heading says the job then succeeded."""
-    heading = (
-        "numarun: the job succeeded; its earlier attempts:"
-        if finished
-        else "numarun: earlier attempts of this job:"
-    )
+def format_attempts(lines: Sequence[str]) -> str:
+    """The report printed when a job succeeded after earlier attempts did not: a heading,
+    then one :func:`attempt_line` per earlier attempt."""
+    heading = "numarun: the job succeeded; its earlier attempts:"
     return "\n".join([heading, *(f"  {_printable(line)}" for line in lines)])
 
 

@@ -534,6 +534,7 @@ class _Job:
         self.shown_log_dir = shown_log_dir
         self.attempts: list[_Attempt] = []
         self.node: ElasticNode | None = None
+        self.waiting_for = "between attempts"  # what a signal interrupts, for its line
 
     def run(self, first_dir: str, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
@@ -546,10 +547,9 @@ class _Job:
             with _SignalGuard(config.teardown_signals):
                 return self._loop(first_dir, port)
         except _Interrupted as stop:
-            where = "waiting for the rendezvous" if self.node is not None else "between attempts"
             sys.stderr.write(
-                f"numarun: stopped on {_signal_text(stop.signum)} while {where}; no worker "
-                "was running\n"
+                f"numarun: stopped on {_signal_text(stop.signum)} while {self.waiting_for}; "
+                "no worker was running\n"
             )
             return 128 + stop.signum
 
@@ -559,6 +559,7 @@ class _Job:
             from numarun.elastic import ElasticNode, NotAdmitted
 
             self.node = ElasticNode(config)
+            self.waiting_for = f"waiting for the {self.node.where}"
             self.node.connect()
         restart_count = 0
         reforms = 0
@@ -574,9 +575,6 @@ class _Job:
                 except NotAdmitted as done:
                     sys.stderr.write(str(done) + "\n")
                     return 0
-                except NumarunError:
-                    self._print_earlier_attempts()
-                    raise
             attempt = self.run_attempt(group, port, name, directory, restart_count)
             result = attempt.result
             change = self.node.change if self.node is not None else None
@@ -592,11 +590,11 @@ class _Job:
                 continue
             if ours and change is not None:
                 attempt.line = f"{name}: stopped: {change.message}"
-                self._print_earlier_attempts()
                 sys.stderr.write(f"numarun: {change.message}; this node stops\n")
                 return 1
             if exit_code_for(result) == 0:
                 if self.node is not None:
+                    self.waiting_for = f"waiting for the other nodes to finish ({self.node.where})"
                     warning = self.node.finish(succeeded=True)
                     if warning:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
@@ -716,13 +714,6 @@ class _Job:
         stopped = attempt.result.stop_reason
         attempt.line = failures.attempt_line(attempt.name, reports, stopped_by=stopped)
 
-    def _print_earlier_attempts(self) -> None:
-        lines = [attempt.line for attempt in self.attempts if attempt.line]
-        if lines:
-            from numarun import failures
-
-            sys.stderr.write(failures.format_attempts(lines) + "\n")
-
     def report(self, last: _Attempt) -> int:
         """The end of the job: the failure summary of the last attempt (naming every earlier
         attempt's root cause) when it failed, else a short note of the earlier attempts' root
@@ -748,7 +739,7 @@ class _Job:
             from numarun import failures
 
             if earlier:
-                sys.stderr.write(failures.format_attempts(earlier, finished=True) + "\n")
+                sys.stderr.write(failures.format_attempts(earlier) + "\n")
             if lost:
                 sys.stderr.write(failures.format_lost_logs(lost) + "\n")
         return code
