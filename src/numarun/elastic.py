@@ -21,9 +21,11 @@ supervisor to stop the local group when:
   posted by :meth:`ElasticNode.announce` the moment it happens, so healthy nodes re-form within
   one interval instead of after a collective timeout;
 * the next numarun node (by group rank) stops beating: each numarun node adds 1 to
-  ``numarun/alive/<group rank>`` at every look; a counter that stays still for the keep-alive
-  window (``keep_alive_interval * keep_alive_max_attempt``, torch's own, at least three looks)
-  means its launcher is gone (SIGKILL, a dead machine), which the watcher announces to all;
+  ``numarun/alive/<group rank>`` three times per keep-alive window (``keep_alive_interval *
+  keep_alive_max_attempt``, torch's own; at least three looks) and reads its successor's; a
+  counter that stays still for that window means its launcher is gone (SIGKILL, a dead
+  machine), which the watcher announces to all (torch assumes, as numarun does, that every
+  node is given the same keep-alive settings);
 * ``is_closed()``: a node ended the job (its last restart failed): this node ends too;
 * the store cannot be reached: the node that hosted it is gone; this node ends.
 
@@ -56,12 +58,15 @@ if TYPE_CHECKING:
     from numarun.launch_config import LaunchConfig
     from numarun.supervisor import Supervisor, WorkerExit
 
-DEFAULT_POLL_INTERVAL = 1.0
+DEFAULT_POLL_INTERVAL = 2.0
 """Seconds between looks at the rendezvous while workers run, unless ``--monitor-interval``.
 
-torch caches the rendezvous state for one second, so looking more often learns nothing new
-about joining nodes; one look costs about 0.15 ms of CPU (measured, a few store round trips),
-which keeps the launcher far below 1 ms of CPU per second while workers run."""
+A look costs about 0.3 ms of CPU on a busy 2-core machine (torch's state fetched and
+unpickled, a store round trip; measured in place, caches cold), and torch's own keep-alive
+thread already spends about 0.45 ms per second (one heartbeat every 5 s). Two seconds keeps
+the launcher's total well under 1 ms of CPU per second of wall time while a joining node or
+another node's failure is still seen within two seconds (torchrun: 0.1 s polls, and its state
+cache makes joins visible after up to 1 s)."""
 
 EXIT_BARRIER_TIMEOUT = 300.0  # torch's SimpleElasticAgent default
 _BARRIER_KEY = "torchelastic/agent/terminal_state"  # torch's _TERMINAL_STATE_SYNC_ID
@@ -160,6 +165,9 @@ class ElasticNode:
             conf.get("keep_alive_max_attempt", 3)
         )
         self.silence_limit = max(float(window), _MIN_LOOKS * self.poll_interval)
+        # Beats matter on the scale of the keep-alive window, not of a look: three per window.
+        self.beat_interval = self.silence_limit / _MIN_LOOKS
+        self._next_beat = 0.0
         self.host = socket.gethostname()
         self._handler: Any = None
         self._store: Any = None
@@ -224,9 +232,12 @@ class ElasticNode:
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
             from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-            if previous is not None and previous.group_rank == 0 and previous.use_agent_store:
-                _clear_worker_store(previous)
-            info = handler.next_rendezvous()
+            if previous is None:
+                info = handler.next_rendezvous()
+            else:
+                if previous.group_rank == 0 and previous.use_agent_store:
+                    _clear_worker_store(previous)
+                info = _without_first_join_delay(handler.next_rendezvous)
             store_info = info.bootstrap_store_info
             if handler.use_agent_store:
                 # torch's handler publishes the workers' store (MASTER_ADDR, MASTER_PORT in
@@ -280,6 +291,7 @@ class ElasticNode:
         self._watched = (info.rank + 1) % size if size > 1 else None
         self._watched_beat = 0
         self._watched_since = self._round_started
+        self._next_beat = 0.0
         return self.round
 
     def _failure_text(self, error: BaseException) -> str:
@@ -311,12 +323,16 @@ class ElasticNode:
         if self.change is not None or self.round is None:
             return
         me = self.round.group_rank
+        silent = None
         try:
             waiting = self._handler.num_nodes_waiting()
             closed = self._handler.is_closed()  # served from the state just synced
-            self._store.add(_ALIVE_KEY.format(me), 1)
             notice = self._new_notice()
-            silent = self._silent_neighbour()
+            now = time.monotonic()
+            if now >= self._next_beat:
+                self._next_beat = now + self.beat_interval
+                self._store.add(_ALIVE_KEY.format(me), 1)
+                silent = self._silent_neighbour()
         except Exception as error:
             self._stop(END, f"lost the {self.where}: {_first_line(_root(error))}")
             return
@@ -428,6 +444,29 @@ class ElasticNode:
         except Exception as error:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
+
+
+def _without_first_join_delay(call: Callable[[], T]) -> T:
+    """``call()`` (torch's ``next_rendezvous``) without the random 0-0.3 s sleep torch takes
+    while the rendezvous is in round 0, meant to spread the nodes' *first* joins: the round
+    stays 0 until the first re-rendezvous, so every job's first restart paid it too (0.15 s
+    on average, a third of a restart on one node). Only that random sleep (torch's
+    ``_delay`` called with a range) is skipped; the one-second waits between polls stay."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    original = getattr(dynamic_rendezvous, "_delay", None)
+    if original is None:  # another torch: nothing to skip
+        return call()
+
+    def delay(seconds: float | tuple[float, float]) -> None:
+        if not isinstance(seconds, tuple):
+            original(seconds)
+
+    dynamic_rendezvous._delay = delay
+    try:
+        return call()
+    finally:
+        dynamic_rendezvous._delay = original
 
 
 def _clear_worker_store(previous: Round) -> None:

@@ -217,7 +217,7 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         _dual("--monitor-interval"),
-        "seconds between looks at a torch rendezvous while workers run (default 1; workers "
+        "seconds between looks at a torch rendezvous while workers run (default 2; workers "
         "themselves are watched event-driven)",
         metavar="SECONDS",
     ),
@@ -991,12 +991,11 @@ def _check_rdzv_conf(backend: str, conf: tuple[tuple[str, str], ...]) -> list[st
     warnings = []
     for key, value in conf:
         if key not in known:
-            where = f"the {backend} backend"
+            where = f"the {backend} backend (torchrun ignores it too)"
             if backend == "static":
-                where = "numarun's static rendezvous"
+                where = "numarun's static rendezvous: it has no effect"
             warnings.append(
-                f"--rdzv-conf {key}={value} is not read by {where} (torchrun ignores it too); "
-                f"its options: {', '.join(known)}"
+                f"--rdzv-conf {key}={value} is not read by {where}; options: {', '.join(known)}"
             )
         elif key in _SECONDS_KEYS:
             try:
