@@ -20,6 +20,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from numarun import launch_config
+from numarun.errors import UsageError
 
 pytest.importorskip("torch")
 
@@ -459,3 +464,41 @@ def test_bad_rendezvous_input_is_one_line_and_exit_2(
     assert done.returncode == 2
     assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+# --- --rdzv-conf against torch's own parser ------------------------------------------------------
+
+
+@given(st.text(alphabet="ab= ,\t1", max_size=16))
+def test_rdzv_conf_grammar_matches_torchs_parser(text: str) -> None:
+    from torch.distributed.elastic.rendezvous.utils import _parse_rendezvous_config
+
+    try:
+        expected: object = _parse_rendezvous_config(text)
+    except ValueError:
+        expected = ValueError
+    try:
+        got: object = dict(launch_config.parse_rdzv_conf(text))
+    except UsageError:
+        got = ValueError
+    assert got == expected
+
+
+@pytest.mark.parametrize(
+    "value", ["1", "0", "true", "False", "T", "yes", "N", "on", "2", "maybe", "", "01"]
+)
+def test_is_host_values_are_read_as_torch_reads_them(value: str) -> None:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+
+    parameters = RendezvousParameters("c10d", "", "x", 1, 1, is_host=value)
+    try:
+        parameters.get_as_bool("is_host")
+        torch_accepts = True
+    except ValueError:
+        torch_accepts = False
+    try:
+        launch_config._check_rdzv_conf("c10d", (("is_host", value),))
+        accepted = True
+    except UsageError:
+        accepted = False
+    assert accepted == torch_accepts

@@ -20,6 +20,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from numarun.errors import UsageError
 
@@ -762,9 +763,9 @@ def _port(text: object, flag: str) -> int:
     return value
 
 
-@dataclass(frozen=True)
-class _Nodes:
-    """What the node flags (or the scheduler) decide: see :class:`LaunchConfig`."""
+class _Nodes(NamedTuple):
+    """What the node flags (or the scheduler) decide: see :class:`LaunchConfig`. (A
+    NamedTuple: a dataclass costs ten times as much to define on every launch's start-up.)"""
 
     nnodes: int
     node_rank: int
