@@ -336,12 +336,15 @@ def test_a_late_node_is_admitted_and_the_world_grows(tmp_path: Path, nodes: Node
     assert "1 node(s) waiting to join; re-forming the group (no restart used)" in results[0][2]
 
 
-def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on(
-    tmp_path: Path, nodes: Nodes
+@pytest.mark.parametrize("killed", ["peer", "store host"])
+def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on_or_stops(
+    tmp_path: Path, nodes: Nodes, killed: str
 ) -> None:
-    # Both nodes run a world of 2 whose workers wait (as in a collective). Node B's launcher
-    # is SIGKILLed: its worker dies with it; node A must notice within the keep-alive window
-    # (here 1 s x 2), re-form the group alone (--nnodes 1:2) and finish in a world of 1.
+    # Both nodes run a world of 2 whose workers wait (as in a collective). One launcher is
+    # SIGKILLed: its worker dies with it. When it is the peer (B), node A must notice within
+    # the keep-alive window (here 1 s x 2), re-form the group alone (--nnodes 1:2) and finish
+    # in a world of 1. When it is the node hosting the rendezvous store (A), B cannot go on:
+    # it stops with one line, its worker torn down.
     port = _free_port()
     conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
     flags = [
@@ -357,17 +360,25 @@ def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on(
     full = [tmp_path / f"full.{rank}" for rank in range(2)]
     _wait_for(lambda: all(path.exists() for path in full) or node_a.poll() is not None)
     assert node_a.poll() is None, node_a.communicate()
+    victim, survivor = (node_b, node_a) if killed == "peer" else (node_a, node_b)
     placed = [path.read_text().split() for path in full]
-    b_workers = [int(pid) for pid, parent in placed if int(parent) == node_b.pid]
-    assert len(b_workers) == 1
+    workers = {int(parent): int(pid) for pid, parent in placed}
+    assert sorted(workers) == sorted([node_a.pid, node_b.pid])
     killed_at = time.monotonic()
-    node_b.kill()
-    code, stdout, stderr = _finish(node_a)
-    assert code == 0, stderr
-    assert "stopped answering" in stderr
+    victim.kill()
+    code, stdout, stderr = _finish(survivor)
     assert time.monotonic() - killed_at < 60.0
-    assert {(r["world_size"], r["restart"]) for r in _reports(stdout).values()} == {(1, "0")}
-    _wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/stat") for pid in b_workers), 10)
+    if killed == "peer":
+        assert code == 0, stderr
+        assert "stopped answering" in stderr
+        assert {(r["world_size"], r["restart"]) for r in _reports(stdout).values()} == {(1, "0")}
+    else:
+        assert code == 1, stderr
+        assert stderr.strip().splitlines()[-1].startswith(
+            f"numarun: lost the c10d rendezvous {nodes.run_id!r} at 127.0.0.1:{port}: "
+        )
+        assert stderr.rstrip().endswith("; this node stops")
+    _wait_for(lambda: not any(os.path.exists(f"/proc/{pid}/stat") for pid in workers.values()), 10)
 
 
 # --- signals -------------------------------------------------------------------------------------
