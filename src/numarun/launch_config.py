@@ -4,8 +4,10 @@
 torchrun's ``PET_<OPTION>`` environment defaults), splits off the entry point and its arguments
 untouched, and decides everything a launch needs: the number of workers per node, the node facts
 (flags, or Slurm / Open MPI), the store's endpoint, binding mode and explicit rank CPUs, output
-specs, teardown and forwarded signals, the grace period. Any malformed or conflicting argument is
-one :class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
+specs, teardown and forwarded signals, the grace period, and the rendezvous: numarun's static one
+or a PyTorch backend (checked without importing torch), ``--rdzv-conf`` read as torch reads it,
+``--nnodes MIN:MAX``, ``--max-restarts``. Any malformed or conflicting argument is one
+:class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
 gpu|auto`` (or ``cpu`` with ``--sysfs-root`` or ``--cpus-allowed``); the modules for that, and
 for CPU lists, binding modes, scheduler node facts and output specs, are imported only on the
 path that needs them. Before the entry point, an unambiguous prefix of a flag stands for it.

@@ -5,13 +5,18 @@ Three kinds of entry point, as in torchrun: a Python script (``train.py``), a mo
 ``$PYTHON_EXEC or sys.executable -u -m numarun._script ...`` so that a worker without ``@record``
 still leaves an error file with its traceback. Each worker gets torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
-``env://``: numarun runs no rendezvous service, global rank 0 hosts the ``TCPStore``.
+``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
+global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
+c10d``) :mod:`numarun.elastic` joins torch's rendezvous and the launcher hosts the store, as
+torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
-:mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point
-checked, plan made, memory policy proven, workers started by the supervisor, summary printed,
-exit code returned). :func:`main` joins the two and turns :class:`NumarunError` into one line on
-stderr and exit status 2.
+:mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point checked, plan
+made, memory policy proven; then :class:`_Job`: one attempt after another, each started and
+watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a signal or the
+rendezvous ends the job; summary printed, exit code returned). :func:`main` joins the two and
+turns :class:`NumarunError` into one line on stderr and its exit status (2 for bad input, 1
+for a rendezvous that fails).
 
 Start-up speed matters (``benchmarks/bench_launch.py`` compares it with bare interpreter
 starts), so everything beyond argument parsing and the supervisor is imported only on the path
