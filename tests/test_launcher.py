@@ -175,12 +175,24 @@ def test_worker_argv_for_each_kind() -> None:
         (["--nproc-per-node", "0", "t.py"], "at least 1"),
         (["--nproc-per-node", "many", "t.py"], "positive integer"),
         (["--nproc-per-node", "xpu", "t.py"], "'gpu', 'cpu' or 'auto'"),
-        (["--nnodes", "1:4", "t.py"], "elastic"),
+        (["--nnodes", "2:1", "t.py"], "MAX (1) must be at least MIN (2)"),
+        (["--nnodes", "1:2:3", "t.py"], "N or MIN:MAX"),
         (["--nnodes", "0", "t.py"], "at least 1"),
         (["--nnodes", "2", "--node-rank", "2", "t.py"], "out of range"),
-        (["--max-restarts", "3", "t.py"], "not supported by numarun"),
-        (["--rdzv-backend", "c10d", "t.py"], "static rendezvous only"),
-        (["--rdzv-conf", "a=b", "t.py"], "not supported"),
+        (["--nnodes", "1:2", "--node-rank", "2", "t.py"], "out of range"),
+        (["--max-restarts", "-1", "t.py"], "at least 0"),
+        (["--rdzv-backend", "zookeeper", "t.py"], "unknown --rdzv-backend 'zookeeper'"),
+        (["--rdzv-backend", "etcd", "t.py"], "python-etcd"),
+        (["--rdzv-backend", "etcd-v2", "t.py"], "python-etcd"),
+        (["--rdzv-backend", "", "t.py"], "needs a name"),
+        (["--rdzv-conf", "a", "t.py"], "'a' has no value"),
+        (["--rdzv-conf", "=1", "t.py"], "KEY=VALUE"),
+        (["--rdzv-conf", "timeout=soon", "t.py"], "timeout=soon: must be a whole number"),
+        (["--rdzv-backend", "c10d", "--rdzv-conf", "join_timeout=0", "t.py"], "whole number"),
+        (["--rdzv-backend", "c10d", "--rdzv-conf", "is_host=maybe", "t.py"], "true or false"),
+        (["--rdzv-backend", "c10d", "--rdzv-conf", "store_type=redis", "t.py"], "tcp or file"),
+        (["--rdzv-backend", "c10d", "--rdzv-endpoint", "h:99999", "t.py"], "0..65535"),
+        (["--monitor-interval", "0", "t.py"], "> 0 seconds"),
         (["--master-port", "70000", "t.py"], "0..65535"),
         (["--rdzv-id", "../up", "t.py"], "cannot name a log directory"),
         (["--master-port", "0", "--nnodes", "2", "t.py"], "fixed port"),
@@ -486,10 +498,12 @@ def test_unbound_threads_count_physical_cores_once(tmp_path: Path) -> None:
 # --- exit codes -----------------------------------------------------------------------------------
 
 
-def _result(exit_code: int | None = None, received: int | None = None) -> SimpleNamespace:
+def _result(
+    exit_code: int | None = None, received: int | None = None, stop_reason: str | None = None
+) -> SimpleNamespace:
     failure = None if exit_code is None else SimpleNamespace(exit_code=exit_code)
     return SimpleNamespace(
-        workers=[], first_failure=failure, received_signal=received, stop_reason=None
+        workers=[], first_failure=failure, received_signal=received, stop_reason=stop_reason
     )
 
 
@@ -507,6 +521,17 @@ def _result(exit_code: int | None = None, received: int | None = None) -> Simple
 )
 def test_exit_code_for(exit_code: int | None, received: int | None, expected: int) -> None:
     assert exit_code_for(_result(exit_code, received)) == expected
+
+
+def test_a_run_stopped_through_request_stop_is_a_failure() -> None:
+    # A hang (--hang-timeout) or the rendezvous ends a run through Supervisor.request_stop:
+    # no worker failed, but the run did not succeed.
+    assert exit_code_for(_result(None, None, stop_reason="rendezvous closed")) == 1
+    assert exit_code_for(_result(3, None, stop_reason="rendezvous closed")) == 3
+    assert exit_code_for(_result(None, signal.SIGINT, stop_reason="x")) == 130
+    # A hang is 124 (as timeout(1)), even when a rank then exits non-zero in the teardown.
+    assert exit_code_for(_result(None, None, stop_reason="hang: rank 1")) == 124
+    assert exit_code_for(_result(3, None, stop_reason="hang: rank 1")) == 124
 
 
 # --- real runs through ``python -m numarun`` ------------------------------------------------

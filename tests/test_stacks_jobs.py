@@ -490,3 +490,39 @@ def test_a_runtime_directory_that_is_not_private_is_refused(runtime: Path, tmp_p
         "sockets\n"
     )
     assert os.listdir(runtime) == []
+
+
+def test_with_max_restarts_a_hang_fails_the_attempt_and_the_job_goes_on(
+    runtime: Path, tmp_path: Path
+) -> None:
+    # Issue 9: "With --max-restarts, a hang counts as a failure of the attempt." Attempt 0 hangs
+    # (both ranks asleep in a named function); attempt 1 finishes.
+    script = tmp_path / "hang_once.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, sys, time
+
+            def stuck_in_attempt_zero():
+                time.sleep(600)
+
+            if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+                stuck_in_attempt_zero()
+            print("done", os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"])
+            """
+        )
+    )
+    proc = start(
+        runtime, "--nproc-per-node", "2", "--hang-timeout", "3", "--max-restarts", "1",
+        "--log-dir", str(tmp_path / "logs"), str(script),
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    assert sorted(out.split("\n")[:2]) == ["done 0 1", "done 1 1"]
+    assert "attempt_0" in err and "hang" in err
+    assert "restarting (restart 1 of 1)" in err

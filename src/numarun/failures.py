@@ -33,7 +33,9 @@ from typing import Any
 __all__ = [
     "RankReport",
     "WorkerError",
+    "attempt_line",
     "describe_exit",
+    "format_attempts",
     "format_lost_logs",
     "format_summary",
     "rank_report",
@@ -263,6 +265,7 @@ def format_summary(
     stacks_at_failure: tuple[int, Sequence[Any]] | None = None,
     hang: Any = None,
     stacks_logs: str | None = None,
+    earlier_attempts: Sequence[str] = (),
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -275,8 +278,10 @@ def format_summary(
     after rank 1 failed``), so 512 ranks stay a screenful; then ``lost_logs`` (one line per
     log file that lost bytes, see :func:`format_lost_logs`) and ``log_dir`` when given. With no
     worker failed on its own (e.g. numarun was interrupted) the root-cause block says so.
-    ``stopped_by`` (a signal name such as ``"SIGINT"``): the signal that made numarun stop the
-    run, named in the root-cause line (or above the root cause, when a worker failed too).
+    ``stopped_by`` (a signal name such as ``"SIGINT"``, or the reason numarun stopped the
+    workers): named in the root-cause line (or above the root cause, when a worker failed too).
+    ``earlier_attempts``: one line per earlier attempt of the job (see :func:`attempt_line`),
+    listed under ``Earlier attempts:`` after the other ranks.
 
     ``stacks_at_failure`` (the failed global rank, the other ranks'
     :class:`numarun.stacks.RankStacks`): a section "Other ranks when rank N failed:" after the
@@ -318,6 +323,10 @@ def format_summary(
         lines.extend(_stacks_lines(stacks))
         if stacks_logs is not None:
             lines.append(f"  full stacks: {_printable(stacks_logs)}")
+    if earlier_attempts:
+        lines.append(_THIN)
+        lines.append("Earlier attempts:")
+        lines.extend(f"  {_printable(line)}" for line in earlier_attempts)
     if lost_logs:
         lines.append(_THIN)
         lines.extend(format_lost_logs(lost_logs).split("\n"))
@@ -326,6 +335,37 @@ def format_summary(
         lines.append(f"Logs: {_printable(str(log_dir))}")
     lines.append(_RULE)
     return "\n".join(lines)
+
+
+def attempt_line(name: str, reports: Sequence[RankReport], *, stopped_by: str | None = None) -> str:
+    """One attempt's root cause in one line, for the report of a job with several attempts:
+    ``attempt_0: rank 1 (local_rank 1, pid 4242) failed with exit code 1: RuntimeError:
+    boom`` (:func:`root_cause`; the error file's first line when there is one, shortened to
+    200 characters). Without a worker failed on its own: ``attempt_0: stopped by numarun:
+    <stopped_by>`` (a hang, say), else ``attempt_0: no worker failed on its own``. Control
+    characters are shown escaped."""
+    cause = root_cause(reports)
+    if cause is None:
+        if stopped_by:
+            return _printable(f"{name}: stopped by numarun: {stopped_by}")
+        return f"{_printable(name)}: no worker failed on its own"
+    pid = "" if cause.pid is None else f", pid {cause.pid}"
+    line = (
+        f"{name}: rank {cause.rank} (local_rank {cause.local_rank}{pid}) failed with "
+        f"{describe_exit(cause.exit_code, cause.signal_name)}"
+    )
+    if cause.error is not None and cause.error.message:
+        message = _first_line(cause.error.message)
+        line = f"{_printable(line)}: {message[:197] + '...' if len(message) > 200 else message}"
+        return line
+    return _printable(line)
+
+
+def format_attempts(lines: Sequence[str]) -> str:
+    """The report printed when a job succeeded after earlier attempts did not: a heading,
+    then one :func:`attempt_line` per earlier attempt."""
+    heading = "numarun: the job succeeded; its earlier attempts:"
+    return "\n".join([heading, *(f"  {_printable(line)}" for line in lines)])
 
 
 def format_lost_logs(lost_logs: Sequence[str]) -> str:

@@ -4,8 +4,10 @@
 torchrun's ``PET_<OPTION>`` environment defaults), splits off the entry point and its arguments
 untouched, and decides everything a launch needs: the number of workers per node, the node facts
 (flags, or Slurm / Open MPI), the store's endpoint, binding mode and explicit rank CPUs, output
-specs, teardown and forwarded signals, the grace period. Any malformed or conflicting argument is
-one :class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
+specs, teardown and forwarded signals, the grace period, and the rendezvous: numarun's static one
+or a PyTorch backend (checked without importing torch), ``--rdzv-conf`` read as torch reads it,
+``--nnodes MIN:MAX``, ``--max-restarts``. Any malformed or conflicting argument is one
+:class:`UsageError` line. Reads no files, except the topology for ``--nproc-per-node
 gpu|auto`` (or ``cpu`` with ``--sysfs-root`` or ``--cpus-allowed``); the modules for that, and
 for CPU lists, binding modes, scheduler node facts and output specs, are imported only on the
 path that needs them. Before the entry point, an unambiguous prefix of a flag stands for it.
@@ -20,6 +22,7 @@ import signal
 import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from numarun.errors import UsageError
 
@@ -48,7 +51,19 @@ class LaunchConfig:
     facts came from: ``"flags"``, ``"slurm"`` or ``"mpi"``. ``master_addr`` is a host name or an
     address without brackets (``::1`` for ``[::1]``), as torch's ``env://`` wants it.
     ``duplicate_*_filters``: tee'd lines containing any of these go to
-    ``attempt_0/filtered_std{out,err}.log`` as well (torchrun's meaning; empty: off).
+    ``attempt_<k>/filtered_std{out,err}.log`` as well (torchrun's meaning; empty: off).
+
+    Rendezvous: ``rdzv_backend`` is ``"static"`` (numarun's own, torch-free path: ``nnodes``,
+    ``node_rank``, ``master_addr`` and ``master_port`` say everything) or the name of a torch
+    rendezvous backend (``"c10d"``, ``"etcd"``, ``"etcd-v2"`` or a ``torchrun.handlers``
+    plugin: :attr:`elastic`), whose rounds decide the ranks, the node count between
+    ``min_nodes`` and ``max_nodes`` and the master address (``node_rank``, ``master_addr``
+    and ``master_port`` are then unused, as in torchrun). ``rdzv_endpoint`` is the endpoint as
+    given (``""``: the backend's default), ``rdzv_conf`` the ``--rdzv-conf`` pairs in order,
+    checked. ``max_restarts``: how many times a failed local worker group is restarted.
+    ``monitor_interval``: seconds between looks at the rendezvous while workers run (None:
+    numarun's default). ``local_addr``: this node's address in the rendezvous. ``warnings``:
+    lines to print before starting (flags that torchrun also ignores).
     """
 
     entrypoint: str
@@ -84,6 +99,20 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     event_log_handler: str = "null"
     hang_timeout: float | None = None  # seconds without progress before a hang (None: off)
+    rdzv_backend: str = "static"
+    rdzv_endpoint: str = ""
+    rdzv_conf: tuple[tuple[str, str], ...] = ()
+    min_nodes: int = 1
+    max_nodes: int = 1
+    max_restarts: int = 0
+    monitor_interval: float | None = None
+    local_addr: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def elastic(self) -> bool:
+        """True when a torch rendezvous backend (not numarun's static one) forms the job."""
+        return self.rdzv_backend != "static"
 
     @property
     def world_size(self) -> int:
@@ -133,8 +162,8 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         ("--nnodes",),
-        "number of nodes: N, or MIN:MAX with MIN == MAX (numarun is not "
-        "elastic); default 1, or from Slurm / Open MPI",
+        "number of nodes: N, or MIN:MAX (a torch rendezvous admits MIN to MAX nodes; "
+        "the static one takes MAX, as torchrun does); default 1, or from Slurm / Open MPI",
         metavar="N",
     ),
     _Option(
@@ -153,24 +182,54 @@ _OPTIONS: tuple[_Option, ...] = (
         "port of the TCPStore; default: a free port on one node, 29500 on several",
         metavar="PORT",
     ),
-    _Option(("--standalone",), "single node on 127.0.0.1 with a free port", flag=True),
-    _Option(_dual("--rdzv-backend"), "only 'static' (the default) is supported", metavar="NAME"),
+    _Option(
+        ("--standalone",),
+        "single node on 127.0.0.1 with a free port (numarun's static rendezvous, no torch in "
+        "the launcher; torchrun uses c10d on localhost:0)",
+        flag=True,
+    ),
+    _Option(
+        _dual("--rdzv-backend"),
+        "static (default: numarun's own, torch-free) or a torch rendezvous backend: c10d, "
+        "etcd, etcd-v2, or one registered under torchrun.handlers",
+        metavar="NAME",
+    ),
     _Option(
         _dual("--rdzv-endpoint"),
-        "HOST[:PORT]: the same as --master-addr/--master-port",
+        "HOST[:PORT] of the rendezvous (c10d: the TCPStore, default localhost:29400); with "
+        "static the same as --master-addr/--master-port",
         metavar="HOST:PORT",
     ),
     _Option(
         _dual("--rdzv-id"),
-        "job id, exported as TORCHELASTIC_RUN_ID and used in log paths",
+        "job id, exported as TORCHELASTIC_RUN_ID and used in log paths; the nodes of one job "
+        "share it (torch backends; default 'none', as in torchrun)",
         metavar="ID",
     ),
-    _Option(_dual("--rdzv-conf"), "accepted for compatibility; must be empty", metavar="CONF"),
-    _Option(_dual("--max-restarts"), "only 0: a failed worker ends the job", metavar="N"),
+    _Option(
+        _dual("--rdzv-conf"),
+        "rendezvous options KEY=VALUE,... as torch reads them (c10d: join_timeout, "
+        "last_call_timeout, close_timeout, heartbeat_timeout, keep_alive_interval, "
+        "keep_alive_max_attempt, read_timeout, is_host, store_type; static: timeout)",
+        metavar="CONF",
+    ),
+    _Option(
+        _dual("--max-restarts"),
+        "restart the local worker group up to N times after a worker fails (default 0); each "
+        "attempt logs under attempt_<k>/",
+        metavar="N",
+    ),
     _Option(
         _dual("--monitor-interval"),
-        "accepted and ignored: numarun is event-driven",
+        "seconds between looks at a torch rendezvous while workers run (default 2; workers "
+        "themselves are watched event-driven)",
         metavar="SECONDS",
+    ),
+    _Option(
+        _dual("--local-addr"),
+        "this node's address in a torch rendezvous (and MASTER_ADDR when it gets group rank "
+        "0); default: its fully qualified host name, as torchrun",
+        metavar="HOST",
     ),
     _Option(
         _dual("--start-method"),
@@ -201,7 +260,8 @@ _OPTIONS: tuple[_Option, ...] = (
     ),
     _Option(
         _dual("--log-dir"),
-        "base directory for per-rank logs and error files: LOG_DIR/RUN_ID/attempt_0/LOCAL_RANK/",
+        "base directory for per-rank logs and error files: "
+        "LOG_DIR/RUN_ID/attempt_<k>/LOCAL_RANK/",
         metavar="DIR",
     ),
     _Option(
@@ -224,7 +284,7 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option(
         _dual("--duplicate-stdout-filters"),
         "also write tee'd stdout lines containing any of these comma-separated strings (',,' "
-        "for a comma) from every rank to <log dir>/<run id>/attempt_0/filtered_stdout.log",
+        "for a comma) from every rank to <log dir>/<run id>/attempt_<k>/filtered_stdout.log",
         metavar="FILTERS",
     ),
     _Option(
@@ -464,16 +524,15 @@ def parse_args(
             "(or bind the launcher itself with taskset)"
         )
     nproc = _nproc(ns.nproc_per_node, rank_cpus, sysfs_root, ns.cpus_allowed)
-    nnodes, node_rank, source, master_addr, master_port = _nodes(ns, env)
-    if ns.max_restarts is not None and _int(ns.max_restarts, "--max-restarts", low=0) > 0:
-        raise UsageError(
-            f"--max-restarts {ns.max_restarts} is not supported by numarun: a failed worker "
-            "ends the job (let the scheduler restart it, resuming from a checkpoint)"
-        )
+    nodes = _nodes(ns, env)
+    max_restarts = (
+        _int(ns.max_restarts, "--max-restarts", low=0) if ns.max_restarts is not None else 0
+    )
+    monitor_interval = None
     if ns.monitor_interval is not None:
-        _float(ns.monitor_interval, "--monitor-interval")
-    if ns.rdzv_conf:
-        raise UsageError("--rdzv-conf is not supported by numarun (static rendezvous only)")
+        monitor_interval = _float(ns.monitor_interval, "--monitor-interval")
+        if monitor_interval <= 0:
+            raise UsageError(f"--monitor-interval must be > 0 seconds, not {ns.monitor_interval}")
     start_method = ns.start_method or "spawn"
     if start_method not in ("spawn", "fork", "forkserver"):
         raise UsageError(f"--start-method must be spawn, fork or forkserver, not {start_method!r}")
@@ -498,22 +557,27 @@ def parse_args(
             "(--logs-specs default); log plugins are not loaded"
         )
     hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
-    rdzv_id = (ns.rdzv_id or "").strip()
+    rdzv_id = (ns.rdzv_id if ns.rdzv_id is not None else "none").strip()
     if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
         raise UsageError(
             f"--rdzv-id {rdzv_id!r} cannot name a log directory: use letters, digits, '-' or '_'"
         )
+    if nodes.backend != "static":
+        # The nodes of one job meet under this id: torchrun's default "none" must stay.
+        run_id = rdzv_id or os.urandom(6).hex()
+    else:
+        run_id = rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex()
     return LaunchConfig(
         entrypoint=entrypoint,
         entrypoint_kind=kind,
         args=tuple(args),
         nproc_per_node=nproc,
-        nnodes=nnodes,
-        node_rank=node_rank,
-        node_source=source,
-        master_addr=master_addr,
-        master_port=master_port,
-        run_id=rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex(),
+        nnodes=nodes.nnodes,
+        node_rank=nodes.node_rank,
+        node_source=nodes.source,
+        master_addr=nodes.master_addr,
+        master_port=nodes.master_port,
+        run_id=run_id,
         role=ns.role or "default",
         redirects=redirects,
         tee=tee,
@@ -537,6 +601,15 @@ def parse_args(
         virtual_local_rank=ns.virtual_local_rank,
         event_log_handler=event_log_handler,
         hang_timeout=hang_timeout,
+        rdzv_backend=nodes.backend,
+        rdzv_endpoint=nodes.endpoint,
+        rdzv_conf=nodes.conf,
+        min_nodes=nodes.min_nodes,
+        max_nodes=nodes.max_nodes,
+        max_restarts=max_restarts,
+        monitor_interval=monitor_interval,
+        local_addr=(ns.local_addr or "").strip() or None,
+        warnings=nodes.warnings,
     )
 
 
@@ -669,14 +742,20 @@ def _nproc(
     return nproc
 
 
-def _parse_nnodes(text: str) -> int:
-    low, sep, high = text.strip().partition(":")
-    if sep and _int(low, "--nnodes MIN", low=1) != _int(high, "--nnodes MAX", low=1):
-        raise UsageError(
-            f"--nnodes {text}: elastic node ranges are not supported by numarun; "
-            "give a fixed count (--nnodes N)"
-        )
-    return _int(low, "--nnodes", low=1)
+def _parse_nnodes(text: str) -> tuple[int, int]:
+    """``N`` -> (N, N); ``MIN:MAX`` -> (MIN, MAX), torchrun's grammar; one line otherwise."""
+    parts = text.strip().split(":")
+    if len(parts) == 1:
+        count = _int(parts[0], "--nnodes", low=1)
+        return count, count
+    if len(parts) != 2:
+        raise UsageError(f"--nnodes {text!r} must be N or MIN:MAX")
+    low = _int(parts[0], "--nnodes MIN", low=1)
+    high = _int(parts[1], "--nnodes MAX", low=1)
+    if high < low:
+        raise UsageError(f"--nnodes {text}: MAX ({high}) must be at least MIN ({low})")
+    return low, high
+
 
 
 def _split_endpoint(endpoint: str) -> tuple[str | None, int | None]:
@@ -714,14 +793,41 @@ def _port(text: object, flag: str) -> int:
     return value
 
 
-def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, int, str, str, int | None]:
-    """(nnodes, node_rank, source, master_addr, master_port or None for a free port)."""
-    backend = (ns.rdzv_backend or "static").strip()
-    if backend != "static":
-        raise UsageError(
-            f"--rdzv-backend {backend} is not supported by numarun (static rendezvous only): "
-            "give --nnodes N --node-rank K --master-addr HOST --master-port PORT"
-        )
+class _Nodes(NamedTuple):
+    """What the node flags (or the scheduler) decide: see :class:`LaunchConfig`. (A
+    NamedTuple: a dataclass costs ten times as much to define on every launch's start-up.)"""
+
+    nnodes: int
+    node_rank: int
+    source: str
+    master_addr: str
+    master_port: int | None  # None: a free port at start (static, one node)
+    backend: str = "static"
+    endpoint: str = ""
+    conf: tuple[tuple[str, str], ...] = ()
+    min_nodes: int = 1
+    max_nodes: int = 1
+    warnings: tuple[str, ...] = ()
+
+
+def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> _Nodes:
+    """The node facts: the static rendezvous (flags, Slurm, Open MPI) or a torch backend's."""
+    backend = (ns.rdzv_backend if ns.rdzv_backend is not None else "static").strip()
+    if not backend:
+        raise UsageError("--rdzv-backend needs a name: static, c10d, etcd or etcd-v2")
+    conf = parse_rdzv_conf(ns.rdzv_conf or "")
+    min_nodes, max_nodes = _parse_nnodes(ns.nnodes) if ns.nnodes is not None else (1, 1)
+    warnings: list[str] = []
+    if ns.standalone:
+        if backend != "static" or ns.rdzv_endpoint:
+            warnings.append(
+                "--standalone runs numarun's static rendezvous on 127.0.0.1; --rdzv-backend "
+                "and --rdzv-endpoint are ignored (torchrun ignores them too)"
+            )
+        backend = "static"
+    elif backend != "static":
+        return _elastic_nodes(ns, backend, conf, min_nodes, max_nodes)
+    warnings.extend(_check_rdzv_conf("static", conf))
     endpoint_host, endpoint_port = _split_endpoint(ns.rdzv_endpoint or "")
     addr = ns.master_addr
     if addr and endpoint_host and _unbracket(addr) != endpoint_host:
@@ -737,9 +843,9 @@ def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, int, st
     port = port if port is not None else endpoint_port
 
     if ns.standalone:
-        if ns.nnodes is not None and _parse_nnodes(ns.nnodes) != 1:
+        if ns.nnodes is not None and min_nodes != 1:
             raise UsageError("--standalone runs on one node; it cannot be used with --nnodes > 1")
-        return 1, 0, "flags", "127.0.0.1", None
+        return _Nodes(1, 0, "flags", "127.0.0.1", None, conf=conf, warnings=tuple(warnings))
 
     facts = None
     under_scheduler = "SLURM_JOB_ID" in env or "OMPI_COMM_WORLD_RANK" in env
@@ -760,8 +866,10 @@ def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, int, st
             )
         if nnodes < 1:
             raise UsageError(f"the {source} environment gives {nnodes} nodes")
+        min_nodes = max_nodes = nnodes
     else:
-        nnodes = _parse_nnodes(ns.nnodes) if ns.nnodes is not None else 1
+        # torch's static rendezvous makes a world of MAX nodes (--nnodes 1:2 is 2 nodes).
+        nnodes = max_nodes
         node_rank = _int(ns.node_rank, "--node-rank", low=0) if ns.node_rank is not None else 0
         source = "flags"
     if node_rank >= nnodes:
@@ -774,7 +882,167 @@ def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> tuple[int, int, st
         port = None  # one node: pick a free port, as torchrun's localhost:0 does
     if port is None and nnodes > 1:
         port = DEFAULT_MULTI_NODE_PORT
-    return nnodes, node_rank, source, addr or "127.0.0.1", port
+    return _Nodes(
+        nnodes,
+        node_rank,
+        source,
+        addr or "127.0.0.1",
+        port,
+        conf=conf,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        warnings=tuple(warnings),
+    )
+
+
+def _elastic_nodes(
+    ns: argparse.Namespace,
+    backend: str,
+    conf: tuple[tuple[str, str], ...],
+    min_nodes: int,
+    max_nodes: int,
+) -> _Nodes:
+    """A torch rendezvous forms the job: ranks, node count and master address come from its
+    rounds. Checks what can be checked without importing torch: the backend exists (and its
+    client package), the endpoint's port, the --rdzv-conf values the backend reads."""
+    _check_backend(backend)
+    warnings = list(_check_rdzv_conf(backend, conf))
+    endpoint = (ns.rdzv_endpoint or "").strip()
+    if dict(conf).get("store_type", "tcp").strip().lower() != "file":
+        _split_endpoint(endpoint)  # a bad port is one line now, not torch's ValueError later
+    ignored = [
+        flag
+        for flag, value in (
+            ("--master-addr", ns.master_addr),
+            ("--master-port", ns.master_port),
+            ("--node-rank", ns.node_rank),
+        )
+        if value is not None
+    ]
+    if ignored:
+        warnings.append(
+            f"{' and '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} not used with "
+            f"--rdzv-backend {backend} (torchrun ignores {'it' if len(ignored) == 1 else 'them'} "
+            "too): the rendezvous decides ranks and the master address"
+        )
+    return _Nodes(
+        nnodes=max_nodes,
+        node_rank=0,
+        source="rendezvous",
+        master_addr="",
+        master_port=None,
+        backend=backend,
+        endpoint=endpoint,
+        conf=conf,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        warnings=tuple(warnings),
+    )
+
+
+# torch's own rendezvous backends; others come from the torchrun.handlers entry point group.
+TORCH_BACKENDS = ("c10d", "etcd", "etcd-v2")
+
+
+def _check_backend(backend: str) -> None:
+    """One line, before anything starts, when the backend cannot be loaded here."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is None:
+        raise UsageError(
+            f"--rdzv-backend {backend} is PyTorch's rendezvous and needs torch installed "
+            "(numarun's static rendezvous needs none)"
+        )
+    if backend in ("etcd", "etcd-v2"):
+        if importlib.util.find_spec("etcd") is None:
+            raise UsageError(
+                f"--rdzv-backend {backend} needs the etcd client package python-etcd "
+                "(pip install python-etcd)"
+            )
+        return
+    if backend in TORCH_BACKENDS:
+        return
+    from importlib.metadata import entry_points
+
+    if backend not in {point.name for point in entry_points(group="torchrun.handlers")}:
+        raise UsageError(
+            f"unknown --rdzv-backend {backend!r}: use static, c10d, etcd or etcd-v2 (or install "
+            "a package registering it under torchrun.handlers)"
+        )
+
+
+def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
+    """``--rdzv-conf`` in torchrun's grammar: ``KEY=VALUE,KEY=VALUE,...``, keys and values
+    stripped, a later key replacing an earlier one; empty text is no options. An item without
+    a key or without a value is one :class:`UsageError` line (torchrun: a ValueError
+    traceback). Values stay strings, as torch's backends receive them."""
+    text = text.strip()
+    if not text:
+        return ()
+    conf: dict[str, str] = {}
+    for item in text.split(","):
+        key, _, value = item.partition("=")
+        key, value = key.strip(), value.strip()
+        if not key:
+            raise UsageError(f"--rdzv-conf {text!r}: every item must be KEY=VALUE")
+        if not value:
+            raise UsageError(f"--rdzv-conf option {key!r} has no value: write {key}=VALUE")
+        conf[key] = value
+    return tuple(conf.items())
+
+
+# The --rdzv-conf keys each torch 2.13 backend reads (unknown keys are ignored by torch).
+_DYNAMIC_KEYS = (
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+)
+RDZV_CONF_KEYS: dict[str, tuple[str, ...]] = {
+    "static": ("timeout",),
+    "c10d": (*_DYNAMIC_KEYS, "read_timeout", "is_host", "store_type"),
+    "etcd-v2": (*_DYNAMIC_KEYS, "read_timeout", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert"),
+    "etcd": ("timeout", "last_call_timeout", "etcd_prefix", "protocol", "cacert", "cert", "key"),
+}
+_SECONDS_KEYS = (*_DYNAMIC_KEYS, "read_timeout", "timeout")
+_BOOLEANS = {"1": True, "true": True, "t": True, "yes": True, "y": True}
+_BOOLEANS.update({"0": False, "false": False, "f": False, "no": False, "n": False})
+
+
+def _check_rdzv_conf(backend: str, conf: tuple[tuple[str, str], ...]) -> list[str]:
+    """Check the values ``backend`` reads as torch reads them (integers as ``int()``,
+    booleans as ``RendezvousParameters.get_as_bool``), refusing in one line what torch would
+    refuse with a traceback (or, for a zero interval, spin on); return warnings for keys the
+    backend does not read (a plugin backend's keys are not known: none)."""
+    known = RDZV_CONF_KEYS.get(backend)
+    if known is None:
+        return []
+    warnings = []
+    for key, value in conf:
+        if key not in known:
+            where = f"the {backend} backend (torchrun ignores it too)"
+            if backend == "static":
+                where = "numarun's static rendezvous: it has no effect"
+            warnings.append(
+                f"--rdzv-conf {key}={value} is not read by {where}; options: {', '.join(known)}"
+            )
+        elif key in _SECONDS_KEYS:
+            try:
+                number = int(value)
+            except ValueError:
+                number = 0
+            if number <= 0:
+                raise UsageError(f"--rdzv-conf {key}={value}: must be a whole number > 0")
+        elif key == "is_host" and value.lower() not in _BOOLEANS:
+            raise UsageError(f"--rdzv-conf is_host={value}: must be true or false (1/0, yes/no)")
+        elif key == "store_type" and value.lower() not in ("tcp", "file"):
+            raise UsageError(f"--rdzv-conf store_type={value}: must be tcp or file")
+        elif key == "protocol" and value.lower() not in ("http", "https"):
+            raise UsageError(f"--rdzv-conf protocol={value}: must be http or https")
+    return warnings
+
 
 
 def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str]:

@@ -5,15 +5,20 @@ Three kinds of entry point, as in torchrun: a Python script (``train.py``), a mo
 ``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...``
 (cheaper than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker
 without ``@record`` still leaves an error file with its traceback, and its stacks can be taken
-(:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK, LOCAL_RANK,
-WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through ``env://``:
-numarun runs no rendezvous service, global rank 0 hosts the ``TCPStore``.
+(:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK,
+LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
+``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
+global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
+c10d``) :mod:`numarun.elastic` joins torch's rendezvous and the launcher hosts the store, as
+torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
-:mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point
-checked, plan made, memory policy proven, workers started by the supervisor, summary printed,
-exit code returned). :func:`main` joins the two and turns :class:`NumarunError` into one line on
-stderr and exit status 2.
+:mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point checked, plan
+made, memory policy proven; then :class:`_Job`: one attempt after another, each started and
+watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a signal or the
+rendezvous ends the job; summary printed, exit code returned). :func:`main` joins the two and
+turns :class:`NumarunError` into one line on stderr and its exit status (2 for bad input, 1
+for a rendezvous that fails).
 
 Start-up speed matters (``benchmarks/bench_launch.py`` compares it with bare interpreter
 starts), so everything beyond argument parsing and the supervisor is imported only on the path
@@ -23,11 +28,12 @@ for it, the log and failure modules only for redirected output or a failed run.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from numarun import workerenv
 from numarun.errors import NumarunError, UsageError
@@ -39,8 +45,10 @@ from numarun.launch_config import LaunchConfig, parse_args
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from numarun.elastic import ElasticNode
     from numarun.plan import Plan, RankBinding
-    from numarun.supervisor import RunResult, WorkerSpec
+    from numarun.rendezvous import Round
+    from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
 
 # -c, not -m numarun._script: -m makes every worker import runpy first (see numarun._script).
 SCRIPT_BOOTSTRAP = "from numarun._script import main; main()"
@@ -93,11 +101,13 @@ def rank_env(
     local_rank: int,
     *,
     base: Mapping[str, str],
-    master_port: int,
+    master_port: int | None = None,
     error_file: str,
     binding: RankBinding | None = None,
     plan_env: Sequence[tuple[str, str]] = (),
     unbound_threads: int = 1,
+    group: Round | None = None,
+    restart_count: int = 0,
 ) -> dict[str, str]:
     """The variables numarun sets for ``local_rank`` on top of ``base`` (the launcher's env).
 
@@ -105,25 +115,37 @@ def rank_env(
     WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*),
     ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and ``OMP_NUM_THREADS`` only when ``base`` lacks them
     (OMP: the rank's bound physical cores, else ``unbound_threads``), then ``plan_env`` (e.g.
-    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), which wins over ``base``.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), which wins over ``base``. Ranks, sizes and the store's
+    address come from ``group``, a round of a torch rendezvous; without it, from the static
+    rendezvous (``config`` and ``master_port``; rank 0's worker hosts the store).
+    ``restart_count`` is TORCHELASTIC_RESTART_COUNT.
     """
-    rank = config.global_rank(local_rank)
+    if group is None:
+        rank = role_rank = config.global_rank(local_rank)
+        world = role_world = config.world_size
+        group_rank, group_size, agent_store = config.node_rank, config.nnodes, False
+        master = (config.master_addr, master_port)
+    else:
+        rank, role_rank, world, role_world = group.workers[local_rank]
+        group_rank, group_size = group.group_rank, group.group_world_size
+        master = (group.master_addr, group.master_port)
+        agent_store = group.use_agent_store
     env = {
         "LOCAL_RANK": str(local_rank),
         "RANK": str(rank),
-        "GROUP_RANK": str(config.node_rank),
-        "ROLE_RANK": str(rank),
+        "GROUP_RANK": str(group_rank),
+        "ROLE_RANK": str(role_rank),
         "ROLE_NAME": config.role,
         "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
-        "WORLD_SIZE": str(config.world_size),
-        "GROUP_WORLD_SIZE": str(config.nnodes),
-        "ROLE_WORLD_SIZE": str(config.world_size),
-        "MASTER_ADDR": config.master_addr,
-        "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RESTART_COUNT": "0",
-        "TORCHELASTIC_MAX_RESTARTS": "0",
+        "WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": str(group_size),
+        "ROLE_WORLD_SIZE": str(role_world),
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         "TORCHELASTIC_RUN_ID": config.run_id,
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCHELASTIC_ERROR_FILE": error_file,
         "TORCHELASTIC_SIGNALS_TO_HANDLE": config.signals_to_handle,
     }
@@ -162,17 +184,18 @@ def exit_code_for(result: RunResult) -> int:
     """The launcher's exit status for a finished run.
 
     128+N when the launcher itself received signal N (130 for Ctrl-C); else 124 when
-    ``--hang-timeout`` stopped the run (``stop_reason`` ``"hang: ..."``); else 0 when no worker
-    failed; else the first failing worker's status: its exit code, 128+N when signal N killed
-    it, 1 when it is unaccounted for (unkillable).
+    ``--hang-timeout`` stopped the run (``stop_reason`` ``"hang: ..."``, as timeout(1)); else
+    the first failing worker's status: its exit code, 128+N when signal N killed it, 1 when it
+    is unaccounted for (unkillable); else 1 when the run was stopped through
+    ``Supervisor.request_stop`` for another reason (the rendezvous); else 0.
     """
     if result.received_signal:
         return 128 + int(result.received_signal)
     if result.stop_reason is not None and result.stop_reason.startswith("hang: "):
-        return 124  # numarun.stackdumps.HANG_EXIT_CODE, as timeout(1)
+        return 124  # numarun.stackdumps.HANG_EXIT_CODE
     failure = result.first_failure
     if failure is None:
-        return 0
+        return 1 if result.stop_reason else 0
     if failure.exit_code is None:
         return 1
     if failure.exit_code < 0:
@@ -217,6 +240,8 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     launcher's start-up objects are never collected afterwards.
     """
     base = dict(os.environ if environ is None else environ)
+    for warning in config.warnings:
+        print(f"numarun: warning: {warning}", file=sys.stderr)
     binary_path = check_entrypoint(config, base)
     if config.virtual_local_rank:
         virtual_device(base, config.nproc_per_node - 1)  # too few devices: refused before start
@@ -224,7 +249,10 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     if plan is not None:
         for warning in plan.warnings:
             print(f"numarun: warning: {warning}", file=sys.stderr)
-    port = config.master_port if config.master_port is not None else workerenv.free_port()
+    if config.elastic:
+        port = 0  # the rendezvous names the store
+    else:
+        port = config.master_port if config.master_port is not None else workerenv.free_port()
     if config.dry_run:
         print(_dry_run_text(config, plan, base, port, binary_path), end="")
         return 0
@@ -353,6 +381,14 @@ def _dry_run_text(
         lines.append("")
     attempt_dir = os.path.join(config.log_dir or "<temporary dir>", config.run_id, "attempt_0")
     threads = _unbound_threads(config, base)
+    from_rendezvous: tuple[str, ...] = ()
+    if config.elastic:
+        from_rendezvous = _RENDEZVOUS_VARIABLES
+        lines.append(
+            f"rendezvous: {config.rdzv_backend} at {config.rdzv_endpoint or '(default endpoint)'}"
+            f", run id {config.run_id}, {config.min_nodes}:{config.max_nodes} nodes; "
+            f"{', '.join(from_rendezvous)} come from its rounds"
+        )
     for local_rank in range(config.nproc_per_node):
         env = rank_env(
             config,
@@ -366,12 +402,29 @@ def _dry_run_text(
         )
         binding = _bound(plan, local_rank)
         where = "unbound" if binding is None else f"cpus {_cpus_text(binding.cpus)}"
-        lines.append(f"local rank {local_rank} (rank {config.global_rank(local_rank)}, {where}):")
+        rank = f"rank {config.global_rank(local_rank)}"
+        if config.elastic:
+            rank = "rank from the rendezvous"
+        lines.append(f"local rank {local_rank} ({rank}, {where}):")
         lines.append(f"  argv: {shlex.join(worker_argv(config, binary_path, local_rank))}")
         for key in sorted(env):
-            if base.get(key) != env[key]:
+            if base.get(key) != env[key] and key not in from_rendezvous:
                 lines.append(f"  env:  {key}={shlex.quote(env[key])}")
     return "\n".join(lines) + "\n"
+
+
+# What a torch rendezvous decides per round (the dry run cannot know it).
+_RENDEZVOUS_VARIABLES = (
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
 
 
 def _cpus_text(cpus: Sequence[int]) -> str:
@@ -387,10 +440,7 @@ def _launch(
     port: int,
     binary_path: str | None,
 ) -> int:
-    import gc
     import shutil
-
-    from numarun.supervisor import Supervisor, WorkerSpec
 
     mem_policies = _mem_policies(config, plan)
     outputs = _output_levels(config)
@@ -400,86 +450,350 @@ def _launch(
     to_files = any(outputs[0].values()) or any(outputs[1].values()) or filtering
     keep = config.log_dir is not None or to_files
     log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(announce=to_files)
-    duplicates: tuple = (None, None)
-    job = None
     try:
-        job = _job_stacks(config)
-        attempt_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
-        duplicates = _line_filters(config, attempt_dir)
-        threads = _unbound_threads(config, base)
-        specs = []
-        for local_rank in range(config.nproc_per_node):
-            binding = _bound(plan, local_rank)
-            env = {
-                **base,
-                **rank_env(
-                    config,
-                    local_rank,
-                    base=base,
-                    master_port=port,
-                    error_file=_error_file(attempt_dir, local_rank),
-                    binding=binding,
-                    plan_env=plan.env if plan is not None else (),
-                    unbound_threads=threads,
-                ),
-                **(job.worker_env(local_rank) if job is not None else {}),
-            }
-            stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base, duplicates)
-            if job is not None:
-                job.count_output((stdout, stderr))
-            specs.append(
-                WorkerSpec(
-                    local_rank=local_rank,
-                    rank=config.global_rank(local_rank),
-                    env=env,
-                    argv=worker_argv(config, binary_path, local_rank),
-                    cpus=binding.cpus if binding is not None else None,
-                    mem=mem_policies[local_rank],
-                    stdout=stdout,
-                    stderr=stderr,
-                )
+        first_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
+        shown = log_base if keep else None
+        job = _Job(config, plan, base, binary_path, mem_policies, outputs, shown)
+        return job.run(first_dir, port)
+    finally:
+        if not keep:
+            shutil.rmtree(log_base, ignore_errors=True)
+
+
+class _Interrupted(BaseException):
+    """A teardown signal arrived between attempts (see :class:`_SignalGuard`)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _raise_interrupted(signum: int, frame: object) -> None:
+    raise _Interrupted(signum)
+
+
+class _SignalGuard:
+    """While no supervisor runs (a rendezvous, the exit barrier, the gap between attempts),
+    a teardown signal ends the launch at once: its handler raises :class:`_Interrupted` in
+    the main thread, wherever it waits (:func:`numarun.elastic.run_blocking` keeps torch's
+    blocking calls off that thread). The supervisor's own handling replaces this while workers
+    run. A signal the caller ignores stays ignored when it is in ``keep_ignored`` (SIGHUP under
+    ``nohup``). Main thread only; elsewhere it does nothing. Restores the previous handlers."""
+
+    def __init__(self, signals: Sequence[int], keep_ignored: Sequence[int] = (signal.SIGHUP,)):
+        self._signals = tuple(signals)
+        self._keep_ignored = tuple(keep_ignored)
+        self._previous: dict[int, object] = {}
+
+    def __enter__(self) -> _SignalGuard:
+        import threading
+
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for signum in self._signals:
+            previous = signal.getsignal(signum)
+            if previous is None or (previous == signal.SIG_IGN and signum in self._keep_ignored):
+                continue
+            self._previous[signum] = previous
+            signal.signal(signum, _raise_interrupted)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)  # type: ignore[arg-type]
+        self._previous.clear()
+
+
+class _Attempt:
+    """One attempt's end: its directory name (``attempt_<restart count>``, ``.N`` after the
+    N-th re-forming of the group at the same count), result, and its line in the report."""
+
+    def __init__(
+        self, name: str, directory: str, result: RunResult, lost: list[str], stacks: object
+    ) -> None:
+        self.name = name
+        self.directory = directory
+        self.result = result
+        self.lost = lost
+        self.stacks = stacks  # numarun.stackdumps.JobStacks (closed) or None
+        self.line = ""
+
+
+class _Job:
+    """The attempts of one launch: one loop (:meth:`run`) over :meth:`run_attempt`.
+
+    torchrun's semantics: a failed attempt (a worker failed, or the supervisor was stopped
+    for any reason but this node's rendezvous) is followed by another, with
+    TORCHELASTIC_RESTART_COUNT one higher, while ``--max-restarts`` allows; a node joining
+    (or leaving) the rendezvous re-forms the group without using a restart; a teardown signal
+    ends the job. Every attempt keeps its own directory; the end report lists each attempt's
+    root cause.
+    """
+
+    def __init__(
+        self,
+        config: LaunchConfig,
+        plan: Plan | None,
+        base: Mapping[str, str],
+        binary_path: str | None,
+        mem_policies: list,
+        outputs: tuple[dict[int, int], dict[int, int], set[int]],
+        shown_log_dir: str | None,
+    ) -> None:
+        self.config = config
+        self.plan = plan
+        self.base = base
+        self.binary_path = binary_path
+        self.mem_policies = mem_policies
+        self.outputs = outputs
+        self.shown_log_dir = shown_log_dir
+        self.attempts: list[_Attempt] = []
+        self.node: ElasticNode | None = None
+        self.waiting_for = "between attempts"  # what a signal interrupts, for its line
+
+    def run(self, first_dir: str, port: int) -> int:
+        """Run attempts until one succeeds, fails with no restart left, or a signal or the
+        rendezvous ends the job; print the report; return the exit status."""
+        config = self.config
+        if not config.elastic and not config.max_restarts:
+            # One attempt, as numarun has always run it: no guard, nothing imported.
+            return self.report(self.run_attempt(None, port, "attempt_0", first_dir, 0))
+        try:
+            with _SignalGuard(config.teardown_signals):
+                return self._loop(first_dir, port)
+        except _Interrupted as stop:
+            sys.stderr.write(
+                f"numarun: stopped on {_signal_text(stop.signum)} while {self.waiting_for}; "
+                "no worker was running\n"
             )
-        supervisor = Supervisor(
-            specs,
-            grace_period=config.grace_period,
-            teardown_signals=config.teardown_signals,
-            forward_signals=config.forward_signals,
-            # torchrun's semantics: the workers get the signal numarun got (Ctrl-C: SIGINT, so
-            # `except KeyboardInterrupt` runs); only a nohup'd SIGHUP stays ignored, so a
-            # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
-            relay_signal=True,
-            keep_ignored=(signal.SIGHUP,),
-            on_failure=job.on_failure if job is not None else None,
-            on_exit=job.on_exit if job is not None else None,
-        )
-        if job is not None:
-            job.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
-        # Everything allocated so far lives until exit; freezing it keeps the collector from
-        # walking it again, which on a slow machine costs 10+ ms at interpreter exit.
-        gc.freeze()
-        result = supervisor.run(on_started=lambda: _on_started(job))
-        code = exit_code_for(result)
-        lost = _lost_logs(specs)
+            return 128 + stop.signum
+
+    def _loop(self, first_dir: str, port: int) -> int:
+        config = self.config
+        if config.elastic:
+            from numarun.elastic import ElasticNode, NotAdmitted
+
+            self.node = ElasticNode(config)
+            self.waiting_for = f"waiting for the {self.node.where}"
+            self.node.connect()
+        restart_count = 0
+        reforms = 0
+        directory = first_dir
+        group: Round | None = None  # the static rendezvous: config and port
+        while True:
+            name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
+            if self.attempts:
+                directory = _next_attempt_dir(first_dir, name, config.nproc_per_node)
+            if self.node is not None:
+                try:
+                    group = self.node.next_round()
+                except NotAdmitted as done:
+                    sys.stderr.write(str(done) + "\n")
+                    return 0
+            attempt = self.run_attempt(group, port, name, directory, restart_count)
+            result = attempt.result
+            change = self.node.change if self.node is not None else None
+            ours = change is not None and result.stop_reason == change.reason
+            if result.received_signal:
+                if self.node is not None:
+                    self._announce(f"stopped on {_signal_text(result.received_signal)}")
+                return self.report(attempt)
+            if ours and change is not None and change.kind == "rejoin":
+                attempt.line = f"{name}: stopped: {change.message} (no restart used)"
+                sys.stderr.write(f"numarun: {attempt.line}\n")
+                reforms += 1
+                continue
+            if ours and change is not None:
+                attempt.line = f"{name}: stopped: {change.message}"
+                sys.stderr.write(f"numarun: {change.message}; this node stops\n")
+                return 1
+            if exit_code_for(result) == 0:
+                if self.node is not None:
+                    self.waiting_for = f"waiting for the other nodes to finish ({self.node.where})"
+                    warning = self.node.finish(succeeded=True)
+                    if warning:
+                        sys.stderr.write(f"numarun: warning: {warning}\n")
+                return self.report(attempt)
+            self._describe_failure(attempt)
+            if self.node is not None and result.first_failure is None:
+                self._announce(f"stopped: {result.stop_reason}")
+            if restart_count >= config.max_restarts:
+                if self.node is not None:
+                    self.node.finish(succeeded=False)
+                return self.report(attempt)
+            restart_count += 1
+            reforms = 0
+            sys.stderr.write(
+                f"numarun: {attempt.line}; restarting (restart {restart_count} of "
+                f"{config.max_restarts})\n"
+            )
+            if self.node is None and config.master_port is None:
+                port = workerenv.free_port()  # the old store's port may still be held
+
+    def _announce(self, message: str) -> None:
+        assert self.node is not None
+        from numarun.elastic import run_blocking
+
+        node = self.node
+        # Best effort, bounded: a store that stopped answering must not hold the exit.
+        with contextlib.suppress(TimeoutError):
+            run_blocking(lambda: node.announce(message), limit=5.0)
+
+    def run_attempt(
+        self, group: Round | None, port: int, name: str, directory: str, restart_count: int
+    ) -> _Attempt:
+        """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
+        static rendezvous with the store on ``port``) with their files under ``directory``,
+        wait for the supervisor's end, return the attempt."""
+        import gc
+
+        from numarun.supervisor import Supervisor, WorkerSpec
+
+        config, plan, base = self.config, self.plan, self.base
+        duplicates: tuple = (None, None)
+        stacks = None
+        try:
+            duplicates = _line_filters(config, directory)
+            threads = _unbound_threads(config, base)
+            specs = []
+            envs = []
+            for local_rank in range(config.nproc_per_node):
+                binding = _bound(plan, local_rank)
+                env = {
+                    **base,
+                    **rank_env(
+                        config,
+                        local_rank,
+                        base=base,
+                        error_file=_error_file(directory, local_rank),
+                        binding=binding,
+                        plan_env=plan.env if plan is not None else (),
+                        unbound_threads=threads,
+                        master_port=port,
+                        group=group,
+                        restart_count=restart_count,
+                    ),
+                }
+                envs.append(env)
+            # The ranks of this attempt (under a torch rendezvous they come from the round).
+            stacks = _job_stacks(config, [(lr, int(env["RANK"])) for lr, env in enumerate(envs)])
+            for local_rank, env in enumerate(envs):
+                binding = _bound(plan, local_rank)
+                if stacks is not None:
+                    env.update(stacks.worker_env(local_rank))
+                rank = int(env["RANK"])
+                stdout, stderr = _sinks(
+                    config, self.outputs, local_rank, directory, base, duplicates, rank=rank
+                )
+                if stacks is not None:
+                    stacks.count_output((stdout, stderr))
+                specs.append(
+                    WorkerSpec(
+                        local_rank=local_rank,
+                        rank=rank,
+                        env=env,
+                        argv=worker_argv(config, self.binary_path, local_rank),
+                        cpus=binding.cpus if binding is not None else None,
+                        mem=self.mem_policies[local_rank],
+                        stdout=stdout,
+                        stderr=stderr,
+                    )
+                )
+            supervisor = Supervisor(
+                specs,
+                grace_period=config.grace_period,
+                teardown_signals=config.teardown_signals,
+                forward_signals=config.forward_signals,
+                # torchrun's semantics: the workers get the signal numarun got (Ctrl-C:
+                # SIGINT, so `except KeyboardInterrupt` runs); only a nohup'd SIGHUP stays
+                # ignored, so a background job (started with SIGINT and SIGQUIT ignored)
+                # still stops on kill -INT.
+                relay_signal=True,
+                keep_ignored=(signal.SIGHUP,),
+                on_failure=self._on_failure_callbacks(stacks),
+                on_exit=stacks.on_exit if stacks is not None else None,
+            )
+            if self.node is not None:
+                self.node.watch(supervisor)
+            if stacks is not None:
+                stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
+            # Everything allocated so far lives until exit; freezing it keeps the collector
+            # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
+            gc.freeze()
+            result = supervisor.run(on_started=lambda: _on_started(stacks))
+        finally:
+            if stacks is not None:
+                stacks.close()  # what the summary needs stays in memory
+            for line_filter in duplicates:
+                if line_filter is not None:
+                    line_filter.close()
+        attempt = _Attempt(name, directory, result, _lost_logs(specs), stacks)
+        self.attempts.append(attempt)
+        return attempt
+
+    def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
+        """What runs at a local worker's failure, before the others are stopped: the notice
+        to the other nodes first (it is quick), then the other ranks' stacks (at most ~1 s)."""
+        calls = []
+        if self.node is not None:
+            calls.append(self.node.on_worker_failure)
+        if stacks is not None:
+            calls.append(stacks.on_failure)  # type: ignore[attr-defined]
+        if not calls:
+            return None
+
+        def on_failure(ended: WorkerExit) -> None:
+            for call in calls:
+                call(ended)
+
+        return on_failure
+
+    def _describe_failure(self, attempt: _Attempt) -> None:
+        """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
+        from numarun import failures
+
+        reports = _rank_reports(self.config, attempt.result, attempt.directory, self.outputs)
+        stopped = attempt.result.stop_reason
+        attempt.line = failures.attempt_line(attempt.name, reports, stopped_by=stopped)
+
+    def report(self, last: _Attempt) -> int:
+        """The end of the job: the failure summary of the last attempt (naming every earlier
+        attempt's root cause) when it failed, else a short note of the earlier attempts' root
+        causes, if any; returns the exit status."""
+        code = exit_code_for(last.result)
+        lost = [line for attempt in self.attempts for line in attempt.lost]
+        earlier = [attempt.line for attempt in self.attempts[:-1] if attempt.line]
         if code != 0:
             sys.stdout.flush()
             summary = _summary(
-                config, result, attempt_dir, outputs, log_base if keep else None, lost, job
+                self.config,
+                last.result,
+                last.directory,
+                self.outputs,
+                self.shown_log_dir,
+                lost,
+                earlier=earlier,
+                stacks=last.stacks,
             )
             sys.stderr.write(summary + "\n")
             sys.stderr.flush()
-        elif lost:
+            return code
+        if earlier or lost:
             from numarun import failures
 
-            sys.stderr.write(failures.format_lost_logs(lost) + "\n")
+            if earlier:
+                sys.stderr.write(failures.format_attempts(earlier) + "\n")
+            if lost:
+                sys.stderr.write(failures.format_lost_logs(lost) + "\n")
         return code
-    finally:
-        if job is not None:
-            job.close()
-        for line_filter in duplicates:
-            if line_filter is not None:
-                line_filter.close()
-        if not keep:
-            shutil.rmtree(log_base, ignore_errors=True)
+
+
+def _next_attempt_dir(first_dir: str, name: str, nproc: int) -> str:
+    """``<run dir>/<name>/<local_rank>/`` beside the first attempt's; never reused."""
+    directory = os.path.join(os.path.dirname(first_dir), name)
+    for local_rank in range(nproc):
+        os.makedirs(os.path.join(directory, str(local_rank)))
+    return directory
 
 
 def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
@@ -497,17 +811,16 @@ def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
     )
 
 
-def _job_stacks(config: LaunchConfig):  # -> numarun.stackdumps.JobStacks | None
-    """The job's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stackdumps`).
+def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]):  # -> JobStacks | None
+    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stackdumps`)
+    for its ``(local rank, global rank)`` pairs.
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
     from numarun.stackdumps import JobStacks
 
     entrypoint = " ".join([config.entrypoint, *config.args])
-    n = config.nproc_per_node
     try:
-        ranks = [(local_rank, config.global_rank(local_rank)) for local_rank in range(n)]
         return JobStacks(
             ranks,
             python=config.entrypoint_kind != "binary",
@@ -523,9 +836,9 @@ def _job_stacks(config: LaunchConfig):  # -> numarun.stackdumps.JobStacks | None
         return None
 
 
-def _on_started(job) -> None:  # job: numarun.stackdumps.JobStacks | None
-    if job is not None:
-        job.listen()
+def _on_started(stacks) -> None:  # stacks: numarun.stackdumps.JobStacks | None
+    if stacks is not None:
+        stacks.listen()
     _prefetch_failure_report()
 
 
@@ -627,7 +940,10 @@ def _sinks(
     attempt_dir: str,
     base: Mapping[str, str],
     duplicates: tuple = (None, None),
+    *,
+    rank: int | None = None,
 ) -> tuple[object, object]:
+    """Where ``local_rank``'s output goes; ``rank`` is its global rank (default: static)."""
     redirects, tee, shown = outputs
     if not redirects[local_rank] and not tee[local_rank] and local_rank in shown:
         return None, None  # the worker writes straight to our stdout/stderr
@@ -635,7 +951,8 @@ def _sinks(
 
     from numarun import logs
 
-    rank = config.global_rank(local_rank)
+    if rank is None:
+        rank = config.global_rank(local_rank)
     prefix = logs.make_prefix(rank, local_rank, role_name=config.role, environ=base)
     return logs.sinks_for(
         local_rank,
@@ -668,15 +985,13 @@ def _lost_logs(specs: Sequence[WorkerSpec]) -> list[str]:
     return lines
 
 
-def _summary(
+def _rank_reports(
     config: LaunchConfig,
     result: RunResult,
     attempt_dir: str,
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
-    log_dir: str | None,
-    lost_logs: Sequence[str] = (),
-    job: object = None,
-) -> str:
+) -> list:
+    """Each worker's end with its error file and (redirected) log directory."""
     from pathlib import Path
 
     from numarun import failures
@@ -692,6 +1007,23 @@ def _summary(
                 log_dir=Path(attempt_dir) / str(worker.local_rank) if to_files else None,
             )
         )
+    return reports
+
+
+def _summary(
+    config: LaunchConfig,
+    result: RunResult,
+    attempt_dir: str,
+    outputs: tuple[dict[int, int], dict[int, int], set[int]],
+    log_dir: str | None,
+    lost_logs: Sequence[str] = (),
+    *,
+    earlier: Sequence[str] = (),
+    stacks: object = None,
+) -> str:
+    from numarun import failures
+
+    reports = _rank_reports(config, result, attempt_dir, outputs)
     entrypoint = " ".join([config.entrypoint, *config.args])
     if len(entrypoint) > 200:
         entrypoint = entrypoint[:197] + "..."
@@ -701,8 +1033,9 @@ def _summary(
         host=os.uname().nodename,
         log_dir=log_dir,
         lost_logs=lost_logs,
-        stopped_by=_signal_text(result.received_signal),
-        **(job.summary_fields(attempt_dir if log_dir else None) if job is not None else {}),
+        stopped_by=_signal_text(result.received_signal) or result.stop_reason,
+        earlier_attempts=earlier,
+        **(stacks.summary_fields(attempt_dir if log_dir else None) if stacks is not None else {}),  # type: ignore[attr-defined]
     )
 
 
