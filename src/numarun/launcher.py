@@ -387,46 +387,49 @@ def _launch(
 
     mem_policies = _mem_policies(config, plan)
     outputs = _output_levels(config)
-    # Per-rank files are kept when asked for (--log-dir) or when output went to them; a
-    # temporary directory that only held error files is removed at the end.
-    filtering = bool(config.duplicate_stdout_filters or config.duplicate_stderr_filters)
-    to_files = any(outputs[0].values()) or any(outputs[1].values()) or filtering
-    keep = config.log_dir is not None or to_files
-    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(announce=to_files)
+    temporary = config.log_dir is None
+    holds = _temp_dir_holds(config, outputs) if temporary else LOGS
+    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(holds)
     duplicates: tuple = (None, None)
+    specs: list[WorkerSpec] = []
+    nothing_ran = True  # until the workers started: then the directory may hold their output
+    code = 2
     try:
-        attempt_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
-        duplicates = _line_filters(config, attempt_dir)
-        threads = _unbound_threads(config, base)
-        specs = []
-        for local_rank in range(config.nproc_per_node):
-            binding = _bound(plan, local_rank)
-            env = {
-                **base,
-                **rank_env(
-                    config,
-                    local_rank,
-                    base=base,
-                    master_port=port,
-                    error_file=_error_file(attempt_dir, local_rank),
-                    binding=binding,
-                    plan_env=plan.env if plan is not None else (),
-                    unbound_threads=threads,
-                ),
-            }
-            stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base, duplicates)
-            specs.append(
-                WorkerSpec(
-                    local_rank=local_rank,
-                    rank=config.global_rank(local_rank),
-                    env=env,
-                    argv=worker_argv(config, binary_path, local_rank),
-                    cpus=binding.cpus if binding is not None else None,
-                    mem=mem_policies[local_rank],
-                    stdout=stdout,
-                    stderr=stderr,
+        try:
+            attempt_dir = _make_attempt_dir(log_base, config, fresh=temporary)
+            duplicates = _line_filters(config, attempt_dir)
+            threads = _unbound_threads(config, base)
+            for local_rank in range(config.nproc_per_node):
+                binding = _bound(plan, local_rank)
+                env = {
+                    **base,
+                    **rank_env(
+                        config,
+                        local_rank,
+                        base=base,
+                        master_port=port,
+                        error_file=_error_file(attempt_dir, local_rank),
+                        binding=binding,
+                        plan_env=plan.env if plan is not None else (),
+                        unbound_threads=threads,
+                    ),
+                }
+                stdout, stderr = _sinks(config, outputs, local_rank, attempt_dir, base, duplicates)
+                specs.append(
+                    WorkerSpec(
+                        local_rank=local_rank,
+                        rank=config.global_rank(local_rank),
+                        env=env,
+                        argv=worker_argv(config, binary_path, local_rank),
+                        cpus=binding.cpus if binding is not None else None,
+                        mem=mem_policies[local_rank],
+                        stdout=stdout,
+                        stderr=stderr,
+                    )
                 )
-            )
+        except OSError as error:  # out of fds, an unwritable log file: nothing has started
+            _close_sinks(specs)
+            raise _setup_error(error, config) from None
         supervisor = Supervisor(
             specs,
             grace_period=config.grace_period,
@@ -437,17 +440,30 @@ def _launch(
             # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
             relay_signal=True,
             keep_ignored=(signal.SIGHUP,),
+            # Killed (SIGKILL), numarun cannot clean up: its watchdog removes a temporary dir
+            # that held nothing but error files; log files stay (the start said where).
+            remove_if_killed=log_base if holds == ERRORS else None,
         )
         # Everything allocated so far lives until exit; freezing it keeps the collector from
         # walking it again, which on a slow machine costs 10+ ms at interpreter exit.
         gc.freeze()
-        result = supervisor.run(on_started=_prefetch_failure_report)
+        try:
+            result = supervisor.run(on_started=_prefetch_failure_report)
+        except NumarunError:
+            raise  # a worker could not start: one line, and nothing of the run is kept
+        except BaseException:
+            nothing_ran = False
+            raise
+        finally:
+            _close_sinks(specs)  # closed already when the run ended; not when start failed
+        nothing_ran = False
         code = exit_code_for(result)
         lost = _lost_logs(specs)
+        kept = not temporary or holds == LOGS or (holds == COPIES and code != 0)
         if code != 0:
             sys.stdout.flush()
             summary = _summary(
-                config, result, attempt_dir, outputs, log_base if keep else None, lost
+                config, result, attempt_dir, outputs, log_base if kept else None, lost
             )
             sys.stderr.write(summary + "\n")
             sys.stderr.flush()
@@ -460,8 +476,60 @@ def _launch(
         for line_filter in duplicates:
             if line_filter is not None:
                 line_filter.close()
-        if not keep:
+        if temporary and (holds == ERRORS or nothing_ran or (holds == COPIES and code == 0)):
             shutil.rmtree(log_base, ignore_errors=True)
+
+
+# What numarun's temporary log directory (no --log-dir) holds, which decides what becomes of it.
+ERRORS = "errors"  # only the workers' error files: removed at the end (also if numarun is killed)
+COPIES = "copies"  # log files whose every line was shown on the console: kept only on failure
+LOGS = "logs"  # output that is nowhere else (--redirects, filters, hidden ranks): kept
+
+
+def _temp_dir_holds(
+    config: LaunchConfig, outputs: tuple[dict[int, int], dict[int, int], set[int]]
+) -> str:
+    """:data:`ERRORS`, :data:`COPIES` or :data:`LOGS` for a run without ``--log-dir``."""
+    redirects, tee, shown = outputs
+    if config.duplicate_stdout_filters or config.duplicate_stderr_filters:
+        return LOGS
+    only_in_files = any(
+        redirects[rank] & ~tee[rank] or (tee[rank] and rank not in shown) for rank in tee
+    )
+    if only_in_files:
+        return LOGS
+    return COPIES if any(tee.values()) else ERRORS
+
+
+def _close_sinks(specs: Sequence[WorkerSpec]) -> None:
+    """Close the log files of sinks the supervisor never ran (closing twice is harmless)."""
+    for spec in specs:
+        for sink in (spec.stdout, spec.stderr):
+            if sink is not None:
+                sink.close()
+
+
+def _setup_error(error: OSError, config: LaunchConfig) -> UsageError:
+    """One line for an OSError while the workers' files were set up (nothing started)."""
+    import errno
+
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return UsageError(
+            f"out of file descriptors ({error.strerror}) setting up "
+            f"{config.nproc_per_node} workers' output: the limit is {_fd_limit()} "
+            "(ulimit -n); raise it, or run fewer ranks or with less --tee/--redirects"
+        )
+    where = f" {error.filename}" if error.filename else ""
+    return UsageError(f"cannot set up the workers' output{where}: {error.strerror or error}")
+
+
+def _fd_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
 
 
 def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
@@ -497,13 +565,27 @@ def _import_failures() -> None:
     import numarun.failures  # noqa: F401
 
 
-def _temp_log_dir(*, announce: bool) -> str:
-    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
+def _temp_log_dir(holds: str) -> str:
+    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700); where it holds
+    log files (``holds`` is not :data:`ERRORS`) one line on stderr says where and whether it stays.
 
     Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` and
     :mod:`numarun.logs` cost a few milliseconds to import on every launch's start-up path.
+    ``$TMPDIR`` owned by another user (not root) is refused: its owner could swap our
+    directory for a symbolic link between the checks and the writes.
     """
     base = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        owner = os.stat(base).st_uid
+    except OSError as error:
+        raise UsageError(
+            f"cannot create a temporary log directory in {base}: {error.strerror}; give --log-dir"
+        ) from None
+    if owner not in (0, os.geteuid()):
+        raise UsageError(
+            f"TMPDIR {base!r} belongs to another user (uid {owner}); numarun writes only into "
+            "directories of yours or root's: set TMPDIR or give --log-dir"
+        )
     for _ in range(100):
         path = os.path.join(base, f"numarun_{os.urandom(6).hex()}")
         try:
@@ -515,8 +597,14 @@ def _temp_log_dir(*, announce: bool) -> str:
                 f"cannot create a temporary log directory in {base}: {error.strerror}; "
                 "give --log-dir"
             ) from None
-        if announce:
+        if holds == LOGS:
             print(f"numarun: worker logs go to {path}", file=sys.stderr)
+        elif holds == COPIES:
+            print(
+                f"numarun: worker logs go to {path} (removed if the run succeeds; "
+                "--log-dir keeps them)",
+                file=sys.stderr,
+            )
         return path
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
 
