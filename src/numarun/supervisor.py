@@ -798,6 +798,11 @@ class Supervisor:
             worker.pidfd = watchdog.open_pidfd(worker.pid)
             if worker.pidfd is not None:
                 children.track(worker.pidfd)
+        # Not the watchdog's child: it must be told, to kill it if we die.
+        started = watchdog.start_time(worker.pid)
+        if started is not None and self._command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
 
     def _register_worker(self, worker: _Worker) -> None:
         assert self._selector is not None
@@ -1167,16 +1172,21 @@ class Supervisor:
     def _close_pipes_of_dead(self, worker: _Worker) -> None:
         """A dead worker reads no payload and writes no result; its output may go on (a
         grandchild holding the pipe), so output pipes stay until end of file."""
-        assert self._selector is not None
         if worker.payload_fd is not None:
-            self._selector.unregister(worker.payload_fd)
+            self._unregister(worker.payload_fd)
             children.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
         if worker.result_fd is not None:
-            self._selector.unregister(worker.result_fd)
+            self._unregister(worker.result_fd)
             children.close(worker.result_fd)
             worker.result_fd = None
+
+    def _unregister(self, fd: int) -> None:
+        """Stop watching ``fd``; one of a worker that never started was never watched."""
+        if self._selector is not None:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(fd)
 
     def _read_output(self, worker: _Worker, fd: int) -> None:
         try:
@@ -1192,8 +1202,7 @@ class Supervisor:
 
     def _close_output(self, worker: _Worker, fd: int) -> None:
         sink = worker.outputs.pop(fd)
-        if self._selector is not None:
-            self._selector.unregister(fd)
+        self._unregister(fd)
         children.close(fd)
         sink.close()
 

@@ -22,14 +22,17 @@ Protocol. Watchdog to supervisor (the status pipe), ASCII lines:
   pid, and with it its process group and session id, cannot be reused until the supervisor has
   finished its last sweep; orphans adopted from the run are reaped at once.
 
-Supervisor to watchdog (the command pipe): ``done`` means the run is over and swept: the
-watchdog reaps the workers and exits 0. End of file without ``done`` means the supervisor died
-(even by SIGKILL: the kernel closes its end). The watchdog then SIGKILLs every descendant of
-its own until it has no children left or ``kill_limit`` seconds passed, and for a run with
-``"forkserver"`` workers (children of multiprocessing's fork server, not of the watchdog) also
-every process of the supervisor's real uid whose ``/proc/<pid>/environ`` holds
-``NUMARUN_RUN_ID=<run id>``; removes ``remove_dir`` if given; then exits 0. Its workers, whose
-parent it is, get no parent-death signal while it lives, so it finds their trees intact.
+Supervisor to watchdog (the command pipe): ``F <pid> <start time>`` names a ``"forkserver"``
+worker (a child of multiprocessing's fork server, not of the watchdog), which the watchdog pins
+with a pidfd if that pid still has that start time (``/proc/<pid>/stat``, field 22). ``done``
+means the run is over and swept: the watchdog reaps the workers and exits 0. End of file
+without ``done`` means the supervisor died (even by SIGKILL: the kernel closes its end). The
+watchdog then SIGKILLs every descendant of its own until it has no children left or
+``kill_limit`` seconds passed; in a run with forkserver workers also those workers, their
+descendants, the processes in their sessions while they hold their pid, and every process of
+the supervisor's real uid whose ``/proc/<pid>/environ`` holds ``NUMARUN_RUN_ID=<run id>``;
+removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, get no
+parent-death signal while it lives, so it finds their trees intact.
 
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
@@ -96,6 +99,17 @@ def read_proc_stat(pid: int, proc: str = "/proc") -> ProcInfo | None:
     if len(fields) < 4:
         return None
     return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace")
+
+
+def start_time(pid: int, proc: str = "/proc") -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); with
+    the pid it names one process for good. None when it does not exist."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as stat:
+            text = stat.read()
+        return int(text[text.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def real_uid(pid: int, proc: str = "/proc") -> int | None:
@@ -341,6 +355,7 @@ class Watchdog:
         self.marker = marker
         self.uid = uid
         self.remove_dir = remove_dir
+        self.forkserver_workers: dict[int, int | None] = {}  # pid -> pidfd
         self.wake_r = self.wake_w = -1
 
     def serve(self) -> None:
@@ -371,13 +386,28 @@ class Watchdog:
                 self._forget_checks()
             if self.command_fd in ready:
                 data = os.read(self.command_fd, 4096)
-                command += data
-                if b"done\n" in command:
-                    self._finish()
+                *lines, command = (command + data).split(b"\n")
+                for line in lines:
+                    self._obey(line)
                 if not data:
                     self._supervisor_died()
 
     # --- while the run goes on ---------------------------------------------------------------
+
+    def _obey(self, line: bytes) -> None:
+        words = line.split()
+        if words == [b"done"]:
+            self._finish()
+        elif len(words) == 3 and words[0] == b"F" and words[1].isdigit():
+            pid = int(words[1])
+            try:
+                fd = open_pidfd(pid)
+            except ProcessLookupError:
+                return
+            if start_time(pid) == int(words[2]) and not has_exited(fd):
+                self.forkserver_workers[pid] = fd
+            else:
+                close_all([fd])  # ended already, its pid maybe someone else's
 
     def _report(self, line: bytes) -> None:
         # A supervisor that died stops reading: its end of file follows on the command pipe.
@@ -441,8 +471,8 @@ class Watchdog:
         os._exit(0)
 
     def kill_everything(self) -> int:
-        """SIGKILL every descendant (and, with a marker, every marked process of ``uid``) until
-        none is left or ``kill_limit`` seconds passed, reaping all; returns the kills sent."""
+        """SIGKILL every process of the run (see the module docstring) until none is left or
+        ``kill_limit`` seconds passed, reaping all; returns how many kill signals were sent."""
         me = os.getpid()
         deadline = time.monotonic() + self.kill_limit
         pins: dict[int, int | None] = {}
@@ -450,24 +480,28 @@ class Watchdog:
         try:
             while True:
                 table = read_proc_table()
-                victims = find_run_processes(
+                found = find_run_processes(
                     table,
-                    roots={me: None},
+                    roots={me: None, **self.forkserver_workers},
                     pins=pins,
+                    sessions=self.forkserver_workers,
                     marker=self.marker,
                     uid=self.uid,
                     exclude=ancestors(me, table) | {me},
                 )
-                for pid in victims:
-                    sent += send(pid, pins[pid], signal.SIGKILL)
+                victims = {pid: pins[pid] for pid in found}
+                for pid, fd in self.forkserver_workers.items():
+                    if not has_exited(fd) and is_alive(table.get(pid)):
+                        victims[pid] = fd
+                for pid, fd in victims.items():
+                    sent += send(pid, fd, signal.SIGKILL)
                 children = _reap_all()
                 if (not victims and not children) or time.monotonic() >= deadline:
                     return sent
-                waiting = [pins[pid] for pid in victims if pins[pid] is not None]
-                timeout = min(0.05, max(0.0, deadline - time.monotonic()))
+                waiting = [fd for fd in victims.values() if fd is not None]
                 if self.wake_r >= 0:
                     waiting.append(self.wake_r)
-                select.select(waiting, [], [], timeout)
+                select.select(waiting, [], [], min(0.05, max(0.0, deadline - time.monotonic())))
                 if self.wake_r >= 0:
                     _drain(self.wake_r)
         finally:
