@@ -389,7 +389,7 @@ def _launch(
     outputs = _output_levels(config)
     temporary = config.log_dir is None
     holds = _temp_dir_holds(config, outputs) if temporary else LOGS
-    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(holds)
+    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir()
     duplicates: tuple = (None, None)
     specs: list[WorkerSpec] = []
     nothing_ran = True  # until the workers started: then the directory may hold their output
@@ -430,6 +430,8 @@ def _launch(
         except OSError as error:  # out of fds, an unwritable log file: nothing has started
             _close_sinks(specs)
             raise _setup_error(error, config) from None
+        if temporary:
+            _announce(log_base, holds)
         supervisor = Supervisor(
             specs,
             grace_period=config.grace_period,
@@ -565,9 +567,8 @@ def _import_failures() -> None:
     import numarun.failures  # noqa: F401
 
 
-def _temp_log_dir(holds: str) -> str:
-    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700); where it holds
-    log files (``holds`` is not :data:`ERRORS`) one line on stderr says where and whether it stays.
+def _temp_log_dir() -> str:
+    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
 
     Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` and
     :mod:`numarun.logs` cost a few milliseconds to import on every launch's start-up path.
@@ -597,16 +598,20 @@ def _temp_log_dir(holds: str) -> str:
                 f"cannot create a temporary log directory in {base}: {error.strerror}; "
                 "give --log-dir"
             ) from None
-        if holds == LOGS:
-            print(f"numarun: worker logs go to {path}", file=sys.stderr)
-        elif holds == COPIES:
-            print(
-                f"numarun: worker logs go to {path} (removed if the run succeeds; "
-                "--log-dir keeps them)",
-                file=sys.stderr,
-            )
         return path
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
+
+
+def _announce(log_base: str, holds: str) -> None:
+    """One line on stderr where the temporary directory holds log files, and whether it stays."""
+    if holds == LOGS:
+        print(f"numarun: worker logs go to {log_base}", file=sys.stderr)
+    elif holds == COPIES:
+        print(
+            f"numarun: worker logs go to {log_base} (removed if the run succeeds; "
+            "--log-dir keeps them)",
+            file=sys.stderr,
+        )
 
 
 def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> str:
