@@ -301,6 +301,37 @@ def test_spawn_leaves_no_detached_process_and_no_zombie(method: str, tmp_path: P
         survivors(escapees, limit=0)
 
 
+def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
+    tmp_path: Path,
+) -> None:
+    """The README's row, side by side: the same escapees outlive a failed torchrun job and a
+    successful torch.multiprocessing.spawn (numarun ends them: the tests above)."""
+    import torch.multiprocessing
+
+    under_torchrun, under_mp = tmp_path / "torchrun", tmp_path / "mp"
+    under_torchrun.mkdir()
+    under_mp.mkdir()
+    escapees: list[int] = []
+    try:
+        torchrun = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+        job = subprocess.run(
+            [*torchrun, str(WORKERS / "td_escape.py"), str(under_torchrun), "fail"],
+            env=launcher_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=START_LIMIT,
+        )
+        assert job.returncode != 0
+        escapees = pids_in(under_torchrun, "escapee")
+        assert len(escapees) == 4
+        torch.multiprocessing.spawn(td_funcs.escape_then_return, args=(str(under_mp),), nprocs=2)
+        escapees += pids_in(under_mp, "escapee")
+        assert len(escapees) == 8
+        assert survivors(escapees, limit=1.0) == escapees  # (then killed by survivors())
+    finally:
+        survivors(escapees, limit=0)
+
+
 # --- item 5: jobs inside jobs --------------------------------------------------------------------
 
 

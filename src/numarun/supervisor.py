@@ -90,6 +90,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 import selectors
 import signal
@@ -312,8 +313,10 @@ class Supervisor:
     before :meth:`wait`/:meth:`stop`). ``kill_wait``: seconds to wait after SIGKILL before a
     survivor is reported unkillable. ``is_failure(exit)``: also count a worker that exited 0
     as failed (the spawn API: a callable that reported an exception). ``on_exit(exit)`` is called
-    from the loop as each worker's end is observed. ``kill(pid, signum)`` sends every signal the
-    supervisor sends (a negative pid is a process group, as for ``os.kill``); tests replace it.
+    from the loop as each worker's end is observed. ``kill(pid, signum)`` sends the signals to
+    workers and their process groups (a negative pid is a process group, as for ``os.kill``);
+    with the default ``os.kill`` other processes are signalled through pidfds, a replacement
+    (tests) sends every signal.
     ``use_watchdog``: the watchdog kills the run if the supervisor dies (it is started
     anyway: it is the workers' parent). ``remove_if_killed``: a directory the watchdog removes
     after killing the run, if the supervisor dies (the launcher's temporary directory when it
@@ -559,11 +562,10 @@ class Supervisor:
         command_w, command_r = children.parent_pipe(parent_reads=False)
         status_r, status_w = children.parent_pipe(parent_reads=True)
         os.set_blocking(command_w, True)
-        parent_ends = (command_w, status_r)
         try:
             pid = children.fork()
             if pid == 0:
-                self._become_watchdog(command_r, status_w, parent_ends)
+                self._become_watchdog(command_r, status_w)
         except BaseException:
             for fd in (command_r, command_w, status_r, status_w):
                 children.close(fd)
@@ -589,42 +591,28 @@ class Supervisor:
             worker.pid = int(word)
             worker.exited = worker.pid == 0  # not forked: the "E" line that follows says why
 
-    def _become_watchdog(
-        self, command_fd: int, status_fd: int, parent_ends: tuple[int, ...]
-    ) -> None:
+    def _become_watchdog(self, command_fd: int, status_fd: int) -> None:
         """In the forked watchdog: become a subreaper, fork the workers, serve; never returns.
 
         Only plain os calls here: another thread of the caller may have held a lock (the fd
         registry's, an import's) at fork time, and it will never be released in this copy.
         """
         try:
+            # A collection would write to every object of the caller's heap, copying each page
+            # of it into this process (copy-on-write); the little the watchdog allocates can wait.
+            gc.disable()
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
-            for fd in parent_ends:
-                os.close(fd)
             # Without these two the watchdog still works, with less coverage: orphans would go
             # to init, and the shell's kill -9 -PGID would kill the watchdog too.
             with contextlib.suppress(OSError):
                 binding.set_child_subreaper(True)
+            # The workers at once: every step before them delays the job's start. The
+            # supervisor's ends of our pipes are tracked fds, which forked workers close, and
+            # exec'd ones close every fd; they are closed here below.
+            pids, checks, failure = self._fork_workers(os.getpid())
             with contextlib.suppress(OSError):
                 os.setpgid(0, 0)
-            me = os.getpid()
-            order = [w for w in self._workers if w.spec.start != "forkserver"]
-            # "fork" workers first: they keep fds that are not in the registry, and none of the
-            # exec workers' error pipes exists yet.
-            fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
-            pids = [0] * len(order)
-            checks: dict[int, int] = {}
-            failure = b""
-            for index in fork_first:
-                try:
-                    pids[index], check_fd = self._fork_worker(order[index], me)
-                except OSError as exc:
-                    reason = (exc.strerror or str(exc)).encode(errors="replace")
-                    failure = b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
-                    break
-                if check_fd is not None:
-                    checks[check_fd] = index
             # The watchdog holds nothing of the caller's: no file, socket or terminal.
             keep = sorted({command_fd, status_fd, *checks})
             for low, high in zip([-1, *keep], [*keep, 1 << 20], strict=True):
@@ -655,6 +643,25 @@ class Supervisor:
             ).serve()
         finally:
             os._exit(1)
+
+    def _fork_workers(self, me: int) -> tuple[list[int], dict[int, int], bytes]:
+        """In the watchdog: fork every exec and fork worker. Returns their pids in order (0: not
+        started), each exec worker's error pipe -> its index, and the ``E`` line of a failure."""
+        order = [w for w in self._workers if w.spec.start != "forkserver"]
+        # "fork" workers first: they keep fds that are not in the registry, and none of the
+        # exec workers' error pipes exists yet.
+        fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
+        pids = [0] * len(order)
+        checks: dict[int, int] = {}
+        for index in fork_first:
+            try:
+                pids[index], check_fd = self._fork_worker(order[index], me)
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).encode(errors="replace")
+                return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
+            if check_fd is not None:
+                checks[check_fd] = index
+        return pids, checks, b""
 
     def _has_forkserver(self) -> bool:
         return any(spec.start == "forkserver" for spec in self._specs)
@@ -993,7 +1000,11 @@ class Supervisor:
     def _sweep(self) -> dict[int, watchdog.ProcInfo]:
         """The run's live processes other than the workers, pinned (in ``_tracked``), from one
         read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
-        table = watchdog.read_proc_table()
+        forkserver = self._has_forkserver()
+        if forkserver or not self._watchdog_pid:  # marked processes and sessions: anywhere
+            table = watchdog.read_proc_table()
+        else:
+            table = watchdog.read_subtree(self._watchdog_pid)
         roots: dict[int, int | None] = {}
         if self._watchdog_pid:
             roots[self._watchdog_pid] = None  # our child: its pid is ours until we reap it
@@ -1007,7 +1018,6 @@ class Supervisor:
                 roots[worker.pid] = worker.pidfd
                 sessions[worker.pid] = worker.pidfd
         me = os.getpid()
-        forkserver = self._has_forkserver()
         pins = dict(self._tracked)
         owned = watchdog.find_run_processes(
             table,

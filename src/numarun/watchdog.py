@@ -67,6 +67,7 @@ EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late
 ProcInfo = tuple[int, int, int, str]
 
 _pidfds_work = hasattr(os, "pidfd_open")
+_children_files = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
 
 
 # --- /proc ---------------------------------------------------------------------------------------
@@ -161,6 +162,34 @@ def children_of_self() -> list[int]:
             return [int(pid) for pid in listing.read().split()]
     except OSError:  # a kernel without CONFIG_PROC_CHILDREN
         return [pid for pid, info in read_proc_table().items() if info[0] == me]
+
+
+def read_subtree(root: int, proc: str = "/proc") -> dict[int, ProcInfo]:
+    """``root`` and the processes below it, as :func:`read_proc_table` gives them, found
+    through each thread's ``/proc/<pid>/task/<tid>/children``: the cost follows the size of the
+    run, not the machine's. The whole table where the kernel has no such files
+    (``CONFIG_PROC_CHILDREN``)."""
+    if not _children_files:
+        return read_proc_table(proc)
+    table: dict[int, ProcInfo] = {}
+    queue = [root]
+    while queue:
+        pid = queue.pop()
+        info = read_proc_stat(pid, proc)
+        if info is None or pid in table:
+            continue
+        table[pid] = info
+        try:
+            threads = os.listdir(f"{proc}/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/children", "rb") as listing:
+                    queue.extend(int(child) for child in listing.read().split())
+            except OSError:
+                pass  # the thread ended meanwhile
+    return table
 
 
 # --- pidfds --------------------------------------------------------------------------------------
@@ -440,7 +469,6 @@ class Watchdog:
             try:
                 ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
             except ChildProcessError:
-                ended = None
                 code = -signal.SIGKILL  # cannot happen: only we reap our children
             else:
                 if ended is None:
@@ -479,7 +507,9 @@ class Watchdog:
         sent = 0
         try:
             while True:
-                table = read_proc_table()
+                # Marked processes and forkserver workers' sessions may be anywhere.
+                whole = self.marker is not None or self.forkserver_workers
+                table = read_proc_table() if whole else read_subtree(me)
                 found = find_run_processes(
                     table,
                     roots={me: None, **self.forkserver_workers},

@@ -2,11 +2,13 @@
 
 ``python td_escape.py DIR MODE``, as a launcher worker: writes ``DIR/worker.<pid>``, starts two
 escapees, waits until both have written ``DIR/escapee.<pid>``, writes ``DIR/ready.<rank>``, then
-by MODE: ``stay`` sleeps; ``exit`` exits 0; ``fail``: rank 0 exits 1, the others sleep.
+by MODE: ``stay`` sleeps; ``exit`` exits 0; ``fail``: rank 0 exits 1 once every rank is
+ready, the others sleep.
 
 The escapees (:func:`start_escapees`) carry nothing numarun could recognise them by: a daemon
-that double-forks, calls ``setsid`` and execs a sleeper with an empty environment (so no
-``NUMARUN_RUN_ID``), and ``subprocess.Popen(start_new_session=True, env={})`` of a sleeper.
+that double-forks, calls ``setsid``, closes its fds and execs a sleeper with an empty
+environment (so no ``NUMARUN_RUN_ID``), and ``subprocess.Popen(start_new_session=True,
+env={})`` of a sleeper.
 """
 
 import os
@@ -41,6 +43,7 @@ def start_escapees(directory: str) -> None:
         try:
             os.setsid()
             if os.fork() == 0:
+                os.closerange(3, 65536)  # as daemons do: it holds none of its parent's pipes
                 os.execve(sys.executable, sleeper, {})
         finally:
             os._exit(0)
@@ -61,6 +64,9 @@ def main(directory: str, mode: str) -> int:
     if mode == "exit":
         return 0
     if mode == "fail" and rank == 0:
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        while len(list(Path(directory).glob("ready.*[0-9]"))) < world:
+            time.sleep(0.02)  # the others have left their escapees too
         return 1
     time.sleep(120)
     return 0
