@@ -569,27 +569,35 @@ class Supervisor:
         except BaseException:
             for fd in (command_r, command_w, status_r, status_w):
                 children.close(fd)
+            self._close_child_ends()
             raise
-        finally:
-            for worker in self._workers:
-                if worker.spec.start != "forkserver":
-                    for fd in worker.child_fds:
-                        children.close(fd)
-                    worker.child_fds.clear()
         children.close(command_r)
-        children.close(status_w)
+        children.close(status_w)  # so that a watchdog that dies gives us end of file
         self._watchdog_pid = pid
         self._command_fd, self._status_fd = command_w, status_r
         assert self._selector is not None
         self._selector.register(status_r, selectors.EVENT_READ, ("status", None))
         forked = [w for w in self._workers if w.spec.start != "forkserver"]
-        line = self._status_line(time.monotonic() + _START_LIMIT)
-        words = line.split()
+        try:
+            # Waiting first lets the watchdog run at once where the CPUs are busy; our copies
+            # of the workers' ends of their pipes can be closed afterwards.
+            words = self._status_line(time.monotonic() + _START_LIMIT).split()
+        finally:
+            self._close_child_ends()
         if not words or words[0] != b"P" or len(words) - 1 != len(forked):
             raise UsageError("the watchdog process ended while starting workers")
         for worker, word in zip(forked, words[1:], strict=True):
             worker.pid = int(word)
             worker.exited = worker.pid == 0  # not forked: the "E" line that follows says why
+
+    def _close_child_ends(self) -> None:
+        """Our copies of the exec and fork workers' ends of their pipes (the watchdog has its
+        own, and hands them on)."""
+        for worker in self._workers:
+            if worker.spec.start != "forkserver":
+                for fd in worker.child_fds:
+                    children.close(fd)
+                worker.child_fds.clear()
 
     def _become_watchdog(self, command_fd: int, status_fd: int) -> None:
         """In the forked watchdog: become a subreaper, fork the workers, serve; never returns.
@@ -1110,8 +1118,9 @@ class Supervisor:
                 self._check_exit(worker)
 
     def _watchdog_died(self) -> None:
-        """Killed by someone: its workers got SIGKILL from the kernel (parent-death signal);
-        what they started went up to init, out of reach."""
+        """The watchdog ended: when nothing of the run is left (every worker reported), or
+        killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
+        and what they started went up to init, out of reach."""
         assert self._selector is not None and self._status_fd is not None
         self._selector.unregister(self._status_fd)
         children.close(self._status_fd)

@@ -19,8 +19,12 @@ Protocol. Watchdog to supervisor (the status pipe), ASCII lines:
   within the time limit);
 * ``X <pid> <code>`` as each worker ends (``code`` as :class:`subprocess.Popen`: -N = signal
   N). The watchdog keeps ended workers as zombies (``waitid(WNOWAIT)``), so that a worker's
-  pid, and with it its process group and session id, cannot be reused until the supervisor has
-  finished its last sweep; orphans adopted from the run are reaped at once.
+  pid, and with it its process group and session id, cannot be reused while the run lasts;
+  orphans adopted from the run are reaped at once.
+
+The watchdog exits (end of file on the status pipe) once every worker has ended and it has no
+live child left (in a run without forkserver workers): every process of the run descends from
+a live child of the watchdog, so then none is left, and none can appear.
 
 Supervisor to watchdog (the command pipe): ``F <pid> <start time>`` names a ``"forkserver"``
 worker (a child of multiprocessing's fork server, not of the watchdog), which the watchdog pins
@@ -396,9 +400,9 @@ class Watchdog:
         os.set_blocking(self.wake_w, False)
         signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
         signal.signal(signal.SIGCHLD, _ignore)  # a handler, not SIG_IGN: zombies must stay
-        self._collect()
         if not self.checks:
-            self._report(b"R\n")
+            self._report(b"R\n")  # before any exit report: the supervisor reads it first
+        self._collect()
         command = b""
         while True:
             watched = [self.command_fd, self.wake_r, *self.checks]
@@ -477,13 +481,19 @@ class Watchdog:
             self.unreported.discard(pid)
             self._report(b"X %d %d\n" % (pid, code))
         workers = set(self.workers)
+        live = False
         for pid in children_of_self():
             if pid not in workers:
                 with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
+                    live |= os.waitpid(pid, os.WNOHANG)[0] == 0
+        if not (live or self.unreported or self.checks or self.forkserver_workers or self.marker):
+            # Nothing of the run is left: below us everything descends from a live child of
+            # ours, and there is none. Ending now, not at "done", keeps the supervisor from
+            # waiting while the kernel takes our copy of its memory apart.
+            self._finish()
 
     def _finish(self) -> None:
-        """``done``: reap the workers and any adopted zombie, and exit."""
+        """``done``, or nothing of the run left: reap the workers and any zombie, and exit."""
         for pid in [*self.workers, *children_of_self()]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
