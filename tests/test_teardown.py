@@ -9,6 +9,7 @@ inside jobs, an empty PATH, stopped processes. A test's own processes are killed
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import os
 import select
@@ -330,6 +331,13 @@ def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
         assert survivors(escapees, limit=1.0) == escapees  # (then killed by survivors())
     finally:
         survivors(escapees, limit=0)
+
+
+def test_fork_workers_get_the_callers_state_not_the_watchdogs() -> None:
+    """Fork workers are forks of the watchdog: they must not inherit what the watchdog sets
+    for itself (its garbage collection off, its process group, its subreaper flag)."""
+    states = numarun.spawn(td_funcs.process_state, nprocs=2, start_method="fork")
+    assert states == [(gc.isenabled(), False, True)] * 2
 
 
 # --- item 5: jobs inside jobs --------------------------------------------------------------------

@@ -606,9 +606,6 @@ class Supervisor:
         registry's, an import's) at fork time, and it will never be released in this copy.
         """
         try:
-            # A collection would write to every object of the caller's heap, copying each page
-            # of it into this process (copy-on-write); the little the watchdog allocates can wait.
-            gc.disable()
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
             # Without these two the watchdog still works, with less coverage: orphans would go
@@ -619,6 +616,10 @@ class Supervisor:
             # supervisor's ends of our pipes are tracked fds, which forked workers close, and
             # exec'd ones close every fd; they are closed here below.
             pids, checks, failure = self._fork_workers(os.getpid())
+            # Not before the workers, whose "fork" kind would inherit it: a collection would
+            # write to every object of the caller's heap, copying each page of it into this
+            # process (copy-on-write); the little the watchdog allocates can wait.
+            gc.disable()
             with contextlib.suppress(OSError):
                 os.setpgid(0, 0)
             # The watchdog holds nothing of the caller's: no file, socket or terminal.

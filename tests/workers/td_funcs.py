@@ -25,3 +25,12 @@ def sleep_target(payload_fd: int, result_fd: int) -> int:
     print("W", os.getpid(), flush=True)
     time.sleep(120)
     return 0
+
+
+def process_state(local_rank: int) -> tuple[bool, bool, bool]:
+    """(garbage collection on, a child subreaper, in a session of its own) in a worker."""
+    import gc
+
+    from numarun import binding
+
+    return gc.isenabled(), binding.is_child_subreaper(), os.getsid(0) == os.getpid()
