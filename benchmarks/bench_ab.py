@@ -66,7 +66,11 @@ def row(label: str, pairs: list[tuple[float, float]]) -> str:
 
 
 def launcher_rows(trees: dict[str, str], rounds: int) -> list[str]:
-    folder = Path(tempfile.mkdtemp(prefix="bench_ab_"))
+    with tempfile.TemporaryDirectory(prefix="bench_ab_") as directory:
+        return _launcher_rows(trees, rounds, Path(directory))
+
+
+def _launcher_rows(trees: dict[str, str], rounds: int, folder: Path) -> list[str]:
     started = folder / "started.py"
     started.write_text(bench_launch.STARTED)
     failing = folder / "failing.py"
