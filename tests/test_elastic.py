@@ -336,6 +336,11 @@ def test_a_late_node_is_admitted_and_the_world_grows(tmp_path: Path, nodes: Node
     assert "1 node(s) waiting to join; re-forming the group (no restart used)" in results[0][2]
 
 
+def _parent_pid(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rfind(")") + 2 :].split()[1])
+
+
 @pytest.mark.parametrize("killed", ["peer", "store host"])
 def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on_or_stops(
     tmp_path: Path, nodes: Nodes, killed: str
@@ -362,7 +367,8 @@ def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on_or_stops(
     assert node_a.poll() is None, node_a.communicate()
     victim, survivor = (node_b, node_a) if killed == "peer" else (node_a, node_b)
     placed = [path.read_text().split() for path in full]
-    workers = {int(parent): int(pid) for pid, parent in placed}
+    # Each worker's parent is its launcher's watchdog, a child of the launcher.
+    workers = {_parent_pid(int(parent)): int(pid) for pid, parent in placed}
     assert sorted(workers) == sorted([node_a.pid, node_b.pid])
     killed_at = time.monotonic()
     victim.kill()

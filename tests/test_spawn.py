@@ -584,6 +584,42 @@ def test_sigterm_runs_the_callers_own_handler_after_teardown(tmp_path: Path) -> 
     assert _wait_gone([int(path.read_text()) for path in pid_files]) == []
 
 
+def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None:
+    # The signal lands after the workers started and before spawn joins them (forced here by
+    # sending it from the step in between): it must be noted, acted on by the join, and only
+    # then reach the caller's handler. It used to reach the handler at once; its SystemExit
+    # then left the non-daemon workers running and the exiting interpreter waited for them.
+    script = _script(
+        tmp_path,
+        f"""
+        import os, signal
+        import numarun
+        from numarun import spawning
+        from workers import sp_funcs
+        def on_term(signum, frame):
+            raise SystemExit(5)
+        made = spawning.ProcessContext.__init__
+        def made_then_signalled(self, *args, **kwargs):
+            made(self, *args, **kwargs)
+            os.kill(os.getpid(), signal.SIGTERM)
+        spawning.ProcessContext.__init__ = made_then_signalled
+        if __name__ == "__main__":
+            signal.signal(signal.SIGTERM, on_term)
+            numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
+                          start_method="fork")
+        """,
+    )
+    job = subprocess.Popen([sys.executable, str(script)])
+    try:
+        assert job.wait(timeout=30) == 5
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+    pids = [int(path.read_text()) for path in tmp_path.glob("worker*")]
+    assert _wait_gone(pids) == []
+
+
 # --- scripts with __main__ -----------------------------------------------------------------------
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun import binding, supervisor
+from numarun import binding, watchdog
 from numarun.errors import BindingError, UsageError
 from numarun.supervisor import RunResult, Supervisor, WorkerExit, WorkerSpec
 
@@ -360,13 +360,13 @@ def test_teardown_signal_during_start_is_acted_on_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     before = handlers([signal.SIGTERM])
-    real_await = Supervisor._await_exec
+    real_await = Supervisor._await_started
 
     def await_exec_then_signal(self: Supervisor) -> None:
         real_await(self)
         os.kill(os.getpid(), signal.SIGTERM)  # every worker forked, start() not yet returned
 
-    monkeypatch.setattr(Supervisor, "_await_exec", await_exec_then_signal)
+    monkeypatch.setattr(Supervisor, "_await_started", await_exec_then_signal)
     sup = Supervisor([spec(k, "import time; time.sleep(60)") for k in (0, 1)], grace_period=5)
     result = sup.run()
     assert result.received_signal == signal.SIGTERM
@@ -595,7 +595,7 @@ def test_unkillable_worker_is_reported_and_wait_returns() -> None:
 
 
 def test_fallback_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(supervisor, "_pidfd_available", False)
+    monkeypatch.setattr(watchdog, "_pidfds_work", False)
     result = run(
         [spec(0, "import time; time.sleep(60)"), spec(1, "import sys; sys.exit(2)")],
         grace_period=5,
@@ -699,71 +699,83 @@ def test_second_teardown_signal_skips_the_grace_period() -> None:
 # --- the watchdog's process finding --------------------------------------------------------------
 
 
-def test_find_run_processes_by_descent_session_and_marker(tmp_path: Path) -> None:
-    from numarun import watchdog
+def fake_proc(root: Path, processes: dict[int, tuple[int, int, int, str, int, bytes]]) -> None:
+    """A /proc tree: pid -> (ppid, pgid, sid, state, real uid, environ)."""
+    for pid, (ppid, pgid, sid, state, uid, environ) in processes.items():
+        entry = root / str(pid)
+        entry.mkdir()
+        (entry / "stat").write_text(f"{pid} (p) {state} {ppid} {pgid} {sid} 0 0\n")
+        (entry / "status").write_text(f"Name:\tp\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\n")
+        (entry / "environ").write_bytes(environ)
 
+
+def test_run_processes_by_descent_then_held_sessions_and_marker_of_our_uid(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(watchdog, "_pidfds_work", False)  # fake pids: nothing to pin
     marker = b"NUMARUN_RUN_ID=run-1"
-    environ = {
-        40: b"A=1\0" + marker + b"\0",
-        41: marker + b"\0",
-        42: b"NUMARUN_RUN_ID=run-12\0",
-        50: b"B=2\0",
-    }
-    for pid, data in environ.items():
-        (tmp_path / str(pid)).mkdir()
-        (tmp_path / str(pid) / "environ").write_bytes(data)
-    table = {
-        1: (0, 1, 1, "S"),
-        10: (1, 10, 10, "S"),  # us
-        20: (10, 20, 20, "S"),  # worker (root)
-        21: (20, 20, 20, "S"),  # its child
-        22: (21, 22, 22, "S"),  # grandchild in its own session: by descent
-        30: (1, 30, 20, "S"),  # reparented, still in the worker's session
-        31: (30, 31, 31, "Z"),  # zombie child of 30
-        40: (1, 40, 40, "S"),  # setsid + reparented, carries the marker
-        41: (10, 41, 41, "S"),  # marker, excluded below
-        42: (1, 42, 42, "S"),  # another run's marker (prefix of ours must not match)
-        50: (1, 50, 50, "S"),  # unrelated
-    }
-    found = watchdog.find_run_processes(
-        table, roots={20}, sessions={20}, marker=marker, exclude={10, 41}, proc=str(tmp_path)
+    fake_proc(
+        tmp_path,
+        {
+            1: (0, 1, 1, "S", 0, b""),
+            10: (1, 10, 10, "S", 0, b""),  # the supervisor
+            11: (10, 11, 10, "S", 0, b""),  # its watchdog
+            20: (11, 20, 20, "S", 0, marker + b"\0"),  # a worker
+            21: (20, 20, 20, "S", 0, marker + b"\0"),  # its child
+            22: (21, 22, 22, "S", 0, b""),  # grandchild, own session, empty environment
+            23: (11, 23, 23, "S", 0, b""),  # double-forked daemon adopted by the watchdog
+            24: (23, 23, 23, "S", 65534, b""),  # its child, another uid: still the run's
+            30: (1, 30, 20, "S", 0, b"B=1\0"),  # reparented to init, in the worker's session
+            31: (30, 31, 31, "Z", 0, b""),  # zombie
+            40: (1, 40, 40, "S", 0, b"A=1\0" + marker + b"\0"),  # marked, left everything
+            41: (1, 41, 41, "S", 65534, marker + b"\0"),  # marked by another user
+            42: (1, 42, 42, "S", 0, b"NUMARUN_RUN_ID=run-12\0"),  # another run's marker
+            50: (1, 50, 50, "S", 0, b"C=1\0"),  # unrelated
+        },
     )
-    assert found == {20, 21, 22, 30, 31, 40}
-    assert watchdog.ancestors(22, table) == {21, 20, 10, 1}
+    table = watchdog.read_proc_table(str(tmp_path))
+    pins: dict[int, int | None] = {}
+    # A run of exec/fork workers: the watchdog's descendants, whatever they did.
+    found = watchdog.find_run_processes(
+        table, roots={11: None, 20: None}, pins=pins, proc=str(tmp_path)
+    )
+    assert set(found) == {21, 22, 23, 24}
+    # Forkserver workers are not below the watchdog: held sessions and our uid's marker.
+    found = watchdog.find_run_processes(
+        table,
+        roots={20: None},
+        pins={},
+        sessions={20: None},
+        marker=marker,
+        uid=0,
+        exclude={10},
+        proc=str(tmp_path),
+    )
+    assert set(found) == {21, 22, 30, 40}
+    assert watchdog.ancestors(22, table) == {21, 20, 11, 10, 1}
     assert not watchdog.is_alive(table[31]) and watchdog.is_alive(table[40])
 
 
-@pytest.mark.parametrize("kind", ["sh", "python"])
-def test_watchdog_kills_the_run_only_when_the_supervisor_is_gone(kind: str) -> None:
-    from numarun import watchdog
-
-    def watchdog_command(run_id: str) -> list[str]:
-        if kind == "sh":
-            return watchdog.watchdog_argv(run_id)
-        return [PY, "-I", "-S", watchdog.__file__, run_id]
-
-    sleep = [PY, "-c", "import time; time.sleep(60)"]
-    marked = subprocess.Popen(sleep, env={**ENV, "NUMARUN_RUN_ID": "wd-test"})
-    other_run = subprocess.Popen(sleep, env={**ENV, "NUMARUN_RUN_ID": "wd-test2"})
-    in_session = subprocess.Popen(sleep, env=ENV, start_new_session=True)
-    bystander = subprocess.Popen(sleep, env=ENV)
-    everyone = [marked, other_run, in_session, bystander]
+def test_a_session_whose_holder_is_gone_is_not_trusted(tmp_path: Path) -> None:
+    """A session id is matched only while its worker holds the pid (a pidfd says so)."""
+    member = subprocess.Popen([PY, "-c", "import time; time.sleep(60)"], start_new_session=True)
+    holder = subprocess.Popen([PY, "-c", "pass"])
+    holder_fd = os.pidfd_open(holder.pid)
     try:
-        if kind == "sh":
-            assert watchdog_command("x")[0] == "/bin/sh"
-        guard = subprocess.Popen(watchdog_command("wd-test"), stdin=subprocess.PIPE)
-        guard.communicate(b"%d\ndone\n" % in_session.pid, timeout=20)
-        assert guard.returncode == 0 and all(p.poll() is None for p in everyone)
-        guard = subprocess.Popen(watchdog_command("wd-test"), stdin=subprocess.PIPE)
-        guard.communicate(b"%d\n" % in_session.pid, timeout=20)  # EOF: the supervisor died
-        assert guard.returncode == 0
-        assert marked.wait(timeout=5) == -signal.SIGKILL
-        assert in_session.wait(timeout=5) == -signal.SIGKILL
-        assert other_run.poll() is None and bystander.poll() is None
+        table = watchdog.read_proc_table()
+        sessions = {member.pid: holder_fd}  # as if 'holder' had been that session's worker
+        holder.wait()  # reaped: its pid is free, a session of that number could be anyone's
+        pins: dict[int, int | None] = {}
+        found = watchdog.find_run_processes(table, roots={}, pins=pins, sessions=sessions)
+        assert member.pid not in found
+        live = os.pidfd_open(member.pid)
+        found = watchdog.find_run_processes(table, roots={}, pins=pins, sessions={member.pid: live})
+        assert member.pid in found
+        watchdog.close_all([live, *pins.values()])
     finally:
-        for process in everyone:
-            process.kill()
-            process.wait()
+        os.close(holder_fd)
+        member.kill()
+        member.wait()
 
 
 def sleep_forever(payload_fd: int, result_fd: int) -> int:

@@ -1,13 +1,14 @@
 """What runs in a worker process between fork and the worker's own code, and the fd bookkeeping
-it needs. Used by :mod:`numarun.supervisor`, which decides what to start and watches it.
+it needs. Used by :mod:`numarun.supervisor`, which decides what to start and watches it. The
+parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which forks them.
 
 ``start="exec"`` (:func:`exec_child`, in a child of :func:`fork`), in this order:
 
 1. ``setsid()``: own session and process group, so terminal signals reach the supervisor and
    not the workers;
 2. ``PR_SET_PDEATHSIG(SIGKILL)``;
-3. the parent check: if ``getppid()`` is no longer the supervisor, the child exits 1 (this
-   closes the race with a supervisor that died before step 2);
+3. the parent check: if ``getppid()`` is no longer the parent that forked it (the watchdog),
+   the child exits 1 (this closes the race with a parent that died before step 2);
 4. binding: the CPU affinity and memory policy, when the spec has any (both survive
    ``execve``);
 5. the stdout/stderr pipes, for streams that have a sink, are dup'ed onto fds 1 and 2;

@@ -167,10 +167,12 @@ def write_error_file(
     ``{"message": {"message": "<Type>: <str(exc)>", "extraInfo": {"py_callstack":
     "<formatted traceback>", "timestamp": "<int seconds>"}}}``; the traceback is
     ``exc``'s own (chained exceptions included), so this may be called outside the ``except``
-    block. ``now`` (default ``time.time()``) sets the timestamp. The file is written to a
-    temporary name in the same directory and renamed, so a reader never sees half of it.
-    ``OSError`` (missing directory, permissions) propagates; the caller decides whether that
-    matters.
+    block. ``now`` (default ``time.time()``) sets the timestamp. The file is written to a new
+    temporary file in the same directory, created with a random name, ``O_EXCL`` and
+    ``O_NOFOLLOW`` (a name planted in advance, a symbolic link included, is never opened), then
+    renamed over ``path`` (a symbolic link there is replaced, never followed), so a reader never
+    sees half of it. ``OSError`` (missing directory, permissions) propagates; the caller
+    decides whether that matters.
     """
     import json
     import traceback
@@ -186,9 +188,18 @@ def write_error_file(
         }
     }
     target = Path(path)
-    temporary = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        temporary = target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            fd = os.open(temporary, flags, 0o644)
+            break
+        except FileExistsError:
+            continue
+    else:
+        raise FileExistsError(f"no free temporary name next to {target}")
     try:
-        with open(temporary, "w", encoding="utf-8") as file:
+        with open(fd, "w", encoding="utf-8") as file:
             json.dump(data, file)
         os.replace(temporary, target)
     except BaseException:

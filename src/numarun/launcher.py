@@ -444,19 +444,33 @@ def _launch(
 
     mem_policies = _mem_policies(config, plan)
     outputs = _output_levels(config)
-    # Per-rank files are kept when asked for (--log-dir) or when output went to them; a
-    # temporary directory that only held error files is removed at the end.
-    filtering = bool(config.duplicate_stdout_filters or config.duplicate_stderr_filters)
-    to_files = any(outputs[0].values()) or any(outputs[1].values()) or filtering
-    keep = config.log_dir is not None or to_files
-    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir(announce=to_files)
+    temporary = config.log_dir is None
+    holds = _temp_dir_holds(config, outputs) if temporary else LOGS
+    log_base = config.log_dir if config.log_dir is not None else _temp_log_dir()
+    job: _Job | None = None
+    code = 2
     try:
-        first_dir = _make_attempt_dir(log_base, config, fresh=config.log_dir is None)
-        shown = log_base if keep else None
-        job = _Job(config, plan, base, binary_path, mem_policies, outputs, shown)
-        return job.run(first_dir, port)
+        first_dir = _make_attempt_dir(log_base, config, fresh=temporary)
+        job = _Job(
+            config,
+            plan,
+            base,
+            binary_path,
+            mem_policies,
+            outputs,
+            # The summary names the directory when it stays (it stays after a failure
+            # whenever it holds log files).
+            log_base if holds != ERRORS else None,
+            announce=(lambda: _announce(log_base, holds)) if temporary else None,
+            # Killed (SIGKILL), numarun cannot clean up: its watchdog removes a temporary dir
+            # that held nothing but error files; log files stay (the start said where).
+            remove_if_killed=log_base if holds == ERRORS else None,
+        )
+        code = job.run(first_dir, port)
+        return code
     finally:
-        if not keep:
+        nothing_ran = job is None or not job.started
+        if temporary and (holds == ERRORS or nothing_ran or (holds == COPIES and code == 0)):
             shutil.rmtree(log_base, ignore_errors=True)
 
 
@@ -539,6 +553,9 @@ class _Job:
         mem_policies: list,
         outputs: tuple[dict[int, int], dict[int, int], set[int]],
         shown_log_dir: str | None,
+        *,
+        announce: Callable[[], None] | None = None,
+        remove_if_killed: str | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -547,6 +564,9 @@ class _Job:
         self.mem_policies = mem_policies
         self.outputs = outputs
         self.shown_log_dir = shown_log_dir
+        self.announce = announce  # once the first attempt's files are set up
+        self.remove_if_killed = remove_if_killed
+        self.started = False  # once workers ran: the log directory may hold their output
         self.attempts: list[_Attempt] = []
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
@@ -644,7 +664,8 @@ class _Job:
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
         static rendezvous with the store on ``port``) with their files under ``directory``,
-        wait for the supervisor's end, return the attempt."""
+        wait for the supervisor's end, return the attempt. Raises :class:`UsageError` (one
+        line, nothing started) when the workers' files cannot be set up (out of fds, say)."""
         import gc
 
         from numarun.supervisor import Supervisor, WorkerSpec
@@ -652,53 +673,60 @@ class _Job:
         config, plan, base = self.config, self.plan, self.base
         duplicates: tuple = (None, None)
         stacks = None
+        specs: list[WorkerSpec] = []
         try:
-            duplicates = _line_filters(config, directory)
-            threads = _unbound_threads(config, base)
-            specs = []
-            envs = []
-            for local_rank in range(config.nproc_per_node):
-                binding = _bound(plan, local_rank)
-                env = {
-                    **base,
-                    **rank_env(
-                        config,
-                        local_rank,
-                        base=base,
-                        error_file=_error_file(directory, local_rank),
-                        binding=binding,
-                        plan_env=plan.env if plan is not None else (),
-                        unbound_threads=threads,
-                        master_port=port,
-                        group=group,
-                        restart_count=restart_count,
-                    ),
-                }
-                envs.append(env)
-            # The ranks of this attempt (under a torch rendezvous they come from the round).
-            stacks = _job_stacks(config, [(lr, int(env["RANK"])) for lr, env in enumerate(envs)])
-            for local_rank, env in enumerate(envs):
-                binding = _bound(plan, local_rank)
-                if stacks is not None:
-                    env.update(stacks.worker_env(local_rank))
-                rank = int(env["RANK"])
-                stdout, stderr = _sinks(
-                    config, self.outputs, local_rank, directory, base, duplicates, rank=rank
-                )
-                if stacks is not None:
-                    stacks.count_output((stdout, stderr))
-                specs.append(
-                    WorkerSpec(
-                        local_rank=local_rank,
-                        rank=rank,
-                        env=env,
-                        argv=worker_argv(config, self.binary_path, local_rank),
-                        cpus=binding.cpus if binding is not None else None,
-                        mem=self.mem_policies[local_rank],
-                        stdout=stdout,
-                        stderr=stderr,
+            try:
+                duplicates = _line_filters(config, directory)
+                threads = _unbound_threads(config, base)
+                envs = [
+                    {
+                        **base,
+                        **rank_env(
+                            config,
+                            local_rank,
+                            base=base,
+                            error_file=_error_file(directory, local_rank),
+                            binding=_bound(plan, local_rank),
+                            plan_env=plan.env if plan is not None else (),
+                            unbound_threads=threads,
+                            master_port=port,
+                            group=group,
+                            restart_count=restart_count,
+                        ),
+                    }
+                    for local_rank in range(config.nproc_per_node)
+                ]
+                # This attempt's ranks (under a torch rendezvous they come from the round).
+                ranks = [(local_rank, int(env["RANK"])) for local_rank, env in enumerate(envs)]
+                stacks = _job_stacks(config, ranks)
+                for local_rank, env in enumerate(envs):
+                    binding = _bound(plan, local_rank)
+                    if stacks is not None:
+                        env.update(stacks.worker_env(local_rank))
+                    rank = int(env["RANK"])
+                    stdout, stderr = _sinks(
+                        config, self.outputs, local_rank, directory, base, duplicates, rank=rank
                     )
-                )
+                    if stacks is not None:
+                        stacks.count_output((stdout, stderr))
+                    specs.append(
+                        WorkerSpec(
+                            local_rank=local_rank,
+                            rank=rank,
+                            env=env,
+                            argv=worker_argv(config, self.binary_path, local_rank),
+                            cpus=binding.cpus if binding is not None else None,
+                            mem=self.mem_policies[local_rank],
+                            stdout=stdout,
+                            stderr=stderr,
+                        )
+                    )
+            except OSError as error:  # out of fds, an unwritable log file: nothing started
+                _close_sinks(specs)
+                raise _setup_error(error, config) from None
+            if self.announce is not None:
+                self.announce()
+                self.announce = None
             supervisor = Supervisor(
                 specs,
                 grace_period=config.grace_period,
@@ -712,6 +740,7 @@ class _Job:
                 keep_ignored=(signal.SIGHUP,),
                 on_failure=self._on_failure_callbacks(stacks),
                 on_exit=stacks.on_exit if stacks is not None else None,
+                remove_if_killed=self.remove_if_killed,
             )
             if self.node is not None:
                 self.node.watch(supervisor)
@@ -720,7 +749,16 @@ class _Job:
             # Everything allocated so far lives until exit; freezing it keeps the collector
             # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
             gc.freeze()
-            result = supervisor.run(on_started=lambda: _on_started(stacks))
+            try:
+                result = supervisor.run(on_started=lambda: _on_started(stacks))
+            except NumarunError:
+                raise  # a worker could not start: one line
+            except BaseException:
+                self.started = True
+                raise
+            finally:
+                _close_sinks(specs)  # closed already when the run ended; not when start failed
+            self.started = True
         finally:
             if stacks is not None:
                 stacks.close()  # what the summary needs stays in memory
@@ -796,6 +834,58 @@ def _next_attempt_dir(first_dir: str, name: str, nproc: int) -> str:
     return directory
 
 
+# What numarun's temporary log directory (no --log-dir) holds, which decides what becomes of it.
+ERRORS = "errors"  # only the workers' error files: removed at the end (also if numarun is killed)
+COPIES = "copies"  # log files whose every line was shown on the console: kept only on failure
+LOGS = "logs"  # output that is nowhere else (--redirects, filters, hidden ranks): kept
+
+
+def _temp_dir_holds(
+    config: LaunchConfig, outputs: tuple[dict[int, int], dict[int, int], set[int]]
+) -> str:
+    """:data:`ERRORS`, :data:`COPIES` or :data:`LOGS` for a run without ``--log-dir``."""
+    redirects, tee, shown = outputs
+    if config.duplicate_stdout_filters or config.duplicate_stderr_filters:
+        return LOGS
+    only_in_files = any(
+        redirects[rank] & ~tee[rank] or (tee[rank] and rank not in shown) for rank in tee
+    )
+    if only_in_files:
+        return LOGS
+    return COPIES if any(tee.values()) else ERRORS
+
+
+def _close_sinks(specs: Sequence[WorkerSpec]) -> None:
+    """Close the log files of sinks the supervisor never ran (closing twice is harmless)."""
+    for spec in specs:
+        for sink in (spec.stdout, spec.stderr):
+            if sink is not None:
+                sink.close()
+
+
+def _setup_error(error: OSError, config: LaunchConfig) -> UsageError:
+    """One line for an OSError while the workers' files were set up (nothing started)."""
+    import errno
+
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return UsageError(
+            f"out of file descriptors ({error.strerror}) setting up "
+            f"{config.nproc_per_node} workers' output: the limit is {_fd_limit()} "
+            "(ulimit -n); raise it, or run fewer ranks or with less --tee/--redirects"
+        )
+    where = f" {error.filename}" if error.filename else ""
+    return UsageError(f"cannot set up the workers' output{where}: {error.strerror or error}")
+
+
+def _fd_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
+
+
 def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
     """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
     if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
@@ -862,13 +952,26 @@ def _import_failures() -> None:
     import numarun.stacks  # noqa: F401
 
 
-def _temp_log_dir(*, announce: bool) -> str:
+def _temp_log_dir() -> str:
     """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
 
     Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` and
     :mod:`numarun.logs` cost a few milliseconds to import on every launch's start-up path.
+    ``$TMPDIR`` owned by another user (not root) is refused: its owner could swap our
+    directory for a symbolic link between the checks and the writes.
     """
     base = os.environ.get("TMPDIR") or "/tmp"
+    try:
+        owner = os.stat(base).st_uid
+    except OSError as error:
+        raise UsageError(
+            f"cannot create a temporary log directory in {base}: {error.strerror}; give --log-dir"
+        ) from None
+    if owner not in (0, os.geteuid()):
+        raise UsageError(
+            f"TMPDIR {base!r} belongs to another user (uid {owner}); numarun writes only into "
+            "directories of yours or root's: set TMPDIR or give --log-dir"
+        )
     for _ in range(100):
         path = os.path.join(base, f"numarun_{os.urandom(6).hex()}")
         try:
@@ -880,10 +983,20 @@ def _temp_log_dir(*, announce: bool) -> str:
                 f"cannot create a temporary log directory in {base}: {error.strerror}; "
                 "give --log-dir"
             ) from None
-        if announce:
-            print(f"numarun: worker logs go to {path}", file=sys.stderr)
         return path
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
+
+
+def _announce(log_base: str, holds: str) -> None:
+    """One line on stderr where the temporary directory holds log files, and whether it stays."""
+    if holds == LOGS:
+        print(f"numarun: worker logs go to {log_base}", file=sys.stderr)
+    elif holds == COPIES:
+        print(
+            f"numarun: worker logs go to {log_base} (removed if the run succeeds; "
+            "--log-dir keeps them)",
+            file=sys.stderr,
+        )
 
 
 def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> str:

@@ -183,7 +183,9 @@ def make_log_dirs(
     so on stderr. The ``<run_id>`` directory is claimed with one atomic ``mkdir``, so two
     launchers starting at once never share a directory, and a stale ``error.json`` can never
     be read as this run's. Bad input raises :class:`UsageError`: a run id that is empty,
-    ``.``/``..`` or contains ``/`` or NUL, a LOG_DIR that exists but is not a directory, or
+    ``.``/``..`` or contains ``/`` or NUL, a LOG_DIR that exists but is not a directory, one
+    that belongs to another user than the caller's effective uid or root (its owner could swap
+    a directory of ours for a symbolic link and make us write elsewhere, as root anywhere), or
     one that cannot be created.
     """
     if not run_id or run_id in (".", "..") or "/" in run_id or "\0" in run_id:
@@ -201,6 +203,15 @@ def make_log_dirs(
         base = Path(log_dir)
         if base.exists() and not base.is_dir():
             raise UsageError(f"--log-dir {str(base)!r} exists and is not a directory")
+        try:
+            owner = base.stat().st_uid
+        except OSError:
+            owner = os.geteuid()  # missing: made below, then ours
+        if owner not in (0, os.geteuid()):
+            raise UsageError(
+                f"--log-dir {str(base)!r} belongs to another user (uid {owner}); numarun "
+                "writes logs only into directories of yours or root's"
+            )
     run_dir = base / run_id
     try:
         base.mkdir(parents=True, exist_ok=True)

@@ -13,9 +13,9 @@ meaning: G for the others to end on their own, then SIGTERM, then G before SIGKI
 ``join(timeout)``, ``terminate()``, ``kill()`` and ``close()`` work as for a process that
 multiprocessing started, and so does multiprocessing's exit handler (at interpreter exit it
 terminates daemon children and joins the others). Side effects: ``exitcode`` and ``is_alive()``
-of a ``spawn``/``fork`` worker only look (``waitid(WNOWAIT)``); of a ``forkserver`` worker that
-has ended (not our child: its status comes from the fork server), they let the supervisor
-observe the end, which starts the teardown when it is a failure. ``join`` of one worker waits
+of a worker that has ended (never the caller's child: its status comes from the supervisor's
+watchdog or from the fork server) let the supervisor observe the end, which starts the teardown
+when it is a failure. ``join`` of one worker waits
 for that worker alone (reading results meanwhile). The first of these calls that finds every
 worker ended lets the supervisor finish the run (reaping, leftover descendants, its fds).
 """
@@ -45,6 +45,7 @@ _SOCKET_BUFFER = 1 << 20  # fewer wake-ups per megabyte of result (the kernel ma
 _ANCILLARY_SIZE = socket.CMSG_SPACE(_worker.MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
 _RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 _NO_PIDFD_TICK = 0.05  # waiting on one worker where pidfds do not work
+_REPORT_WAIT = 1.0  # seconds an ended worker's status may take to come from the watchdog
 
 
 class ResultReader:
@@ -283,19 +284,17 @@ class WorkerRun:
         has_pidfd = fd is not None and rank not in self._observed_exit
         if has_pidfd and not _ready(fd):  # type: ignore[arg-type]
             return None
-        if self.start_method != "forkserver":  # our child: look without reaping
-            options = os.WEXITED | os.WNOHANG | os.WNOWAIT
-            try:
-                info = os.waitid(os.P_PID, self.pids[rank], options)
-            except ChildProcessError:
-                info = None  # already reaped: the supervisor has reported it
-            else:
-                if info is None and not has_pidfd:
-                    return None  # still running
-            if info is not None:
-                if info.si_code == os.CLD_EXITED:
-                    return info.si_status  # type: ignore[no-any-return]
-                return -info.si_status  # type: ignore[no-any-return]
+        if has_pidfd:
+            # Ended (its pidfd is readable). Its status comes from its parent, the supervisor's
+            # watchdog, which reports it within moments: run the supervisor's loop until then.
+            deadline = time.monotonic() + _REPORT_WAIT
+            self.pump()
+            while rank not in self.exit_codes and self.result is None:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.001)
+                self.pump()
+            return self.exit_codes.get(rank)
         self.pump()
         return self.exit_codes.get(rank)
 

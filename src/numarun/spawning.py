@@ -381,6 +381,7 @@ def spawn(
         binding_fallback=binding_fallback,
         master_addr=master_addr,
         master_port=master_port,
+        hold_signals=join,
     )
     if not join:
         return context
@@ -415,8 +416,10 @@ def _start(
     binding_fallback: bool,
     master_addr: str | None,
     master_port: int | None,
+    hold_signals: bool = False,
 ) -> ProcessContext:
-    """Check everything, plan, build the workers and start them; nothing starts on error."""
+    """Check everything, plan, build the workers and start them; nothing starts on error.
+    ``hold_signals``: see :meth:`numarun.supervisor.Supervisor.start`."""
     method = _check_arguments(fn, args, nprocs, start_method, grace_period, env)
     base_env = dict(os.environ)
     base_env.update(env or {})
@@ -451,7 +454,9 @@ def _start(
         if stacks is not None:
             stacks.attach(supervisor)
             stacks.listen()
-        supervisor.start()
+        # join=True: the signal handling stays until the join that follows, so that a SIGTERM
+        # in between tears the workers down instead of leaving them to an exiting caller.
+        supervisor.start(hold_signals=hold_signals)
     except BaseException:
         run.close()
         if stacks is not None:

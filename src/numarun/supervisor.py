@@ -5,22 +5,23 @@ through one :class:`Supervisor`. A worker is described by a :class:`WorkerSpec` 
 of three ways (``WorkerSpec.start``):
 
 * ``"exec"``: fork, then ``execve`` of ``argv``. ``argv[0]`` is looked up on the ``PATH`` of
-  the worker's environment before anything starts. All workers are forked back to back, then
-  :meth:`Supervisor.start` waits for all their execs at once (a close-on-exec pipe each); an
-  exec or binding error in a child is raised from ``start``.
-* ``"fork"``: ``os.fork()``, then ``fork_target(payload_fd, result_fd)`` in the child; its
-  return value is the exit status. ``os.environ`` is replaced by the spec's environment in the
-  child only.
+  the worker's environment before anything starts. All workers are forked back to back (by the
+  watchdog, below), then :meth:`Supervisor.start` waits for all their execs at once (a
+  close-on-exec pipe each); an exec or binding error in a child is raised from ``start``.
+* ``"fork"``: ``os.fork()`` (of the watchdog, itself a fork of this process taken in
+  :meth:`Supervisor.start`: the same memory), then ``fork_target(payload_fd, result_fd)`` in the
+  child; its return value is the exit status. ``os.environ`` is replaced by the spec's
+  environment in the child only.
 * ``"forkserver"``: :mod:`multiprocessing`'s forkserver forks the child, so inherited affinity
   cannot work; ``fork_target`` must be a picklable module-level function. Its stdout/stderr
   without a sink are the forkserver's (the supervisor's fds 1 and 2 when the forkserver
   started).
 
 What each child runs before ``execve`` or ``fork_target`` and in what order (``setsid()``,
-``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the supervisor or the
-forkserver, binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome
-becomes the exit status, is :mod:`numarun.children`; so is the registry of the fds supervisors
-hold, which forked children close.
+``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the watchdog or the forkserver,
+binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome becomes the exit
+status, is :mod:`numarun.children`; so is the registry of the fds supervisors hold, which forked
+children close.
 
 Workers run with ``NUMARUN_RUN_ID=<run id>`` added to their environment. ``payload`` is written
 by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/forkserver:
@@ -33,36 +34,45 @@ numbers; fork: kept open; forkserver: handed over by the forkserver), listed for
 ``want_result`` gives the child a pipe (exec: ``NUMARUN_RESULT_FD``; fork/forkserver:
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 
-Watching is one :mod:`selectors` loop over each worker's pidfd (forkserver: the
-:class:`multiprocessing.Process` sentinel), output, payload and result pipes, the console while
-tee'd output waits for it (a sink's ``console``, :class:`numarun.logs.Console`: nothing in the
-loop ever blocks on a slow terminal) and, in the main thread, a socket that
-``signal.set_wakeup_fd`` writes to; timers are the select timeout.
-Fallback where ``os.pidfd_open`` is missing or fails with ENOSYS: in the main thread SIGCHLD
-wakes the loop, which then calls ``waitpid(pid, WNOHANG)`` for each worker; outside it, and for
-descendants during teardown, the loop checks every 50 ms. It never calls ``waitpid(-1)``.
+The watchdog (:mod:`numarun.watchdog`): :meth:`Supervisor.start` forks it first, a copy of this
+process, and it forks the ``"exec"`` and ``"fork"`` workers, so that they and everything they
+ever start stay below it (it is a child subreaper); it reports each worker's pid, exec and exit
+to the supervisor over a pipe, keeps ended workers unreaped until the run is over, reaps the
+rest, and kills the whole run if the supervisor dies, even by SIGKILL.
 
-Ownership and teardown: while it runs, the supervisor is a child subreaper (the previous setting
-is restored afterwards), so orphaned descendants come back to it. A process is owned when it
-descends (by ``/proc`` parent links) from a live worker, when its session id is a worker's pid,
-or when ``/proc/<pid>/environ`` holds this run's ``NUMARUN_RUN_ID``; never the supervisor, its
-ancestors or its watchdog. Teardown sends SIGTERM to each live worker's process group and every
-owned process, waits until all are gone or ``grace_period`` passed, then sends SIGKILL to all
-owned processes and sweeps again until none is left, waiting at most ``kill_wait`` seconds. A
-worker still alive then (uninterruptible sleep) is reported as ``"unkillable"`` with its
-``/proc`` state letter and the call returns anyway. Direct children and owned zombies adopted as
-subreaper are reaped. After a successful run, owned leftovers (daemonized grandchildren) are
-torn down the same way. Each sweep reads /proc before signalling, while parent links to live
-workers still exist. Limits: an adopted orphan that left the workers' sessions and exited on
-its own before any sweep saw it cannot be proven ours (a zombie has no readable environment)
-and is left to the caller's process to reap; a descendant of a ``"fork"`` or ``"forkserver"``
-worker (never exec'd, so no marker in its ``/proc`` environ) that left the session is found
-only while its chain of parents up to a live worker is intact.
+Watching is one :mod:`selectors` loop over the watchdog's status pipe, each ``"forkserver"``
+worker's :class:`multiprocessing.Process` sentinel, the workers' output, payload and result
+pipes, the pidfd of each process being torn down, the console while tee'd output waits for it (a
+sink's ``console``, :class:`numarun.logs.Console`: nothing in the loop ever blocks on a slow
+terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd`` writes to; timers are
+the select timeout. Where pidfds do not work (Linux before 5.3), processes being torn down are
+checked every 50 ms. It never calls ``waitpid`` on a worker.
 
-If the supervisor dies, even by SIGKILL, workers get SIGKILL from the kernel
-(``PR_SET_PDEATHSIG``) and a watchdog process (:mod:`numarun.watchdog`) kills the rest.
-``PR_SET_PDEATHSIG`` follows the *thread* that created the worker: call :meth:`Supervisor.start`
-from a thread that lives as long as the workers (the one that waits).
+Ownership: a process is the run's when it descends from the watchdog (parent links in
+``/proc``): exactly the workers and every process they started, however it detached. For
+``"forkserver"`` workers (children of multiprocessing's fork server, not of the watchdog) also
+their descendants while they live, processes in their sessions while they hold their pid, and
+processes of the supervisor's real uid whose ``/proc/<pid>/environ`` holds this run's
+``NUMARUN_RUN_ID``. A process is pinned (a pidfd opened) before it is checked, and signalled
+through the pidfd, so that a pid reused by another process is never signalled; the workers'
+pids, process groups and session ids cannot be reused before the run ends (the watchdog keeps
+ended workers as zombies), and a worker that ended is never signalled again.
+
+Teardown sends SIGTERM (or, with ``relay_signal``, the teardown signal received) to each live
+worker's process group and every owned process, then SIGCONT to the same, so that a stopped
+process (SIGSTOP, Ctrl-Z) acts on it at once rather than at SIGKILL time; it waits until all are
+gone or ``grace_period`` passed, then sends SIGKILL to all owned processes and sweeps again until
+none is left, waiting at most ``kill_wait`` seconds. A worker still alive then (uninterruptible
+sleep) is reported as ``"unkillable"`` with its ``/proc`` state letter and the call returns
+anyway. After a successful run, owned leftovers (daemonized grandchildren) are torn down the
+same way. The supervisor is never a child subreaper and reaps no process but the watchdog, so
+its caller's own children and their orphans are never touched. Limit: with ``"forkserver"``
+workers, a descendant that left the worker's session, never exec'd with the marker and lost its
+parent chain to a live worker cannot be found.
+
+If the supervisor dies, even by SIGKILL, the watchdog kills every process of the run (see
+:mod:`numarun.watchdog`); if the watchdog dies, the workers get SIGKILL from the kernel
+(``PR_SET_PDEATHSIG``).
 
 Signals, only in the main thread, while :meth:`Supervisor.start`, :meth:`Supervisor.wait` or
 :meth:`Supervisor.run` (both under one scope, so nothing falls between them) runs:
@@ -85,11 +95,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import os
 import selectors
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -116,14 +126,7 @@ UNKILLABLE = "unkillable"
 _READ_SIZE = 256 * 1024
 _FALLBACK_TICK = 0.05  # only without pidfds (see the module docstring)
 _WATCHDOG_WAIT = 2.0
-_EXEC_LIMIT = 60.0  # seconds from fork to exec before start() gives up
-
-# The subreaper flag is per process: the first running supervisor sets it, the last restores it.
-_subreaper_lock = threading.Lock()
-_subreaper_users = 0
-_subreaper_previous = False
-
-_pidfd_available = hasattr(os, "pidfd_open")
+_START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
 
 
 class OutputSink(Protocol):
@@ -207,10 +210,15 @@ class _Worker:
     def __init__(self, spec: WorkerSpec) -> None:
         self.spec = spec
         self.pid = 0
-        self.exec_check_fd: int | None = None  # start="exec": EOF once the child exec'd
+        self.reported: int | None = None  # the exit code the watchdog reported
         self.process: Any = None  # multiprocessing.Process for start="forkserver"
-        self.exit_fd: int | None = None  # pidfd (or the forkserver sentinel) in the selector
-        self.owns_exit_fd = False
+        self.exit_fd: int | None = None  # the forkserver sentinel in the selector
+        self.pidfd: int | None = None  # start="forkserver": pins the worker (see _sweep)
+        self.child_fds: list[int] = []  # the child's ends of its pipes, until it is forked
+        self.streams: dict[str, int] = {}  # "stdout"/"stderr" -> the child's end
+        self.env: dict[str, str] = {}
+        self.payload_child = -1
+        self.result_child = -1
         self.exit_code: int | None = None
         self.exited = False
         self.ended_at: float | None = None
@@ -224,40 +232,12 @@ class _Worker:
         self.proc_state: str | None = None
 
     def poll(self) -> int | None:
-        """The exit code if the worker has ended (reaping it), else None; never blocks."""
+        """The exit code if the worker has ended, else None; never blocks, never reaps."""
         if self.exited:
             return self.exit_code
         if self.process is not None:
             return self.process.exitcode
-        try:
-            pid, status = os.waitpid(self.pid, os.WNOHANG)
-        except ChildProcessError:
-            return -signal.SIGKILL  # reaped by someone else; we cannot know its status
-        if pid == 0:
-            return None
-        return os.waitstatus_to_exitcode(status)
-
-
-# --- fds -----------------------------------------------------------------------------------------
-
-
-def _open_pidfd(pid: int) -> int | None:
-    """A pidfd for ``pid``, or None where pidfds do not work (then the fallback is used).
-
-    Raises ProcessLookupError when ``pid`` does not exist.
-    """
-    global _pidfd_available
-    if not _pidfd_available:
-        return None
-    try:
-        return children.track(os.pidfd_open(pid))
-    except ProcessLookupError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM):
-            _pidfd_available = False
-            return None
-        raise
+        return self.reported
 
 
 # --- the supervisor ------------------------------------------------------------------------------
@@ -334,22 +314,6 @@ def _check_signals(teardown: Sequence[int], forward: Sequence[int]) -> None:
         )
 
 
-def _acquire_subreaper() -> None:
-    global _subreaper_users, _subreaper_previous
-    with _subreaper_lock:
-        if _subreaper_users == 0:
-            _subreaper_previous = binding.set_child_subreaper(True)
-        _subreaper_users += 1
-
-
-def _release_subreaper() -> None:
-    global _subreaper_users
-    with _subreaper_lock:
-        _subreaper_users -= 1
-        if _subreaper_users == 0 and not _subreaper_previous:
-            binding.set_child_subreaper(False)
-
-
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)
 
 
@@ -360,9 +324,14 @@ class Supervisor:
     before :meth:`wait`/:meth:`stop`). ``kill_wait``: seconds to wait after SIGKILL before a
     survivor is reported unkillable. ``is_failure(exit)``: also count a worker that exited 0
     as failed (the spawn API: a callable that reported an exception). ``on_exit(exit)`` is called
-    from the loop as each worker's end is observed. ``kill(pid, signum)`` sends every signal the
-    supervisor sends (a negative pid is a process group, as for ``os.kill``); tests replace it.
-    ``use_watchdog``: start the watchdog process (see :mod:`numarun.watchdog`).
+    from the loop as each worker's end is observed. ``kill(pid, signum)`` sends the signals to
+    workers and their process groups (a negative pid is a process group, as for ``os.kill``);
+    with the default ``os.kill`` other processes are signalled through pidfds, a replacement
+    (tests) sends every signal.
+    ``use_watchdog``: the watchdog kills the run if the supervisor dies (it is started
+    anyway: it is the workers' parent). ``remove_if_killed``: a directory the watchdog removes
+    after killing the run, if the supervisor dies (the launcher's temporary directory when it
+    holds nothing but the workers' error files).
     ``relay_signal``: a teardown caused by a teardown signal sends that signal first (SIGINT
     after Ctrl-C, so that workers' ``except KeyboardInterrupt`` runs, as under torchrun);
     otherwise, and after a failure or :meth:`stop`, the first signal is SIGTERM.
@@ -398,6 +367,7 @@ class Supervisor:
         relay_signal: bool = False,
         keep_ignored: Sequence[int] | None = None,
         on_failure: Callable[[WorkerExit], None] | None = None,
+        remove_if_killed: str | None = None,
     ) -> None:
         if not specs:
             raise UsageError("no workers to start; give at least one WorkerSpec")
@@ -416,7 +386,9 @@ class Supervisor:
         self._on_exit = on_exit
         self._on_failure = on_failure
         self._kill = kill
-        self._want_watchdog = use_watchdog
+        self._kill_on_death = use_watchdog
+        self._remove_if_killed = remove_if_killed
+        self._default_kill = kill is os.kill  # then processes are signalled through pidfds
         self._relay_signal = relay_signal
         self._keep_ignored = self._teardown_signals if keep_ignored is None else tuple(keep_ignored)
         self._stop_signal = signal.SIGTERM  # what a teardown sends first (see relay_signal)
@@ -427,34 +399,40 @@ class Supervisor:
         self._selector: selectors.BaseSelector | None = None
         self._wakeup_r: socket.socket | None = None
         self._wakeup_w: socket.socket | None = None
-        self._watchdog: subprocess.Popen[bytes] | None = None
-        self._watchdog_fd: int | None = None
-        self._tracked: dict[int, int | None] = {}  # owned descendant pid -> pidfd
-        self._seen_owned: set[int] = set()
+        self._watchdog_pid = 0
+        self._command_fd: int | None = None  # to the watchdog: "done"
+        self._status_fd: int | None = None  # from the watchdog: pids, execs, exits
+        self._status_pending = b""
+        self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
         self._deadline = 0.0
         self._first_failure: _Worker | None = None
         self._received_signal: int | None = None
         self._result: RunResult | None = None
-        self._fallback = False  # some worker has no pidfd (see the module docstring)
-        self._sigchld = False  # while wait() holds a SIGCHLD handler for the fallback
         self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
-        self._subreaper_held = False
         self._programs: dict[int, str] = {}
         self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
         self._watched_consoles: set[int] = set()
         self._timers: list[_Timer] = []
         self._readers: dict[int, Callable[[], None]] = {}
         self._stop_reason: str | None = None
+        self._held_scope: _SignalScope | None = None  # see start(hold_signals=True)
 
     # --- public --------------------------------------------------------------------------------
 
-    def start(self) -> None:
+    def start(self, *, hold_signals: bool = False) -> None:
         """Start every worker, back to back, bound at birth.
 
-        Every spec is checked first (UsageError / BindingError, nothing started). If a worker
-        still cannot start (exec or binding failure in the child), the workers already started
-        are killed (SIGKILL to their trees, reaped) and UsageError or BindingError is raised.
-        Raises RuntimeError when called twice.
+        ``hold_signals``: keep the supervisor's signal handling in place after the call, until
+        the run ends or :meth:`release_signals` (the caller's own handlers are back then), so
+        that a teardown signal arriving before the caller's first :meth:`wait` is noted and
+        acted on by it instead of reaching the caller's handlers while workers run unwatched.
+
+        Every spec is checked first (UsageError / BindingError, nothing started). The watchdog
+        is forked first and forks the ``"exec"`` and ``"fork"`` workers; ``"forkserver"``
+        workers come from multiprocessing's fork server. If a worker still cannot start (exec
+        or binding failure in the child, no process or fd left), the workers already started
+        are killed (SIGKILL to their trees) and UsageError or BindingError is raised. Raises
+        RuntimeError when called twice.
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.start() may be called once; make a new Supervisor")
@@ -467,23 +445,35 @@ class Supervisor:
             except (OSError, ValueError):
                 pass
         self._open_loop()
-        _acquire_subreaper()
-        self._subreaper_held = True
+        # A teardown signal that arrives while workers start is noted here and acted on by
+        # the next wait(); it neither kills us half-way nor gets lost.
+        scope = self._signal_scope()
+        scope.__enter__()
         try:
-            # A teardown signal that arrives while workers start is noted here and acted on by
-            # the next wait(); it neither kills us half-way nor gets lost.
-            with self._signal_scope():
-                for spec in self._specs:
-                    self._workers.append(self._start_worker(spec))
-                self._await_exec()
-                self._deliver_payloads()
-                if self._want_watchdog:
-                    # Started last so that workers start sooner; until it runs, the workers'
-                    # own parent-death signal covers a supervisor that dies (no grandchildren).
-                    self._start_watchdog()
+            for spec in self._specs:
+                self._workers.append(self._prepare_worker(spec))
+            self._start_watchdog()
+            for worker in self._workers:
+                if worker.spec.start == "forkserver":
+                    self._forkserver_worker(worker)
+                self._register_worker(worker)
+            self._await_started()
+            self._deliver_payloads()
         except BaseException as exc:
+            scope.__exit__(None, None, None)
             self._abort_start()
             raise _start_error(exc) from exc
+        if hold_signals:
+            self._held_scope = scope
+        else:
+            scope.__exit__(None, None, None)
+
+    def release_signals(self) -> None:
+        """End what ``start(hold_signals=True)`` kept: the caller's own signal handlers are
+        back. Done by itself when the run ends; nothing happens when nothing is held."""
+        scope, self._held_scope = self._held_scope, None
+        if scope is not None:
+            scope.__exit__(None, None, None)
 
     def run(self, on_started: Callable[[], None] | None = None) -> RunResult:
         """:meth:`start`, then :meth:`wait` until the run ends, under one signal scope.
@@ -524,10 +514,9 @@ class Supervisor:
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = False
         try:
-            with self._signal_scope() as scope:
-                self._sigchld = scope.sigchld
+            with self._signal_scope():
+                self._take_status_lines()  # exits the watchdog reported while start() waited
                 finished = self._loop(deadline)
-            self._sigchld = False
         except BaseException:
             self._emergency_stop()
             raise
@@ -632,82 +621,188 @@ class Supervisor:
             self._wakeup_w,
             self._teardown_signals,
             self._forward_signals,
-            self._fallback,
             keep_ignored=self._keep_ignored,
         )
 
-    def _start_watchdog(self) -> None:
-        env = {key: value for key, value in os.environ.items() if key != RUN_ID_ENV}
-        self._watchdog = subprocess.Popen(
-            watchdog.watchdog_argv(self.run_id),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.DEVNULL,
-            env=env,
-            close_fds=True,
-        )
-        assert self._watchdog.stdin is not None
-        self._watchdog_fd = children.track(self._watchdog.stdin.fileno())
-        self._tell_watchdog(b"".join(b"%d\n" % worker.pid for worker in self._workers))
-
-    def _tell_watchdog(self, message: bytes) -> None:
-        if self._watchdog_fd is None:
-            return
-        # A dead watchdog only loses the last-resort cleanup.
-        with contextlib.suppress(OSError):
-            os.write(self._watchdog_fd, message)
-
-    def _start_worker(self, spec: WorkerSpec) -> _Worker:
+    def _prepare_worker(self, spec: WorkerSpec) -> _Worker:
+        """The worker's pipes and environment; nothing started yet."""
         worker = _Worker(spec)
-        env = dict(spec.env)
-        env[RUN_ID_ENV] = self.run_id
-        child_fds: list[int] = []
-        payload_child = result_child = -1
-        streams: dict[str, int] = {}
+        worker.env = dict(spec.env)
+        worker.env[RUN_ID_ENV] = self.run_id
         try:
             if spec.payload is not None:
-                worker.payload_fd, payload_child = children.parent_pipe(parent_reads=False)
+                worker.payload_fd, worker.payload_child = children.parent_pipe(parent_reads=False)
                 children.enlarge_pipe(worker.payload_fd)
                 worker.payload_view = memoryview(spec.payload).cast("B")
-                child_fds.append(payload_child)
+                worker.child_fds.append(worker.payload_child)
             if spec.want_result:
-                worker.result_fd, result_child = children.parent_pipe(parent_reads=True)
+                worker.result_fd, worker.result_child = children.parent_pipe(parent_reads=True)
                 children.enlarge_pipe(worker.result_fd)
-                child_fds.append(result_child)
+                worker.child_fds.append(worker.result_child)
             for name, sink in (("stdout", spec.stdout), ("stderr", spec.stderr)):
                 if sink is not None:
                     parent_end, child_end = children.parent_pipe(parent_reads=True)
                     worker.outputs[parent_end] = sink
-                    streams[name] = child_end
-                    child_fds.append(child_end)
-            if spec.start == "exec":
-                if spec.payload is not None:
-                    env[PAYLOAD_FD_ENV] = str(payload_child)
-                if spec.want_result:
-                    env[RESULT_FD_ENV] = str(result_child)
-                self._exec_worker(worker, env, child_fds, streams)
-            elif spec.start == "fork":
-                self._fork_worker(worker, env, payload_child, result_child, streams)
-            else:
-                self._forkserver_worker(worker, env, payload_child, result_child, streams)
+                    worker.streams[name] = child_end
+                    worker.child_fds.append(child_end)
         except BaseException:
-            for fd in (worker.payload_fd, worker.result_fd, *worker.outputs):
+            for fd in (worker.payload_fd, worker.result_fd, *worker.outputs, *worker.child_fds):
                 children.close(fd)
             raise
-        finally:
-            for fd in child_fds:
-                children.close(fd)
-        self._register_worker(worker)
+        if spec.start == "exec":
+            if spec.payload is not None:
+                worker.env[PAYLOAD_FD_ENV] = str(worker.payload_child)
+            if spec.want_result:
+                worker.env[RESULT_FD_ENV] = str(worker.result_child)
         return worker
 
-    def _exec_worker(
-        self, worker: _Worker, env: dict[str, str], pass_fds: list[int], streams: dict[str, int]
-    ) -> None:
+    def _start_watchdog(self) -> None:
+        """Fork the watchdog, which forks every exec and fork worker; read their pids."""
+        command_w, command_r = children.parent_pipe(parent_reads=False)
+        status_r, status_w = children.parent_pipe(parent_reads=True)
+        os.set_blocking(command_w, True)
+        try:
+            pid = children.fork()
+            if pid == 0:
+                self._become_watchdog(command_r, status_w)
+        except BaseException:
+            for fd in (command_r, command_w, status_r, status_w):
+                children.close(fd)
+            self._close_child_ends()
+            raise
+        children.close(command_r)
+        children.close(status_w)  # so that a watchdog that dies gives us end of file
+        self._watchdog_pid = pid
+        self._command_fd, self._status_fd = command_w, status_r
+        assert self._selector is not None
+        self._selector.register(status_r, selectors.EVENT_READ, ("status", None))
+        forked = [w for w in self._workers if w.spec.start != "forkserver"]
+        try:
+            # Waiting first lets the watchdog run at once where the CPUs are busy; our copies
+            # of the workers' ends of their pipes can be closed afterwards.
+            words = self._status_line(time.monotonic() + _START_LIMIT).split()
+        finally:
+            self._close_child_ends()
+        if not words or words[0] != b"P" or len(words) - 1 != len(forked):
+            raise UsageError("the watchdog process ended while starting workers")
+        for worker, word in zip(forked, words[1:], strict=True):
+            worker.pid = int(word)
+            worker.exited = worker.pid == 0  # not forked: the "E" line that follows says why
+
+    def _close_child_ends(self) -> None:
+        """Our copies of the exec and fork workers' ends of their pipes (the watchdog has its
+        own, and hands them on)."""
+        for worker in self._workers:
+            if worker.spec.start != "forkserver":
+                for fd in worker.child_fds:
+                    children.close(fd)
+                worker.child_fds.clear()
+
+    def _become_watchdog(self, command_fd: int, status_fd: int) -> None:
+        """In the forked watchdog: become a subreaper, fork the workers, serve; never returns.
+
+        Only plain os calls here: another thread of the caller may have held a lock (the fd
+        registry's, an import's) at fork time, and it will never be released in this copy.
+        """
+        try:
+            with contextlib.suppress(ValueError):
+                signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
+            # Without these two the watchdog still works, with less coverage: orphans would go
+            # to init, and the shell's kill -9 -PGID would kill the watchdog too.
+            with contextlib.suppress(OSError):
+                binding.set_child_subreaper(True)
+            # The workers at once: every step before them delays the job's start. The
+            # supervisor's ends of our pipes are tracked fds, which forked workers close, and
+            # exec'd ones close every fd; they are closed here below.
+            pids, checks, failure = self._fork_workers(os.getpid())
+            # Not before the workers, whose "fork" kind would inherit it: a collection would
+            # write to every object of the caller's heap, copying each page of it into this
+            # process (copy-on-write); the little the watchdog allocates can wait.
+            gc.disable()
+            with contextlib.suppress(OSError):
+                os.setpgid(0, 0)
+            # The watchdog holds nothing of the caller's: no file, socket or terminal.
+            keep = sorted({command_fd, status_fd, *checks})
+            for low, high in zip([-1, *keep], [*keep, 1 << 20], strict=True):
+                if high > low + 1:
+                    os.closerange(low + 1, high)
+            with contextlib.suppress(OSError):
+                null = os.open(os.devnull, os.O_RDWR)
+                for target in (0, 1, 2):
+                    if target not in keep and target != null:
+                        os.dup2(null, target)
+                if null > 2:
+                    os.close(null)
+            os.write(status_fd, b"P %s\n" % b" ".join(b"%d" % pid for pid in pids))
+            if failure:
+                os.write(status_fd, failure)
+                watchdog.close_all(checks)
+                checks = {}
+            watchdog.Watchdog(
+                command_fd,
+                status_fd,
+                [pid for pid in pids if pid],
+                checks,
+                kill_on_death=self._kill_on_death,
+                kill_limit=max(1.0, self.kill_wait),
+                marker=self._marker if self._has_forkserver() else None,
+                uid=os.getuid(),
+                remove_dir=self._remove_if_killed,
+            ).serve()
+        finally:
+            os._exit(1)
+
+    def _fork_workers(self, me: int) -> tuple[list[int], dict[int, int], bytes]:
+        """In the watchdog: fork every exec and fork worker. Returns their pids in order (0: not
+        started), each exec worker's error pipe -> its index, and the ``E`` line of a failure."""
+        order = [w for w in self._workers if w.spec.start != "forkserver"]
+        # "fork" workers first: they keep fds that are not in the registry, and none of the
+        # exec workers' error pipes exists yet.
+        fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
+        pids = [0] * len(order)
+        checks: dict[int, int] = {}
+        for index in fork_first:
+            try:
+                pids[index], check_fd = self._fork_worker(order[index], me)
+            except OSError as exc:
+                reason = (exc.strerror or str(exc)).encode(errors="replace")
+                return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
+            if check_fd is not None:
+                checks[check_fd] = index
+        return pids, checks, b""
+
+    def _has_forkserver(self) -> bool:
+        return any(spec.start == "forkserver" for spec in self._specs)
+
+    def _fork_worker(self, worker: _Worker, parent_pid: int) -> tuple[int, int | None]:
+        """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe)."""
         spec = worker.spec
-        program = self._programs[spec.local_rank]
-        parent_pid = os.getpid()
+        if spec.start == "fork":
+            keep = {
+                fd
+                for fd in (
+                    worker.payload_child,
+                    worker.result_child,
+                    *worker.streams.values(),
+                    *spec.pass_fds,
+                )
+            }
+            keep.discard(-1)
+            pid = children.fork()
+            if pid == 0:
+                children.fork_child(
+                    keep,
+                    parent_pid,
+                    spec,
+                    worker.env,
+                    worker.payload_child,
+                    worker.result_child,
+                    worker.streams.get("stdout"),
+                    worker.streams.get("stderr"),
+                    _SignalScope.restore_callers_handlers,
+                )
+            return pid, None
         check_r, check_w = os.pipe()
-        children.track(check_r)
-        children.track(check_w)
         try:
             pid = children.fork()
             if pid == 0:
@@ -715,55 +810,52 @@ class Supervisor:
                     check_w,
                     parent_pid,
                     spec,
-                    program,
-                    env,
-                    [*(fd for fd in pass_fds if fd not in streams.values()), *spec.pass_fds],
-                    streams.get("stdout"),
-                    streams.get("stderr"),
+                    self._programs[spec.local_rank],
+                    worker.env,
+                    [
+                        *(fd for fd in worker.child_fds if fd not in worker.streams.values()),
+                        *spec.pass_fds,
+                    ],
+                    worker.streams.get("stdout"),
+                    worker.streams.get("stderr"),
                 )
         except BaseException:
-            children.close(check_r)
+            os.close(check_r)
             raise
         finally:
-            children.close(check_w)
-        worker.pid = pid
-        worker.exec_check_fd = check_r
+            os.close(check_w)
+        return pid, check_r
 
-    def _await_exec(self) -> None:
-        """Wait until every exec worker exec'd (all at once, not one by one); raise the first
-        error as UsageError (exec) or BindingError (binding), one line."""
+    def _status_line(self, deadline: float) -> bytes:
+        """The next line from the watchdog, blocking until ``deadline``; b"" at end of file."""
         import select
 
-        pending = {w.exec_check_fd: w for w in self._workers if w.exec_check_fd is not None}
-        reports: dict[int, bytes] = {}
-        deadline = time.monotonic() + _EXEC_LIMIT
-        while pending:
-            ready, _, _ = select.select(list(pending), [], [], deadline - time.monotonic())
+        assert self._status_fd is not None
+        while b"\n" not in self._status_pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise UsageError("the watchdog process did not answer while starting workers")
+            ready, _, _ = select.select([self._status_fd], [], [], remaining)
             if not ready:
-                rank = next(iter(pending.values())).spec.local_rank
-                raise UsageError(
-                    f"local rank {rank} did not reach exec within {_EXEC_LIMIT:.0f} s after "
-                    "fork (a lock held by another thread at fork time?)"
-                )
-            for fd in ready:
-                data = os.read(fd, 4096)
-                if data:
-                    reports[fd] = reports.get(fd, b"") + data
-                    continue
-                worker = pending.pop(fd)
-                worker.exec_check_fd = None
-                children.close(fd)
-                if fd in reports:
-                    raise _child_error(worker.spec, reports[fd].decode(errors="replace"))
+                continue
+            try:
+                data = os.read(self._status_fd, 4096)
+            except BlockingIOError:
+                continue
+            if not data:
+                return b""
+            self._status_pending += data
+        line, _, self._status_pending = self._status_pending.partition(b"\n")
+        return line
 
     def _deliver_payloads(self) -> None:
         """Write every payload now, to all children at once, so that workers run whether or not
-        anyone waits; what a child has not read within ``_EXEC_LIMIT`` stays with the loop.
+        anyone waits; what a child has not read within ``_START_LIMIT`` stays with the loop.
         What the workers send meanwhile (results, output, the caller's readers) is read as the
         loop reads it, so a worker that answers while it reads cannot stall us; exits and
         signals wait for the loop."""
         assert self._selector is not None
-        deadline = time.monotonic() + _EXEC_LIMIT
+        deadline = time.monotonic() + _START_LIMIT
         while any(w.payload_fd is not None for w in self._workers):
             left = deadline - time.monotonic()
             if left <= 0:
@@ -772,40 +864,30 @@ class Supervisor:
                 if key.data[0] in ("payload", "result", "output", "reader"):
                     self._dispatch(key, mask)
 
-    def _fork_worker(
-        self,
-        worker: _Worker,
-        env: dict[str, str],
-        payload_fd: int,
-        result_fd: int,
-        streams: dict[str, int],
-    ) -> None:
-        spec = worker.spec
-        parent_pid = os.getpid()
-        keep = {fd for fd in (payload_fd, result_fd, *streams.values(), *spec.pass_fds) if fd >= 0}
-        pid = children.fork()
-        if pid == 0:
-            children.fork_child(
-                keep,
-                parent_pid,
-                worker.spec,
-                env,
-                payload_fd,
-                result_fd,
-                streams.get("stdout"),
-                streams.get("stderr"),
-                _SignalScope.restore_callers_handlers,
-            )
-        worker.pid = pid
+    def _await_started(self) -> None:
+        """Wait until every exec worker exec'd (the watchdog's ``R``); raise the first error as
+        UsageError (exec) or BindingError (binding), one line. Exits reported meanwhile are
+        kept for the loop."""
+        forked = [w for w in self._workers if w.spec.start != "forkserver"]
+        deadline = time.monotonic() + _START_LIMIT
+        held: list[bytes] = []
+        try:
+            while True:
+                line = self._status_line(deadline)
+                if not line:
+                    raise UsageError("the watchdog process ended while workers were starting")
+                if line == b"R":
+                    return
+                if line.startswith(b"E "):
+                    _, index, report = line.split(b" ", 2)
+                    worker = forked[int(index)]
+                    raise _child_error(worker.spec, report.decode(errors="replace"))
+                held.append(line)
+        finally:
+            if held:
+                self._status_pending = b"\n".join(held) + b"\n" + self._status_pending
 
-    def _forkserver_worker(
-        self,
-        worker: _Worker,
-        env: dict[str, str],
-        payload_fd: int,
-        result_fd: int,
-        streams: dict[str, int],
-    ) -> None:
+    def _forkserver_worker(self, worker: _Worker) -> None:
         import multiprocessing
         import pickle
         from multiprocessing import forkserver
@@ -827,12 +909,12 @@ class Supervisor:
                 server_pid,
                 tuple(spec.cpus) if spec.cpus is not None else None,
                 spec.mem,
-                env,
+                worker.env,
                 spec.cwd,
-                inherited(payload_fd),
-                inherited(result_fd),
-                inherited(streams.get("stdout")),
-                inherited(streams.get("stderr")),
+                inherited(worker.payload_child),
+                inherited(worker.result_child),
+                inherited(worker.streams.get("stdout")),
+                inherited(worker.streams.get("stderr")),
                 tuple(children.InheritedFd(fd) for fd in spec.pass_fds),
             ),
             name=f"numarun-rank{spec.local_rank}",
@@ -846,22 +928,30 @@ class Supervisor:
                 f"local rank {spec.local_rank}: start='forkserver' needs a picklable "
                 f"module-level fork_target ({exc})"
             ) from exc
+        finally:
+            for fd in worker.child_fds:
+                children.close(fd)
+            worker.child_fds.clear()
         # The supervisor waits for it and closes it: multiprocessing's exit handler must not
         # join it too (it would find it closed).
         _forget_child(process)
         worker.process = process
         worker.pid = process.pid
+        # Pinned at once: the fork server reaps it when it ends, and its pid could be reused.
+        with contextlib.suppress(ProcessLookupError):
+            worker.pidfd = watchdog.open_pidfd(worker.pid)
+            if worker.pidfd is not None:
+                children.track(worker.pidfd)
+        # Not the watchdog's child: it must be told, to kill it if we die.
+        started = watchdog.start_time(worker.pid)
+        if started is not None and self._command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
 
     def _register_worker(self, worker: _Worker) -> None:
         assert self._selector is not None
-        if worker.process is not None:
+        if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
-        else:
-            worker.exit_fd = _open_pidfd(worker.pid)
-            worker.owns_exit_fd = worker.exit_fd is not None
-            if worker.exit_fd is None:
-                self._fallback = True
-        if worker.exit_fd is not None:
             self._selector.register(worker.exit_fd, selectors.EVENT_READ, ("exit", worker))
         for fd, sink in worker.outputs.items():
             self._selector.register(fd, selectors.EVENT_READ, ("output", worker))
@@ -875,6 +965,9 @@ class Supervisor:
 
     def _abort_start(self) -> None:
         """A worker could not start: kill what started, release everything."""
+        for worker in self._workers:
+            if worker.pid == 0:
+                worker.exited = True  # never started
         self._kill_everything()
         self._release()
         self._phase = _DONE
@@ -885,8 +978,6 @@ class Supervisor:
         """Dispatch events and advance phases until done (True) or ``deadline`` (False).
         Events already waiting are dispatched even when ``deadline`` has passed (``wait(0)``)."""
         assert self._selector is not None
-        if self._fallback:
-            self._poll_workers()  # deaths before our SIGCHLD handler existed
         passes = 0
         while True:
             self._advance()
@@ -900,7 +991,7 @@ class Supervisor:
                 t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
             ]
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
-            must_poll = (self._fallback and not self._sigchld) or not self._all_tracked_fds()
+            must_poll = not self._all_tracked_fds()
             if must_poll:
                 timeout = _FALLBACK_TICK if timeout is None else min(timeout, _FALLBACK_TICK)
             self._watch_consoles()
@@ -939,6 +1030,8 @@ class Supervisor:
         kind, worker = key.data
         if kind == "exit":
             self._check_exit(worker)
+        elif kind == "status":
+            self._read_status()
         elif kind == "output":
             self._read_output(worker, key.fd)
         elif kind == "result":
@@ -1014,7 +1107,8 @@ class Supervisor:
         if received is not None and self._relay_signal:
             self._stop_signal = received
         # The process table is read before any signal: parent links to a worker are lost as
-        # soon as it dies, and its new-session children would then look like strangers.
+        # soon as it dies (its children go up to the watchdog, still ours, but a forkserver
+        # worker's would look like strangers).
         owned = self._sweep()
         groups = self._signal_workers(self._stop_signal)
         self._signal_owned(self._stop_signal, owned, signalled_groups=groups)
@@ -1027,7 +1121,6 @@ class Supervisor:
         self._signal_owned(signal.SIGKILL, owned)
 
     def _begin_draining(self) -> None:
-        self._reap_owned_zombies()
         self._phase = _DRAINING
         self._deadline = time.monotonic() + self.kill_wait
         for worker in self._workers:
@@ -1037,43 +1130,69 @@ class Supervisor:
                     self._close_output(worker, fd)
 
     def _signal_workers(self, signum: int) -> set[int]:
-        """Send ``signum`` to each live worker's process group; returns the groups reached."""
+        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to each live worker's process
+        group (a forkserver worker: to the worker only); returns the groups reached."""
         groups: set[int] = set()
         for worker in self._workers:
-            if worker.exited or worker.state == UNKILLABLE:
+            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0:
                 continue
             worker.signalled = True
-            try:
-                self._kill(-worker.pid, signum)
-                groups.add(worker.pid)
-            except ProcessLookupError:
-                # Not yet a group leader (a fork child before setsid) or already gone.
+            if worker.process is not None:
+                # The fork server reaps it: its group id is not held, its pidfd pins it.
+                if self._default_kill and worker.pidfd is not None:
+                    watchdog.send(worker.pid, worker.pidfd, signum)
+                    if signum != signal.SIGKILL:
+                        watchdog.send(worker.pid, worker.pidfd, signal.SIGCONT)
+                    continue
                 with contextlib.suppress(ProcessLookupError):
                     self._kill(worker.pid, signum)
+                continue
+            # The watchdog keeps the worker unreaped until the run ends: its group is its own.
+            for sent in (signum, signal.SIGCONT) if signum != signal.SIGKILL else (signum,):
+                try:
+                    self._kill(-worker.pid, sent)
+                    groups.add(worker.pid)
+                except ProcessLookupError:
+                    # Not yet a group leader (before its setsid) or its group is empty.
+                    with contextlib.suppress(ProcessLookupError):
+                        self._kill(worker.pid, sent)
         return groups
 
     def _sweep(self) -> dict[int, watchdog.ProcInfo]:
-        """The workers' live or zombie descendants now (workers themselves left out):
-        pid -> (ppid, pgid, sid, state), from one read of /proc."""
-        table = watchdog.read_proc_table()
+        """The run's live processes other than the workers, pinned (in ``_tracked``), from one
+        read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
+        forkserver = self._has_forkserver()
+        if forkserver or not self._watchdog_pid:  # marked processes and sessions: anywhere
+            table = watchdog.read_proc_table()
+        else:
+            table = watchdog.read_subtree(self._watchdog_pid)
+        roots: dict[int, int | None] = {}
+        if self._watchdog_pid:
+            roots[self._watchdog_pid] = None  # our child: its pid is ours until we reap it
+        sessions: dict[int, int | None] = {}
+        for worker in self._workers:
+            if worker.pid <= 0:
+                continue
+            if worker.process is None:
+                roots[worker.pid] = None  # held by the watchdog until the run ends
+            elif worker.pidfd is not None or not worker.exited:
+                roots[worker.pid] = worker.pidfd
+                sessions[worker.pid] = worker.pidfd
         me = os.getpid()
-        exclude = watchdog.ancestors(me, table) | {me}
-        if self._watchdog is not None:
-            exclude.add(self._watchdog.pid)
-        worker_pids = {worker.pid for worker in self._workers}
-        # Workers are signalled and watched by _signal_workers; here only their descendants.
-        owned = (
-            watchdog.find_run_processes(
-                table,
-                roots={worker.pid for worker in self._workers if not worker.exited},
-                sessions=worker_pids,
-                marker=self._marker,
-                exclude=exclude,
-            )
-            - worker_pids
+        pins = dict(self._tracked)
+        owned = watchdog.find_run_processes(
+            table,
+            roots=roots,
+            pins=pins,
+            sessions=sessions if forkserver else None,
+            marker=self._marker if forkserver else None,
+            uid=os.getuid(),
+            exclude=watchdog.ancestors(me, table) | {me},
         )
-        self._seen_owned |= owned
-        return {pid: table[pid] for pid in owned}
+        for pid, fd in pins.items():
+            if pid not in self._tracked:
+                self._track_owned(pid, fd)
+        return owned
 
     def _signal_owned(
         self,
@@ -1081,9 +1200,10 @@ class Supervisor:
         owned: dict[int, watchdog.ProcInfo] | None = None,
         signalled_groups: set[int] = frozenset(),
     ) -> bool:
-        """Send ``signum`` to every live process of ``owned`` (default: a fresh sweep) that has
-        not had it yet (members of ``signalled_groups`` just had it through their group) and
-        track them until they are gone. True if any was found alive."""
+        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to every live process of
+        ``owned`` (default: a fresh sweep) that has not had it yet (members of
+        ``signalled_groups`` just had it through their group); they stay tracked until they are
+        gone. True if any was found alive."""
         if owned is None:
             owned = self._sweep()
         found = False
@@ -1092,23 +1212,21 @@ class Supervisor:
                 continue
             found = True
             if self._signalled_owned.get(pid) != signum and info[1] not in signalled_groups:
-                try:
-                    self._kill(pid, signum)
-                except ProcessLookupError:
-                    continue
+                sends = (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT)
+                for sent in sends:
+                    if self._default_kill:
+                        watchdog.send(pid, self._tracked.get(pid), sent)
+                    else:
+                        with contextlib.suppress(ProcessLookupError):
+                            self._kill(pid, sent)
             self._signalled_owned[pid] = signum
-            if pid not in self._tracked:
-                self._track_owned(pid)
         return found
 
-    def _track_owned(self, pid: int) -> None:
+    def _track_owned(self, pid: int, fd: int | None) -> None:
         assert self._selector is not None
-        try:
-            fd = _open_pidfd(pid)
-        except ProcessLookupError:
-            return
         self._tracked[pid] = fd
         if fd is not None:
+            children.track(fd)
             self._selector.register(fd, selectors.EVENT_READ, ("owned", pid))
 
     def _untrack(self, pid: int) -> None:
@@ -1128,16 +1246,42 @@ class Supervisor:
         for pid in list(self._tracked):
             self._untrack(pid)
 
-    def _reap_owned_zombies(self) -> None:
-        """waitpid() the owned processes that were reparented to us and have exited."""
-        me = os.getpid()
-        for pid in list(self._seen_owned):
-            info = watchdog.read_proc_stat(pid)
-            if info is None or info[0] != me or info[3] not in "ZX":
-                continue
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, os.WNOHANG)
-            self._seen_owned.discard(pid)
+    def _read_status(self) -> None:
+        """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
+        assert self._status_fd is not None
+        try:
+            data = os.read(self._status_fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        self._status_pending += data
+        self._take_status_lines()
+        if not data:
+            self._watchdog_died()
+
+    def _take_status_lines(self) -> None:
+        *lines, self._status_pending = self._status_pending.split(b"\n")
+        by_pid = {w.pid: w for w in self._workers if w.process is None}
+        for line in lines:
+            words = line.split()
+            if len(words) == 3 and words[0] == b"X" and int(words[1]) in by_pid:
+                worker = by_pid[int(words[1])]
+                worker.reported = int(words[2])
+                self._check_exit(worker)
+
+    def _watchdog_died(self) -> None:
+        """The watchdog ended: when nothing of the run is left (every worker reported), or
+        killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
+        and what they started went up to init, out of reach."""
+        assert self._selector is not None and self._status_fd is not None
+        self._selector.unregister(self._status_fd)
+        children.close(self._status_fd)
+        self._status_fd = None
+        for worker in self._workers:
+            if worker.process is None and not worker.exited and worker.pid > 0:
+                worker.reported = -signal.SIGKILL
+                self._check_exit(worker)
 
     # --- events --------------------------------------------------------------------------------
 
@@ -1197,23 +1341,26 @@ class Supervisor:
             return
         assert self._selector is not None
         self._selector.unregister(worker.exit_fd)
-        if worker.owns_exit_fd:
-            children.close(worker.exit_fd)
         worker.exit_fd = None
 
     def _close_pipes_of_dead(self, worker: _Worker) -> None:
         """A dead worker reads no payload and writes no result; its output may go on (a
         grandchild holding the pipe), so output pipes stay until end of file."""
-        assert self._selector is not None
         if worker.payload_fd is not None:
-            self._selector.unregister(worker.payload_fd)
+            self._unregister(worker.payload_fd)
             children.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
         if worker.result_fd is not None:
-            self._selector.unregister(worker.result_fd)
+            self._unregister(worker.result_fd)
             children.close(worker.result_fd)
             worker.result_fd = None
+
+    def _unregister(self, fd: int) -> None:
+        """Stop watching ``fd``; one of a worker that never started was never watched."""
+        if self._selector is not None:
+            with contextlib.suppress(KeyError):
+                self._selector.unregister(fd)
 
     def _read_output(self, worker: _Worker, fd: int) -> None:
         try:
@@ -1229,8 +1376,7 @@ class Supervisor:
 
     def _close_output(self, worker: _Worker, fd: int) -> None:
         sink = worker.outputs.pop(fd)
-        if self._selector is not None:
-            self._selector.unregister(fd)
+        self._unregister(fd)
         children.close(fd)
         sink.close()
 
@@ -1324,7 +1470,7 @@ class Supervisor:
             if not pending and not self._tracked:
                 break
             timeout = max(0.0, self._deadline - time.monotonic())
-            if not self._all_tracked_fds() or any(w.exit_fd is None for w in pending):
+            if not self._all_tracked_fds():
                 timeout = min(timeout, _FALLBACK_TICK)
             for key, _mask in selector.select(timeout):
                 if selector.get_map().get(key.fd) is not key:
@@ -1332,6 +1478,8 @@ class Supervisor:
                 kind, item = key.data
                 if kind == "exit":
                     self._check_exit(item)
+                elif kind == "status":
+                    self._read_status()
                 elif kind == "owned":
                     self._untrack(item)
                 elif kind == "output":
@@ -1340,7 +1488,6 @@ class Supervisor:
             if all(w.exited for w in self._workers) and not self._tracked:
                 self._signal_owned(signal.SIGKILL)
         self._give_up_on_survivors()
-        self._reap_owned_zombies()
 
     def _emergency_stop(self) -> None:
         if self._result is not None or self._phase == _DONE:
@@ -1355,7 +1502,9 @@ class Supervisor:
                 self._phase = _DONE
 
     def _release(self) -> None:
-        """Close every fd, end the watchdog, restore the subreaper flag. Idempotent."""
+        """Close every fd, end the watchdog (it reaps the workers), give the caller's signal
+        handlers back. Idempotent."""
+        self.release_signals()
         for worker in self._workers:
             self._unregister_exit_fd(worker)
             if self._selector is not None:
@@ -1364,11 +1513,13 @@ class Supervisor:
                 self._close_output(worker, fd)
             if worker.process is not None:
                 _forget_process(worker)
+            for fd in worker.child_fds:
+                children.close(fd)
+            worker.child_fds.clear()
+            children.close(worker.pidfd)
+            worker.pidfd = None
         for pid in list(self._tracked):
             self._untrack(pid)
-        for worker in self._workers:
-            children.close(worker.exec_check_fd)
-            worker.exec_check_fd = None
         self._end_watchdog()
         if self._selector is not None:
             self._watch_consoles(watch=False)
@@ -1382,26 +1533,24 @@ class Supervisor:
                 children.close_untracked(sock.fileno())
                 sock.close()
         self._wakeup_r = self._wakeup_w = None
-        if self._subreaper_held:
-            self._subreaper_held = False
-            _release_subreaper()
 
     def _end_watchdog(self) -> None:
-        process = self._watchdog
-        if process is None:
-            return
-        self._watchdog = None
-        # Everything it could kill is gone or unkillable by now; no need to wait for its
-        # interpreter to start and read "done".
-        with contextlib.suppress(OSError):
-            process.kill()
-        if self._watchdog_fd is not None:
-            children.close_untracked(self._watchdog_fd)
-            self._watchdog_fd = None
-        assert process.stdin is not None
-        with contextlib.suppress(OSError):
-            process.stdin.close()
-        _wait_bounded(process, _WATCHDOG_WAIT)
+        """Tell the watchdog the run is over (it reaps the workers and exits) and reap it,
+        killing it after ``_WATCHDOG_WAIT`` seconds."""
+        if self._command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self._command_fd, b"done\n")
+            children.close(self._command_fd)
+            self._command_fd = None
+        if self._status_fd is not None:
+            if self._selector is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(self._status_fd)
+            children.close(self._status_fd)
+            self._status_fd = None
+        pid, self._watchdog_pid = self._watchdog_pid, 0
+        if pid:
+            _reap_bounded(pid, _WATCHDOG_WAIT)
 
 
 @dataclass
@@ -1433,26 +1582,26 @@ def _forget_child(process: Any) -> None:
         pass
 
 
-def _wait_bounded(process: subprocess.Popen[bytes], limit: float) -> None:
-    """Reap ``process`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
+def _reap_bounded(pid: int, limit: float) -> None:
+    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
     import select
 
     try:
-        pidfd = os.pidfd_open(process.pid) if _pidfd_available else None
-    except OSError:
-        pidfd = None
+        pidfd = watchdog.open_pidfd(pid)
+    except ProcessLookupError:
+        return
     try:
         if pidfd is not None:
             select.select([pidfd], [], [], limit)
-            if process.poll() is None:
-                process.kill()
-            process.wait()
         else:
-            try:
-                process.wait(limit)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
+                time.sleep(_FALLBACK_TICK)
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped above, or by a caller's waitpid(-1)
     finally:
         if pidfd is not None:
             os.close(pidfd)
@@ -1470,14 +1619,11 @@ class _SignalScope:
         wakeup: socket.socket | None,
         teardown: Sequence[int],
         forward: Sequence[int],
-        fallback: bool,
         keep_ignored: Sequence[int] | None = None,
     ) -> None:
         self._wakeup = wakeup
         self._keep_ignored = tuple(teardown if keep_ignored is None else keep_ignored)
         self._signals = [*teardown, *forward]
-        self._fallback = fallback
-        self.sigchld = False
         self._previous: dict[int, Any] = {}
         self._previous_wakeup: int | None = None
 
@@ -1497,8 +1643,6 @@ class _SignalScope:
             return self
         _SignalScope._active.append(self)
         signals = list(self._signals)
-        if self._fallback:
-            signals.append(signal.SIGCHLD)  # the no-pidfd fallback: SIGCHLD wakes the loop
         self._previous_wakeup = signal.set_wakeup_fd(
             self._wakeup.fileno(), warn_on_full_buffer=False
         )
@@ -1510,7 +1654,6 @@ class _SignalScope:
                 continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
             self._previous[signum] = previous
             signal.signal(signum, _note_signal)
-        self.sigchld = signal.SIGCHLD in self._previous
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -1529,14 +1672,30 @@ def _note_signal(signum: int, frame: object) -> None:
 def _start_error(exc: BaseException) -> BaseException:
     """The one-line error for a worker that could not start."""
     if isinstance(exc, OSError) and not isinstance(exc, (UsageError, BindingError)):
-        return UsageError(f"cannot start a worker: {exc.strerror or exc}")
+        return UsageError(f"cannot start a worker: {exc.strerror or exc}{_limit_hint(exc.errno)}")
     return exc
 
 
+def _limit_hint(code: int | None) -> str:
+    """What to do when processes or fds ran out (EMFILE, ENFILE, EAGAIN from fork)."""
+    if code in (errno.EMFILE, errno.ENFILE):
+        try:
+            import resource
+
+            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        except (ImportError, OSError, ValueError):
+            return "; raise the open-file limit (ulimit -n) or run fewer ranks"
+        return f"; the open-file limit is {limit}: raise it (ulimit -n) or run fewer ranks"
+    if code == errno.EAGAIN:
+        return "; the process limit (ulimit -u) or the machine's is reached"
+    return ""
+
+
 def _child_error(spec: WorkerSpec, report: str) -> BaseException:
-    """The one-line error for a child's ``stage:errno:message`` report."""
+    """The one-line error for a child's ``stage:errno:message`` report (stages ``setup``,
+    ``bind`` and ``exec`` from the child, ``fork`` and ``late`` from the watchdog)."""
     stage, _, rest = report.partition(":")
-    _code, _, detail = rest.partition(":")
+    code, _, detail = rest.partition(":")
     who = f"local rank {spec.local_rank}"
     if stage == "bind":
         return BindingError(
@@ -1545,4 +1704,12 @@ def _child_error(spec: WorkerSpec, report: str) -> BaseException:
         )
     if stage == "exec":
         return UsageError(f"{who}: cannot start {spec.argv[0] if spec.argv else '?'}: {detail}")
+    if stage == "fork":
+        hint = _limit_hint(int(code)) if code.isdigit() else ""
+        return UsageError(f"{who}: could not start a process ({detail}){hint}")
+    if stage == "late":
+        return UsageError(
+            f"{who} did not reach exec within {watchdog.EXEC_LIMIT:.0f} s after fork "
+            "(a lock held by another thread at fork time?)"
+        )
     return UsageError(f"{who}: could not prepare the worker process ({detail})")

@@ -1,103 +1,80 @@
-"""Finding a run's processes in /proc, and the watchdog that kills them if the supervisor dies.
+"""The watchdog: parent of a run's workers, reaper of everything they leave, and their killer if
+the supervisor dies; and the /proc reading and pid pinning both it and the supervisor use to find
+a run's processes without ever signalling another.
 
-The watchdog is a small process the supervisor starts with :func:`watchdog_argv`, in the
-supervisor's own session and process group. Normally it is the POSIX shell script
-:data:`WATCHDOG_SH` (``/bin/sh`` starts in about a millisecond, where a Python interpreter costs
-tens of milliseconds of CPU that would compete with the workers starting at the same time); it
-needs ``grep -z`` (GNU or BusyBox) for the environment check. Without ``/bin/sh`` this file
-runs as a script instead, ``python -I -S watchdog.py RUN_ID``, importing only the standard
-library. Both behave the same. The functions below also serve the supervisor's own sweeps.
+Why a process of its own: a process whose parent dies is adopted by the nearest *child
+subreaper* among its ancestors (else by init). The supervisor forks the watchdog (a copy of
+itself: no interpreter to start, no program looked up on ``PATH``), the watchdog makes itself a
+child subreaper and forks the workers. Every process a worker ever starts therefore stays below
+the watchdog however it detaches (double fork, ``setsid``, an empty environment, a nested
+numarun whose own watchdog dies first), and nothing outside the run is ever below it: the run is
+exactly the watchdog's descendants. The supervisor itself is not a subreaper, so orphans of
+its caller's other processes never come to it.
 
-Protocol on the watchdog's stdin (a pipe whose only writer is the supervisor), ASCII lines:
+Protocol. Watchdog to supervisor (the status pipe), ASCII lines:
 
-* ``<pid>`` announces a worker. Workers call ``setsid()``, so their session id is their pid.
-* ``done`` means the supervisor finished and swept the run itself: the watchdog exits 0 at once.
+* ``P <pid> <pid> ...`` once, the workers forked, in the order they were given;
+* ``R`` once every exec worker exec'd, or instead ``E <index> <stage>:<errno>:<message>`` for
+  the first that could not (``fork`` stage: the watchdog could not fork it; ``late``: no exec
+  within the time limit);
+* ``X <pid> <code>`` as each worker ends (``code`` as :class:`subprocess.Popen`: -N = signal
+  N). The watchdog keeps ended workers as zombies (``waitid(WNOWAIT)``), so that a worker's
+  pid, and with it its process group and session id, cannot be reused while the run lasts;
+  orphans adopted from the run are reaped at once.
 
-End of file without ``done`` means the supervisor died (even by SIGKILL: the kernel closes its
-end of the pipe). The watchdog then SIGKILLs every process, other than itself and its
-ancestors, whose session id is an announced worker pid or whose ``/proc/<pid>/environ`` holds
-``NUMARUN_RUN_ID=RUN_ID``; it sweeps again until a sweep finds nobody alive, for about one
-second at most (the Python version waits on pidfds between sweeps, the shell version 50 ms);
-then it exits 0. The workers themselves
-die by their parent-death signal; this catches their descendants, which that signal misses.
+The watchdog exits (end of file on the status pipe) once every worker has ended and it has no
+live child left (in a run without forkserver workers): every process of the run descends from
+a live child of the watchdog, so then none is left, and none can appear.
 
-SIGINT, SIGTERM and SIGHUP are ignored: Ctrl-C at a terminal signals the supervisor's whole
-process group, this process included, and the watchdog must outlive the supervisor.
+Supervisor to watchdog (the command pipe): ``F <pid> <start time>`` names a ``"forkserver"``
+worker (a child of multiprocessing's fork server, not of the watchdog), which the watchdog pins
+with a pidfd if that pid still has that start time (``/proc/<pid>/stat``, field 22). ``done``
+means the run is over and swept: the watchdog reaps the workers and exits 0. End of file
+without ``done`` means the supervisor died (even by SIGKILL: the kernel closes its end). The
+watchdog then SIGKILLs every descendant of its own until it has no children left or
+``kill_limit`` seconds passed; in a run with forkserver workers also those workers, their
+descendants, the processes in their sessions while they hold their pid, and every process of
+the supervisor's real uid whose ``/proc/<pid>/environ`` holds ``NUMARUN_RUN_ID=<run id>``;
+removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, get no
+parent-death signal while it lives, so it finds their trees intact.
 
-Limit: a descendant that both left the workers' sessions (``setsid``) and never exec'd from a
-worker that was itself exec'd with the marker (for example one forked by a worker started with
-``start="fork"``) carries no marker in ``/proc/<pid>/environ``, so only the supervisor, while
-alive, can find it (through parent links).
+The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
+shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
+itself killed, the workers get SIGKILL from the kernel (``PR_SET_PDEATHSIG``, set in each
+worker) and their descendants are adopted by whatever is above it: the one case where numarun
+loses track of a run's processes. It shares its memory pages with the supervisor's process
+(copy-on-write): they count in its resident size as ``ps`` shows it, not twice in the machine's
+memory.
+
+Pinning: a pid read from /proc may belong to another process by the time it is signalled, if
+the first one exited and was reaped meanwhile. :func:`find_run_processes` therefore opens a
+pidfd on each candidate first and only then checks, on the process the pidfd refers to, why it
+belongs to the run; signals then go through the pidfd (:func:`send`). Where pidfds do not work
+(Linux before 5.3), candidates are checked and signalled by pid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import select
 import signal
 import sys
 import time
+from collections.abc import Iterable, Mapping
 
 RUN_ID_ENV = "NUMARUN_RUN_ID"
-SWEEP_LIMIT = 1.0  # seconds the watchdog spends killing before it gives up
-
-# $1: the run id. Reads worker pids (or "done") on stdin; see the module docstring.
-WATCHDOG_SH = r"""
-trap '' INT TERM HUP
-set -f
-marker="NUMARUN_RUN_ID=$1"
-me=$$
-sessions=" "
-while IFS= read -r line; do
-    case $line in
-        done) exit 0 ;;
-        ''|*[!0-9]*) ;;
-        *) sessions="$sessions$line " ;;
-    esac
-done
-sweep() {
-    found=
-    set +f
-    files=$(grep -lzxF -e "$marker" /proc/[0-9]*/environ 2>/dev/null)
-    dirs=$(echo /proc/[0-9]*)
-    set -f
-    for file in $files; do
-        pid=${file#/proc/}
-        pid=${pid%/environ}
-        if [ "$pid" != "$me" ] && kill -9 "$pid" 2>/dev/null; then found=1; fi
-    done
-    for dir in $dirs; do
-        pid=${dir#/proc/}
-        { read -r stat < "$dir/stat"; } 2>/dev/null || continue
-        set -- ${stat##*) }
-        case $1 in Z|X|x) continue ;; esac
-        case $sessions in
-            *" $4 "*)
-                if [ "$pid" != "$me" ] && kill -9 "$pid" 2>/dev/null; then found=1; fi ;;
-        esac
-    done
-}
-round=0
-while [ $round -lt 20 ]; do
-    round=$((round + 1))
-    sweep
-    [ -z "$found" ] && exit 0
-    sleep 0.05
-done
-exit 0
-"""
-
-
-def watchdog_argv(run_id: str) -> list[str]:
-    """The command that starts the watchdog for ``run_id`` (shell, or Python without /bin/sh)."""
-    if os.access("/bin/sh", os.X_OK):
-        return ["/bin/sh", "-c", WATCHDOG_SH, "numarun-watchdog", run_id]
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__), run_id]
-
+EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
 
 # (ppid, pgid, sid, state letter) of one process, from /proc/<pid>/stat.
 ProcInfo = tuple[int, int, int, str]
+
+_pidfds_work = hasattr(os, "pidfd_open")
+_children_files = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
+
+
+# --- /proc ---------------------------------------------------------------------------------------
 
 
 def read_proc_table(proc: str = "/proc") -> dict[int, ProcInfo]:
@@ -129,6 +106,29 @@ def read_proc_stat(pid: int, proc: str = "/proc") -> ProcInfo | None:
     return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace")
 
 
+def start_time(pid: int, proc: str = "/proc") -> int | None:
+    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); with
+    the pid it names one process for good. None when it does not exist."""
+    try:
+        with open(f"{proc}/{pid}/stat", "rb") as stat:
+            text = stat.read()
+        return int(text[text.rfind(b")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def real_uid(pid: int, proc: str = "/proc") -> int | None:
+    """The real uid of ``pid`` (``Uid:`` in ``/proc/<pid>/status``); None when unreadable."""
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def environ_has(pid: int, marker: bytes, proc: str = "/proc") -> bool:
     """Whether ``marker`` (``NAME=value``) is one entry of ``pid``'s initial environment.
 
@@ -143,7 +143,7 @@ def environ_has(pid: int, marker: bytes, proc: str = "/proc") -> bool:
     return data.startswith(marker + b"\0") or (b"\0" + marker + b"\0") in data or data == marker
 
 
-def ancestors(pid: int, table: dict[int, ProcInfo]) -> set[int]:
+def ancestors(pid: int, table: Mapping[int, ProcInfo]) -> set[int]:
     """``pid``'s parent, grandparent, ... up to the root, as found in ``table``."""
     found: set[int] = set()
     current = table[pid][0] if pid in table else 0
@@ -153,117 +153,447 @@ def ancestors(pid: int, table: dict[int, ProcInfo]) -> set[int]:
     return found
 
 
-def find_run_processes(
-    table: dict[int, ProcInfo],
-    *,
-    roots: set[int],
-    sessions: set[int],
-    marker: bytes | None,
-    exclude: set[int],
-    proc: str = "/proc",
-) -> set[int]:
-    """Pids in ``table`` that belong to a run, zombies included.
-
-    A process belongs when it is one of ``roots`` or a descendant of one (parent links), when
-    its session id is in ``sessions`` (sessions outlive reparenting), when its environment
-    holds ``marker`` (survives ``setsid``), or when it descends from such a process. Pids in
-    ``exclude`` are never returned and never searched through.
-    """
-    children: dict[int, list[int]] = {}
-    for pid, (ppid, _pgid, _sid, _state) in table.items():
-        children.setdefault(ppid, []).append(pid)
-    seeds = [pid for pid in roots if pid in table]
-    for pid, (_ppid, _pgid, sid, state) in table.items():
-        if pid in exclude:
-            continue
-        if sid in sessions or (marker and state not in "ZX" and environ_has(pid, marker, proc)):
-            seeds.append(pid)
-    found: set[int] = set()
-    while seeds:
-        pid = seeds.pop()
-        if pid in found or pid in exclude:
-            continue
-        found.add(pid)
-        seeds.extend(children.get(pid, ()))
-    return found
-
-
 def is_alive(info: ProcInfo | None) -> bool:
     """Whether a process with this /proc state can still run (not gone, zombie or dead)."""
     return info is not None and info[3] not in "ZXx"
 
 
-def kill_run(run_id: str, sessions: set[int], limit: float = SWEEP_LIMIT) -> int:
-    """SIGKILL the run's processes (see the module docstring) until none is alive or ``limit``
-    seconds passed; returns how many kill signals were sent. Waits on pidfds, never sleeps."""
-    marker = f"{RUN_ID_ENV}={run_id}".encode()
+def children_of_self() -> list[int]:
+    """The calling process's children (its main thread's; the watchdog has no other)."""
     me = os.getpid()
-    deadline = time.monotonic() + limit
-    sent = 0
-    while True:
-        table = read_proc_table()
-        exclude = ancestors(me, table) | {me}
-        victims = [
-            pid
-            for pid in find_run_processes(
-                table, roots=set(), sessions=sessions, marker=marker, exclude=exclude
-            )
-            if is_alive(table.get(pid))
-        ]
-        if not victims:
-            return sent
-        pidfds: list[int] = []
-        for pid in victims:
-            with contextlib.suppress(OSError, AttributeError):
-                pidfds.append(os.pidfd_open(pid))
-            try:
-                os.kill(pid, signal.SIGKILL)
-                sent += 1
-            except OSError:
-                pass
+    try:
+        with open(f"/proc/{me}/task/{me}/children", "rb") as listing:
+            return [int(pid) for pid in listing.read().split()]
+    except OSError:  # a kernel without CONFIG_PROC_CHILDREN
+        return [pid for pid, info in read_proc_table().items() if info[0] == me]
+
+
+def read_subtree(root: int, proc: str = "/proc") -> dict[int, ProcInfo]:
+    """``root`` and the processes below it, as :func:`read_proc_table` gives them, found
+    through each thread's ``/proc/<pid>/task/<tid>/children``: the cost follows the size of the
+    run, not the machine's. The whole table where the kernel has no such files
+    (``CONFIG_PROC_CHILDREN``)."""
+    if not _children_files:
+        return read_proc_table(proc)
+    table: dict[int, ProcInfo] = {}
+    queue = [root]
+    while queue:
+        pid = queue.pop()
+        info = read_proc_stat(pid, proc)
+        if info is None or pid in table:
+            continue
+        table[pid] = info
         try:
-            _wait_readable(pidfds, deadline)
-        finally:
-            for fd in pidfds:
+            threads = os.listdir(f"{proc}/{pid}/task")
+        except OSError:
+            continue
+        for tid in threads:
+            try:
+                with open(f"{proc}/{pid}/task/{tid}/children", "rb") as listing:
+                    queue.extend(int(child) for child in listing.read().split())
+            except OSError:
+                pass  # the thread ended meanwhile
+    return table
+
+
+# --- pidfds --------------------------------------------------------------------------------------
+
+
+def open_pidfd(pid: int) -> int | None:
+    """A pidfd (close-on-exec) for ``pid``; None where pidfds do not work or no fd is left.
+
+    Raises ProcessLookupError when ``pid`` does not exist.
+    """
+    global _pidfds_work
+    if not _pidfds_work:
+        return None
+    try:
+        return os.pidfd_open(pid)
+    except ProcessLookupError:
+        raise
+    except OSError as exc:
+        if exc.errno in (errno.ENOSYS, errno.EPERM):
+            _pidfds_work = False
+        return None  # EMFILE and the like: this one process is checked by pid
+
+
+def has_exited(fd: int | None) -> bool:
+    """Whether the process behind pidfd ``fd`` has exited (zombie or reaped); False for None."""
+    if fd is None:
+        return False
+    ready, _, _ = select.select([fd], [], [], 0)
+    return bool(ready)
+
+
+def is_held(fd: int | None) -> bool:
+    """Whether the process behind pidfd ``fd`` still holds its pid (alive or an unreaped
+    zombie), so that the pid, and a session or group of that number, cannot be reused."""
+    if fd is None:
+        return True
+    try:
+        signal.pidfd_send_signal(fd, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # EPERM: it exists
+    return True
+
+
+def send(pid: int, fd: int | None, signum: int) -> bool:
+    """Send ``signum`` to the process behind pidfd ``fd`` (by pid when ``fd`` is None); False
+    when it no longer exists."""
+    try:
+        if fd is not None:
+            signal.pidfd_send_signal(fd, signum)
+        else:
+            os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def close_all(fds: Iterable[int | None]) -> None:
+    for fd in fds:
+        if fd is not None:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-        if time.monotonic() >= deadline:
-            return sent
 
 
-def _wait_readable(fds: list[int], deadline: float) -> None:
-    """Block until every fd in ``fds`` is readable (a pidfd: its process exited) or deadline."""
-    pending = list(fds)
-    while pending:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+# --- finding a run's processes -------------------------------------------------------------------
+
+
+def find_run_processes(
+    table: Mapping[int, ProcInfo],
+    *,
+    roots: Mapping[int, int | None],
+    pins: dict[int, int | None],
+    sessions: Mapping[int, int | None] | None = None,
+    marker: bytes | None = None,
+    uid: int | None = None,
+    exclude: Iterable[int] = (),
+    proc: str = "/proc",
+) -> dict[int, ProcInfo]:
+    """The live processes of a run in ``table``, each pinned and checked after pinning.
+
+    A process belongs to the run when its parent is one of ``roots`` or another process found
+    here; when its session id is a key of ``sessions`` whose process still holds its pid; or,
+    with ``marker`` (``NUMARUN_RUN_ID=...``), when its environment holds the marker and its
+    real uid is ``uid``: a marker can be copied into any process, so another user's never
+    counts. ``roots`` and ``sessions`` map a pid to a pidfd for it, or to None for a pid that
+    cannot be reused while this runs (a child or held zombie of the caller's); roots themselves
+    are never returned. Pids in ``exclude`` are never returned or searched through.
+
+    ``pins`` maps pids already found to their pidfds (None: no pidfd). New finds are added;
+    the caller closes them. A pinned process is re-read through /proc after its pidfd was
+    opened and kept only if it still belongs, and if the parent or session holder it was found
+    through was still there after that read, so a pid reused meanwhile is never returned.
+    Zombies and processes that exited are left out. Returns pid -> its /proc/<pid>/stat info.
+    """
+    excluded = set(exclude)
+    held_sessions = {sid: fd for sid, fd in (sessions or {}).items()}
+    by_parent: dict[int, list[int]] = {}
+    for pid, info in table.items():
+        by_parent.setdefault(info[0], []).append(pid)
+    found: dict[int, ProcInfo] = {}
+    queue = [(child, parent) for parent in roots for child in by_parent.get(parent, ())]
+    for pid, info in table.items():
+        if pid in excluded or pid in roots or not is_alive(info):
+            continue
+        if info[2] in held_sessions or (
+            marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
+        ):
+            queue.append((pid, 0))
+    while queue:
+        pid, parent = queue.pop()
+        if pid in found or pid in excluded or pid in roots or not is_alive(table.get(pid)):
+            continue
+        info = _pin(pid, parent, roots, pins, held_sessions, marker, uid, proc)
+        if info is not None:
+            found[pid] = info
+            queue.extend((child, pid) for child in by_parent.get(pid, ()))
+    return found
+
+
+def _pin(
+    pid: int,
+    parent: int,
+    roots: Mapping[int, int | None],
+    pins: dict[int, int | None],
+    sessions: Mapping[int, int | None],
+    marker: bytes | None,
+    uid: int | None,
+    proc: str,
+) -> ProcInfo | None:
+    """``pid``'s /proc info if, pinned, it belongs (see :func:`find_run_processes`), else None.
+    ``parent`` is the process it was found through, 0 for a session or marker match."""
+    if pid in pins:  # found before: it stays the run's as long as it lives
+        if has_exited(pins[pid]):
+            return None
+        return read_proc_stat(pid, proc)
+    try:
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        return None
+    info = read_proc_stat(pid, proc)
+    belongs = False
+    if info is not None and is_alive(info):
+        if parent:
+            through = roots[parent] if parent in roots else pins.get(parent)
+            belongs = info[0] == parent and not has_exited(through)
+        elif info[2] in sessions:
+            belongs = is_held(sessions[info[2]])
+        else:
+            belongs = (
+                marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
+            )
+    if not belongs or has_exited(fd):
+        close_all([fd])
+        return None
+    pins[pid] = fd
+    return info
+
+
+# --- the watchdog process ------------------------------------------------------------------------
+
+
+class Watchdog:
+    """The watchdog's state, in the process the supervisor forked (see the module docstring).
+
+    ``workers``: the pids it forked, in order; ``checks``: the read end of each exec worker's
+    close-on-exec error pipe -> the worker's index in ``workers``. :meth:`serve` never returns.
+    """
+
+    def __init__(
+        self,
+        command_fd: int,
+        status_fd: int,
+        workers: list[int],
+        checks: dict[int, int],
+        *,
+        kill_on_death: bool,
+        kill_limit: float,
+        marker: bytes | None,
+        uid: int,
+        remove_dir: str | None,
+    ) -> None:
+        self.command_fd = command_fd
+        self.status_fd = status_fd
+        self.workers = list(workers)
+        self.unreported = set(workers)
+        self.checks = dict(checks)
+        self.check_reports: dict[int, bytes] = {}
+        self.exec_deadline = time.monotonic() + EXEC_LIMIT
+        self.kill_on_death = kill_on_death
+        self.kill_limit = kill_limit
+        self.marker = marker
+        self.uid = uid
+        self.remove_dir = remove_dir
+        self.forkserver_workers: dict[int, int | None] = {}  # pid -> pidfd
+        self.wake_r = self.wake_w = -1
+
+    def serve(self) -> None:
+        """Report, reap and wait for ``done``; kill the run if the supervisor dies. Exits."""
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT):
+            signal.signal(signum, signal.SIG_IGN)
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_r, False)
+        os.set_blocking(self.wake_w, False)
+        signal.set_wakeup_fd(self.wake_w, warn_on_full_buffer=False)
+        signal.signal(signal.SIGCHLD, _ignore)  # a handler, not SIG_IGN: zombies must stay
+        if not self.checks:
+            self._report(b"R\n")  # before any exit report: the supervisor reads it first
+        self._collect()
+        command = b""
+        while True:
+            watched = [self.command_fd, self.wake_r, *self.checks]
+            timeout = max(0.0, self.exec_deadline - time.monotonic()) if self.checks else None
+            ready, _, _ = select.select(watched, [], [], timeout)
+            if self.wake_r in ready:
+                _drain(self.wake_r)
+                self._collect()
+            for fd in ready:
+                if fd in self.checks:
+                    self._read_check(fd)
+            if self.checks and time.monotonic() >= self.exec_deadline:
+                self._report(b"E %d late:0:no exec\n" % min(self.checks.values()))
+                self._forget_checks()
+            if self.command_fd in ready:
+                data = os.read(self.command_fd, 4096)
+                *lines, command = (command + data).split(b"\n")
+                for line in lines:
+                    self._obey(line)
+                if not data:
+                    self._supervisor_died()
+
+    # --- while the run goes on ---------------------------------------------------------------
+
+    def _obey(self, line: bytes) -> None:
+        words = line.split()
+        if words == [b"done"]:
+            self._finish()
+        elif len(words) == 3 and words[0] == b"F" and words[1].isdigit():
+            pid = int(words[1])
+            try:
+                fd = open_pidfd(pid)
+            except ProcessLookupError:
+                return
+            if start_time(pid) == int(words[2]) and not has_exited(fd):
+                self.forkserver_workers[pid] = fd
+            else:
+                close_all([fd])  # ended already, its pid maybe someone else's
+
+    def _report(self, line: bytes) -> None:
+        # A supervisor that died stops reading: its end of file follows on the command pipe.
+        with contextlib.suppress(OSError):
+            os.write(self.status_fd, line)
+
+    def _read_check(self, fd: int) -> None:
+        data = os.read(fd, 4096)
+        if data:
+            self.check_reports[fd] = self.check_reports.get(fd, b"") + data
             return
-        ready, _, _ = select.select(pending, [], [], remaining)
-        pending = [fd for fd in pending if fd not in ready]
+        index = self.checks.pop(fd)
+        os.close(fd)
+        if fd in self.check_reports:
+            report = self.check_reports.pop(fd).replace(b"\n", b" ")
+            self._report(b"E %d %s\n" % (index, report))
+            self._forget_checks()
+        elif not self.checks:
+            self._report(b"R\n")
+
+    def _forget_checks(self) -> None:
+        """After an error is reported the supervisor stops the run; no more exec reports."""
+        close_all(self.checks)
+        self.checks.clear()
+        self.check_reports.clear()
+
+    def _collect(self) -> None:
+        """Report workers that ended (kept as zombies); reap adopted orphans at once."""
+        for pid in sorted(self.unreported):
+            try:
+                ended = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                code = -signal.SIGKILL  # cannot happen: only we reap our children
+            else:
+                if ended is None:
+                    continue
+                code = _exit_code(ended)
+            self.unreported.discard(pid)
+            self._report(b"X %d %d\n" % (pid, code))
+        workers = set(self.workers)
+        live = False
+        for pid in children_of_self():
+            if pid not in workers:
+                with contextlib.suppress(ChildProcessError):
+                    live |= os.waitpid(pid, os.WNOHANG)[0] == 0
+        if not (live or self.unreported or self.checks or self.forkserver_workers or self.marker):
+            # Nothing of the run is left: below us everything descends from a live child of
+            # ours, and there is none. Ending now, not at "done", keeps the supervisor from
+            # waiting while the kernel takes our copy of its memory apart.
+            self._finish()
+
+    def _finish(self) -> None:
+        """``done``, or nothing of the run left: reap the workers and any zombie, and exit."""
+        for pid in [*self.workers, *children_of_self()]:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
+        os._exit(0)
+
+    # --- the supervisor died -----------------------------------------------------------------
+
+    def _supervisor_died(self) -> None:
+        if self.kill_on_death:
+            self.kill_everything()
+            if self.remove_dir is not None:
+                remove_tree(self.remove_dir)
+        os._exit(0)
+
+    def kill_everything(self) -> int:
+        """SIGKILL every process of the run (see the module docstring) until none is left or
+        ``kill_limit`` seconds passed, reaping all; returns how many kill signals were sent."""
+        me = os.getpid()
+        deadline = time.monotonic() + self.kill_limit
+        pins: dict[int, int | None] = {}
+        sent = 0
+        try:
+            while True:
+                # Marked processes and forkserver workers' sessions may be anywhere.
+                whole = self.marker is not None or self.forkserver_workers
+                table = read_proc_table() if whole else read_subtree(me)
+                found = find_run_processes(
+                    table,
+                    roots={me: None, **self.forkserver_workers},
+                    pins=pins,
+                    sessions=self.forkserver_workers,
+                    marker=self.marker,
+                    uid=self.uid,
+                    exclude=ancestors(me, table) | {me},
+                )
+                victims = {pid: pins[pid] for pid in found}
+                for pid, fd in self.forkserver_workers.items():
+                    if not has_exited(fd) and is_alive(table.get(pid)):
+                        victims[pid] = fd
+                for pid, fd in victims.items():
+                    sent += send(pid, fd, signal.SIGKILL)
+                children = _reap_all()
+                if (not victims and not children) or time.monotonic() >= deadline:
+                    return sent
+                waiting = [fd for fd in victims.values() if fd is not None]
+                if self.wake_r >= 0:
+                    waiting.append(self.wake_r)
+                select.select(waiting, [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                if self.wake_r >= 0:
+                    _drain(self.wake_r)
+        finally:
+            close_all(pins.values())
 
 
-def main(argv: list[str]) -> int:
-    """Watchdog entry: ``argv`` is ``[RUN_ID]``; reads stdin as described above; exits 0."""
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(signum, signal.SIG_IGN)
-    if len(argv) != 1:
-        sys.stderr.write("usage: watchdog.py RUN_ID (started by numarun's supervisor)\n")
-        return 2
-    sessions: set[int] = set()
-    pending = b""
+def _ignore(signum: int, frame: object) -> None:
+    """SIGCHLD's handler: the C handler already wrote to the wakeup fd."""
+
+
+def _drain(fd: int) -> None:
+    with contextlib.suppress(BlockingIOError, InterruptedError):
+        while os.read(fd, 4096):
+            pass
+
+
+def _exit_code(ended: os.waitid_result) -> int:
+    """Popen's convention for a ``waitid`` result: the status, or -N for signal N."""
+    if ended.si_code == os.CLD_EXITED:
+        return ended.si_status
+    return -ended.si_status
+
+
+def _reap_all() -> bool:
+    """Reap every ended child; True while some child is left."""
     while True:
-        chunk = os.read(0, 4096)
-        if not chunk:
-            break
-        pending += chunk
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            if line == b"done":
-                return 0
-            if line.strip().isdigit():
-                sessions.add(int(line))
-    kill_run(argv[0], sessions)
-    return 0
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return False
+        if pid == 0:
+            return True
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, never following a symbolic link;
+    errors are ignored (what cannot be removed stays)."""
+    try:
+        entries = list(os.scandir(path))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                remove_tree(entry.path)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
+    with contextlib.suppress(OSError):
+        os.rmdir(path)
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit("numarun.watchdog is started by numarun's supervisor, not run by hand")
