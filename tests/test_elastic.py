@@ -23,6 +23,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from job_processes import processes_with_run_id
 from numarun import launch_config
 from numarun.errors import UsageError
 
@@ -56,25 +57,6 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _run_id_processes(run_id: str) -> list[int]:
-    """Live processes carrying TORCHELASTIC_RUN_ID=run_id: the job's workers."""
-    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                variables = environ.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in variables and state != "Z":
-            found.append(int(entry))
-    return found
-
-
 class Nodes:
     """The launchers a test starts; :meth:`close` kills what is left, workers included."""
 
@@ -98,7 +80,7 @@ class Nodes:
             if node.poll() is None:
                 node.kill()
             node.communicate()
-        for pid in _run_id_processes(self.run_id):
+        for pid in processes_with_run_id(self.run_id):
             os.kill(pid, signal.SIGKILL)
 
 
@@ -220,7 +202,7 @@ def test_max_restarts_a_gloo_worker_failing_once_keeps_every_attempts_logs(
     tail = stderr[stderr.rindex("the job succeeded") :]
     assert "attempt_0: rank 1 (local_rank 1" in tail
     assert "RuntimeError: rank 1 fails on the first attempt" in tail
-    assert _run_id_processes(nodes.run_id) == []
+    assert processes_with_run_id(nodes.run_id) == []
 
 
 def test_static_max_restarts_restarts_locally_without_torch(tmp_path: Path) -> None:
@@ -312,7 +294,7 @@ def test_two_numarun_nodes_a_failure_reaches_the_healthy_node_within_seconds(
     last = err_a.strip().splitlines()[-1]
     assert last.startswith("numarun: ") and "failed with exit code 3" in last, err_a
     assert ended_a - failed_at < 15.0  # a look every 0.5 s; the rest is start-up noise
-    assert _run_id_processes(nodes.run_id) == []
+    assert processes_with_run_id(nodes.run_id) == []
 
 
 def test_a_late_node_is_admitted_and_the_world_grows(tmp_path: Path, nodes: Nodes) -> None:
@@ -408,7 +390,7 @@ def test_ctrl_c_while_training_under_c10d(tmp_path: Path, nodes: Nodes) -> None:
     assert "restarting" not in stderr
     assert "numarun stopped the run on SIGINT" in stderr
     assert not any(os.path.exists(f"/proc/{pid}/stat") for pid in pids)
-    assert _run_id_processes(nodes.run_id) == []
+    assert processes_with_run_id(nodes.run_id) == []
 
 
 def test_ctrl_c_while_waiting_in_the_rendezvous_stops_at_once(

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from job_processes import processes_with_run_id
+
 pytest.importorskip("torch")
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -43,25 +45,6 @@ def _results(stdout: str) -> dict[int, dict]:
         if line.startswith("{"):
             result = json.loads(line)
             found[result["rank"]] = result
-    return found
-
-
-def _processes_with_run_id(run_id: str) -> list[int]:
-    """Live processes whose environment carries TORCHELASTIC_RUN_ID=run_id (ours are gone?)."""
-    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                variables = environ.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as stat:
-                state = stat.read().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if marker in variables and state != "Z":
-            found.append(int(entry))
     return found
 
 
@@ -135,4 +118,4 @@ def test_a_rank_raising_mid_job_ends_the_job_with_its_summary() -> None:
     assert "rank 1" in tail.splitlines()[0]
     assert "RuntimeError: rank 1 gave up mid-job" in tail
     assert done.stderr.rstrip().endswith("=" * 20)
-    assert _processes_with_run_id(run_id) == []
+    assert processes_with_run_id(run_id) == []

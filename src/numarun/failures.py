@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from numarun.stacks import format_ranks
+
 __all__ = [
     "RankReport",
     "WorkerError",
@@ -499,7 +501,7 @@ def _grouped_states(
         detail = description
         if members[0].state == "unkillable":
             detail = _unkillable_detail(members)
-        lines.append(f"{label} {_format_ranks(ranks)}: {detail}")
+        lines.append(f"{label} {format_ranks(ranks)}: {detail}")
     return lines
 
 
@@ -586,16 +588,3 @@ def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
         lines.append(f"  full stacks: {_printable(stacks_logs)}")
     return lines
 
-
-def _format_ranks(ranks: Sequence[int]) -> str:
-    ordered = sorted(set(ranks))
-    runs: list[str] = []
-    start = previous = ordered[0]
-    for rank in [*ordered[1:], None]:
-        if rank is not None and rank == previous + 1:
-            previous = rank
-            continue
-        runs.append(str(start) if start == previous else f"{start}-{previous}")
-        if rank is not None:
-            start = previous = rank
-    return ",".join(runs)
