@@ -5,21 +5,26 @@ from __future__ import annotations
 import os
 
 
-def processes_with_run_id(run_id: str) -> list[int]:
-    """Live processes whose environment carries ``TORCHELASTIC_RUN_ID=run_id``: the job's
-    workers (zombies are not counted: they run nothing)."""
-    marker = f"TORCHELASTIC_RUN_ID={run_id}".encode()
+def processes_with_env(entry: str) -> list[int]:
+    """Live processes other than this one whose environment holds ``entry``
+    (``NAME=value``); zombies are not counted: they run nothing."""
+    wanted = entry.encode()
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
             continue
         try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
+            with open(f"/proc/{name}/environ", "rb") as environ:
                 variables = environ.read().split(b"\0")
-            with open(f"/proc/{entry}/stat") as stat:
+            with open(f"/proc/{name}/stat") as stat:
                 state = stat.read().rsplit(")", 1)[1].split()[0]
         except OSError:
             continue
-        if marker in variables and state != "Z":
-            found.append(int(entry))
+        if wanted in variables and state != "Z":
+            found.append(int(name))
     return found
+
+
+def processes_with_run_id(run_id: str) -> list[int]:
+    """A job's workers: the live processes carrying ``TORCHELASTIC_RUN_ID=run_id``."""
+    return processes_with_env(f"TORCHELASTIC_RUN_ID={run_id}")

@@ -4,7 +4,6 @@ file descriptors. Each job runs as ``python -m numarun`` in a subprocess."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from job_processes import processes_with_env
 from numarun import failures
 
 PY = sys.executable
@@ -52,14 +52,8 @@ def numarun(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
 
 
 def carrying(token: str) -> list[int]:
-    """The processes whose environment holds ``TD_TOKEN=<token>``."""
-    entry = f"TD_TOKEN={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            if entry in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                found.append(int(name))
-    return found
+    """The live processes whose environment holds ``TD_TOKEN=<token>``."""
+    return processes_with_env(f"TD_TOKEN={token}")
 
 
 # --- item 2: error files and log directories -----------------------------------------------------

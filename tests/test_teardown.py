@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 import numarun
+from job_processes import processes_with_env
 from numarun.supervisor import Supervisor, WorkerSpec
 from workers import td_funcs
 
@@ -92,13 +93,7 @@ def zombie_children() -> list[int]:
 
 def carrying(token: str) -> list[int]:
     """The live processes whose environment holds ``TD_TOKEN=<token>``."""
-    entry = f"TD_TOKEN={token}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        with contextlib.suppress(OSError):
-            if entry in Path(f"/proc/{name}/environ").read_bytes().split(b"\0"):
-                found.append(int(name))
-    return [pid for pid in found if pid != os.getpid()]
+    return processes_with_env(f"TD_TOKEN={token}")
 
 
 def lines_of(stream: object, count: int, prefix: str, limit: float = START_LIMIT) -> list[str]:
