@@ -508,7 +508,10 @@ def test_with_max_restarts_a_hang_fails_the_attempt_and_the_job_goes_on(
 
             if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
                 stuck_in_attempt_zero()
-            print("done", os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"])
+            # One write per line: print() writes the text and the newline apart, and the two
+            # ranks share the launcher's stdout.
+            line = f"done {os.environ['RANK']} {os.environ['TORCHELASTIC_RESTART_COUNT']}\n"
+            os.write(1, line.encode())
             """
         )
     )
@@ -523,6 +526,6 @@ def test_with_max_restarts_a_hang_fails_the_attempt_and_the_job_goes_on(
             proc.kill()
             proc.wait()
     assert proc.returncode == 0, err
-    assert sorted(out.split("\n")[:2]) == ["done 0 1", "done 1 1"]
+    assert sorted(out.splitlines()) == ["done 0 1", "done 1 1"]
     assert "attempt_0" in err and "hang" in err
     assert "restarting (restart 1 of 1)" in err
