@@ -510,7 +510,7 @@ def test_with_max_restarts_a_hang_fails_the_attempt_and_the_job_goes_on(
                 stuck_in_attempt_zero()
             # One write per line: print() writes the text and the newline apart, and the two
             # ranks share the launcher's stdout.
-            line = f"done {os.environ['RANK']} {os.environ['TORCHELASTIC_RESTART_COUNT']}\n"
+            line = f"done {os.environ['RANK']} {os.environ['TORCHELASTIC_RESTART_COUNT']}\\n"
             os.write(1, line.encode())
             """
         )
