@@ -32,8 +32,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))  # sysfs_fixtures
 
-from numarun import topology  # noqa: E402
-from numarun.topology import read_topology  # noqa: E402
+from numarun.machine import topology  # noqa: E402
+from numarun.machine.topology import read_topology  # noqa: E402
 
 
 def time_read(root: str | Path, runs: int = 100) -> float:

@@ -21,7 +21,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import sysfs_fixtures  # noqa: E402
-from numarun.topology import snapshot  # noqa: E402
+from numarun.machine.topology import snapshot  # noqa: E402
 
 # archive name -> the machine function in tests/sysfs_fixtures.py
 EXAMPLES = {

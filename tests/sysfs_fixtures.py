@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.cpulist import format_cpulist
+from numarun.machine.cpulist import format_cpulist
 
 NVIDIA = 0x10DE
 AMD = 0x1002

@@ -41,8 +41,8 @@ from numarun.binding import (
     set_child_subreaper,
     set_parent_death_signal,
 )
-from numarun.cpulist import format_cpulist
 from numarun.errors import BindingError, UsageError
+from numarun.machine.cpulist import format_cpulist
 
 ALLOWED = current_cpus()
 OUTSIDE_CPU = max(ALLOWED) + 1

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numarun import cpulist
-from numarun.cpulist import format_cpulist, parse_cpulist
 from numarun.errors import UsageError
+from numarun.machine import cpulist
+from numarun.machine.cpulist import format_cpulist, parse_cpulist
 
 cpu_sets = st.sets(st.integers(0, 4095), max_size=64)
 

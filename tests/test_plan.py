@@ -16,8 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from numarun.cpulist import format_cpulist, parse_cpulist
 from numarun.errors import PlanError, UsageError
+from numarun.machine.cpulist import format_cpulist, parse_cpulist
+from numarun.machine.model import Topology
+from numarun.machine.topology import read_topology
 from numarun.plan import (
     GPU_MODES,
     MODES,
@@ -27,7 +29,6 @@ from numarun.plan import (
     make_plan,
     plan_to_json,
 )
-from numarun.topology import Topology, read_topology
 from sysfs_fixtures import SHAPES, FakeMachine, write_sysfs
 
 Reader = Callable[..., Topology]

@@ -21,8 +21,9 @@ import pytest
 
 import numarun
 import numarun.supervisor
-from numarun.cpulist import parse_cpulist
 from numarun.errors import BindingError, PlanError, UsageError
+from numarun.machine.cpulist import parse_cpulist
+from numarun.machine.topology import read_topology
 from numarun.plan import make_plan
 from numarun.spawning import (
     ProcessException,
@@ -31,7 +32,6 @@ from numarun.spawning import (
     SpawnContext,
     start_processes,
 )
-from numarun.topology import read_topology
 from workers import sp_funcs
 
 METHODS = ["spawn", "fork", "forkserver"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from numarun.errors import TopologyError
-from numarun.topology import read_topology
+from numarun.machine.topology import read_topology
 from sysfs_fixtures import no_gpus, one_node_small, write_sysfs
 
 CPU = "sys/devices/system/cpu"

@@ -17,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from numarun import nvml, topology
-from numarun.cpulist import parse_cpulist
 from numarun.errors import TopologyError, UsageError
-from numarun.topology import Gpu, Topology, read_topology, select_visible_gpus, snapshot
+from numarun.machine import nvml, topology
+from numarun.machine.cpulist import parse_cpulist
+from numarun.machine.model import Gpu, Topology
+from numarun.machine.topology import read_topology, select_visible_gpus, snapshot
 from sysfs_fixtures import (
     CLASS_3D,
     CLASS_ACCEL,

@@ -22,8 +22,8 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from numarun.cpulist import format_cpulist, parse_cpulist
 from numarun.errors import BindingError, UsageError
+from numarun.machine.cpulist import format_cpulist, parse_cpulist
 
 MEM_MODES = ("none", "local", "preferred", "bind", "interleave")
 

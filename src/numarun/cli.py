@@ -61,7 +61,7 @@ def _topology_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _read(args: argparse.Namespace):  # -> Topology
-    from numarun.topology import read_topology
+    from numarun.machine.topology import read_topology
 
     return read_topology(args.sysfs_root, cpus_allowed=args.cpus_allowed)
 
@@ -72,7 +72,7 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     args = parser.parse_args(argv)
     topo = _read(args)
-    from numarun.topo_view import render_topology, topology_to_json
+    from numarun.machine.view import render_topology, topology_to_json
 
     if args.json:
         import json
@@ -138,7 +138,7 @@ def _cmd_plan(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
     args = parser.parse_args(argv)
 
-    from numarun.cpulist import parse_cpulist
+    from numarun.machine.cpulist import parse_cpulist
     from numarun.plan import format_plan_table, make_plan, plan_to_json
 
     mode = args.numa_binding
@@ -197,7 +197,7 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
         help="snapshot a tree under DIR instead of this machine",
     )
     args = parser.parse_args(argv)
-    from numarun.topology import snapshot
+    from numarun.machine.topology import snapshot
 
     count = snapshot(args.sysfs_root, args.out)
     print(f"wrote {args.out}" + (f" ({count} files)" if isinstance(count, int) else ""))

@@ -677,7 +677,7 @@ def _float(text: object, flag: str) -> float:
 def _rank_cpus(texts: list[str] | None) -> tuple[tuple[int, ...], ...] | None:
     if texts is None:
         return None
-    from numarun.cpulist import parse_cpulist
+    from numarun.machine.cpulist import parse_cpulist
 
     lists = tuple(parse_cpulist(text) for text in texts)
     for local_rank, cpus in enumerate(lists):
@@ -718,7 +718,7 @@ def _nproc(
             # The CPUs this process may use (taskset, cpuset), as torchrun counts them.
             nproc = len(os.sched_getaffinity(0)) or 1
         else:
-            from numarun.topology import read_topology
+            from numarun.machine.topology import read_topology
 
             topology = read_topology(sysfs_root, cpus_allowed=cpus_allowed)
             if text == "gpu" and not topology.gpus:

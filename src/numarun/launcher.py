@@ -335,8 +335,8 @@ def _resolve_binary(binary: str, env: Mapping[str, str]) -> str:
 def _make_plan(config: LaunchConfig) -> Plan | None:
     if config.numa_binding is None:
         return None
+    from numarun.machine.topology import read_topology
     from numarun.plan import make_plan
-    from numarun.topology import read_topology
 
     topology = read_topology(config.sysfs_root, cpus_allowed=config.cpus_allowed)
     return make_plan(
@@ -428,7 +428,7 @@ _RENDEZVOUS_VARIABLES = (
 
 
 def _cpus_text(cpus: Sequence[int]) -> str:
-    from numarun.cpulist import format_cpulist
+    from numarun.machine.cpulist import format_cpulist
 
     return format_cpulist(cpus)
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
-from numarun.cpulist import format_cpulist
 from numarun.errors import PlanError, UsageError
-from numarun.topology import Cpu, Gpu, Topology
+from numarun.machine.cpulist import format_cpulist
+from numarun.machine.model import Cpu, Gpu, Topology
 
 GPU_MODES = ("node", "socket", "exclusive", "core-complex")
 MODES = (*GPU_MODES, "cpu", "explicit")

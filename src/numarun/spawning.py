@@ -46,10 +46,10 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from numarun.binding import MemPolicy
+    from numarun.machine.model import Topology
     from numarun.plan import Plan
     from numarun.spawn_workers import WorkerRun
     from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
-    from numarun.topology import Topology
 
 __all__ = [
     "START_METHODS",
@@ -617,7 +617,7 @@ def _make_plan(
 
 
 def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
-    from numarun.cpulist import parse_cpulist
+    from numarun.machine.cpulist import parse_cpulist
 
     if not isinstance(binding, Sequence) or isinstance(binding, (bytes, bytearray)):
         raise InvalidArgument(
@@ -646,7 +646,7 @@ def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
 
 
 def _read_topology(environ: Mapping[str, str]) -> Topology:
-    from numarun.topology import read_topology
+    from numarun.machine.topology import read_topology
 
     return read_topology("/", environ=environ)
 

@@ -1,6 +1,6 @@
 """Facts every worker's environment is built from, shared by ``numarun.spawn`` and the launcher.
 
-Kept apart from :mod:`numarun.topology` on purpose: these sit on the start-up path of every
+Kept apart from :mod:`numarun.machine.topology` on purpose: these sit on the start-up path of every
 launch, and reading the whole machine there would add to every worker's start-up latency.
 """
 
@@ -30,7 +30,7 @@ def allowed_physical_cores(sysfs_root: str = "/", allowed: set[int] | None = Non
     Reads each core's ``thread_siblings_list`` once (a sibling already seen is skipped). A CPU
     whose list cannot be read counts as a core of its own.
     """
-    from numarun.cpulist import parse_cpulist
+    from numarun.machine.cpulist import parse_cpulist
 
     cpus = os.sched_getaffinity(0) if allowed is None else allowed
     cpu_dir = os.path.join(sysfs_root, "sys/devices/system/cpu")

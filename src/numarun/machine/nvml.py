@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-from numarun.topology import Gpu
+from numarun.machine.model import Gpu
 
 logger = logging.getLogger(__name__)
 

@@ -1,12 +1,8 @@
-"""The machine, read once from sysfs under a root directory.
+"""The machine, read once from sysfs under a root directory, into :mod:`numarun.machine.model`.
 
-Vocabulary follows hwloc: a machine has packages (sockets); a package has NUMA nodes; a node
-has core complexes (CPUs sharing the largest data/unified cache, usually an L3); a complex has
-physical cores; a core has logical CPUs (SMT siblings, hwloc's PUs). NUMA nodes may have memory
-and no CPUs (HBM, CXL, Grace-Hopper GPU memory), or neither (possible but empty).
-
-Everything here is a frozen dataclass. Reading has no effect beyond reads of files under the
-root, and reads each file at most once.
+Reading has no effect beyond reads of files under the root, and reads each file at most once.
+Only regular files are read, each bounded in size: a tree may be untrusted (a snapshot from
+elsewhere), and a bad one is one line (:class:`numarun.errors.TopologyError`).
 """
 
 from __future__ import annotations
@@ -17,117 +13,11 @@ import os
 import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from numarun.cpulist import format_cpulist, parse_cpulist
 from numarun.errors import TopologyError, UsageError
-
-
-@dataclass(frozen=True)
-class Cpu:
-    """One logical CPU (hwloc PU)."""
-
-    id: int
-    core: int  # id of its physical core: the lowest CPU id among its SMT siblings
-    package: int  # physical_package_id
-    node: int | None  # NUMA node, None when the kernel reports none
-    cache: int  # id of its largest-cache group: the lowest CPU id sharing that cache
-
-
-@dataclass(frozen=True)
-class Core:
-    """A physical core and its online SMT siblings."""
-
-    id: int  # lowest CPU id among its siblings
-    cpus: tuple[int, ...]
-    package: int
-    node: int | None
-    cache: int
-
-
-@dataclass(frozen=True)
-class CacheGroup:
-    """CPUs sharing the largest data/unified cache (an L3 complex, or CCX on AMD)."""
-
-    id: int  # lowest CPU id in the group
-    level: int
-    size_bytes: int | None
-    cpus: tuple[int, ...]  # online CPUs sharing it
-
-
-@dataclass(frozen=True)
-class Package:
-    """A socket."""
-
-    id: int
-    cpus: tuple[int, ...]
-    nodes: tuple[int, ...]  # NUMA nodes with CPUs on this package
-
-
-@dataclass(frozen=True)
-class NumaNode:
-    """A NUMA node. ``cpus`` is empty for memory-only nodes and for possible-but-empty ones."""
-
-    id: int
-    cpus: tuple[int, ...]  # online CPUs of the node
-    memory_bytes: int  # MemTotal; 0 for nodes without memory
-    # SLIT row, one entry per node of ``Topology.nodes`` in that order; 0 where the kernel gives
-    # none (offline nodes, and every entry of an offline node's own row)
-    distances: tuple[int, ...]
-    package: int | None  # package of its CPUs; None for memory-only nodes
-    online: bool = True  # False for possible-but-offline nodes
-
-    @property
-    def has_cpus(self) -> bool:
-        return bool(self.cpus)
-
-
-@dataclass(frozen=True)
-class Gpu:
-    """A GPU as a PCI function, in visible order (``index``) and PCI order (``pci_index``)."""
-
-    index: int  # position among visible GPUs: what local rank ``index`` uses
-    pci_index: int  # position among all GPUs in PCI address order (NVML / PCI_BUS_ID index)
-    pci_address: str  # "0000:18:00.0", lower case
-    vendor: str  # "nvidia", "amd" or "intel"
-    numa_node: int | None  # resolved node; None means unknown: local to every allowed CPU
-    local_cpus: tuple[int, ...]  # the device's local_cpulist (online CPUs)
-    name: str | None = None  # from NVML when available
-    uuid: str | None = None  # from NVML when available
-
-
-@dataclass(frozen=True)
-class Nic:
-    """A network PCI function (InfiniBand or Ethernet), for display."""
-
-    pci_address: str
-    names: tuple[str, ...]  # interface / HCA names (e.g. "mlx5_0", "ib0", "eth0")
-    kind: str  # "infiniband" or "ethernet"
-    numa_node: int | None
-
-
-@dataclass(frozen=True)
-class Topology:
-    """What numarun knows about the machine. Built by :func:`read_topology`."""
-
-    root: str
-    online_cpus: tuple[int, ...]
-    allowed_cpus: tuple[int, ...]  # online CPUs this process may use (or --cpus-allowed)
-    cpus: tuple[Cpu, ...]  # online CPUs, by id
-    cores: tuple[Core, ...]  # ordered by id
-    caches: tuple[CacheGroup, ...]  # ordered by id
-    packages: tuple[Package, ...]  # ordered by id
-    nodes: tuple[NumaNode, ...]  # every possible node, ordered by id
-    gpus: tuple[Gpu, ...]  # visible GPUs, in visible order
-    all_gpus: tuple[Gpu, ...]  # every GPU, in PCI address order
-    nics: tuple[Nic, ...]
-    gpu_env: tuple[tuple[str, str], ...] = ()  # env the workers need so GPU i is rank i's
-    warnings: tuple[str, ...] = field(default=())
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading.
+from numarun.machine.cpulist import format_cpulist, parse_cpulist
+from numarun.machine.model import CacheGroup, Core, Cpu, Gpu, Nic, NumaNode, Package, Topology
 
 _CPU = "sys/devices/system/cpu"
 _NODE = "sys/devices/system/node"
@@ -354,7 +244,7 @@ def _read(
     allowed = _allowed_cpus(online, cpus_allowed, host)
     all_gpus, nics = _read_pci(reader, online, nodes, warnings)
     if use_nvml and host and any(g.vendor == "nvidia" for g in all_gpus):
-        from numarun import nvml
+        from numarun.machine import nvml
 
         all_gpus = nvml.enrich(all_gpus)
     visible = select_visible_gpus(all_gpus, environ)

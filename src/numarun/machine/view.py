@@ -1,6 +1,6 @@
 """``numarun topo``: the machine as a person wants to see it, and as JSON for programs.
 
-Pure functions of a :class:`~numarun.topology.Topology`; nothing here reads files.
+Pure functions of a :class:`~numarun.machine.model.Topology`; nothing here reads files.
 """
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
-from numarun.cpulist import format_cpulist
-from numarun.topology import CacheGroup, Gpu, Nic, NumaNode, Topology
+from numarun.machine.cpulist import format_cpulist
+from numarun.machine.model import CacheGroup, Gpu, Nic, NumaNode, Topology
 
 WIDTH = 100  # lines are wrapped to this many columns
 
