@@ -30,7 +30,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 from numarun.machine.topology import read_topology  # noqa: E402
-from numarun.plan import GPU_MODES, make_plan  # noqa: E402
+from numarun.placement.plan import GPU_MODES, make_plan  # noqa: E402
 from sysfs_fixtures import FakeMachine, dgx_h100, write_sysfs  # noqa: E402
 
 MODES = (*GPU_MODES, "cpu")

@@ -1,4 +1,4 @@
-"""numarun.binding on this machine, with real processes.
+"""numarun.placement.binding on this machine, with real processes.
 
 Affinity and memory policy are applied in forked children (never in the pytest process), read
 back there, and sent to the parent through a pipe. Failures the machine cannot produce (seccomp
@@ -22,8 +22,10 @@ from typing import Any
 
 import pytest
 
-from numarun import binding
-from numarun.binding import (
+from numarun.errors import BindingError, UsageError
+from numarun.machine.cpulist import format_cpulist
+from numarun.placement import binding
+from numarun.placement.binding import (
     MEM_MODES,
     MPOL_BIND,
     MPOL_DEFAULT,
@@ -41,8 +43,6 @@ from numarun.binding import (
     set_child_subreaper,
     set_parent_death_signal,
 )
-from numarun.errors import BindingError, UsageError
-from numarun.machine.cpulist import format_cpulist
 
 ALLOWED = current_cpus()
 OUTSIDE_CPU = max(ALLOWED) + 1
@@ -199,7 +199,7 @@ def test_memory_policy_applied_in_child_reads_back(
 
 def test_memory_policy_and_affinity_survive_exec(parent_state: None) -> None:
     script = (
-        "from numarun.binding import describe_self, get_mem_policy\n"
+        "from numarun.placement.binding import describe_self, get_mem_policy\n"
         "print(get_mem_policy())\n"
         "print(describe_self())\n"
     )

@@ -484,7 +484,7 @@ def test_omp_threads_follow_the_binding_else_the_unbound_share() -> None:
 
 
 def test_unbound_threads_count_physical_cores_once(tmp_path: Path) -> None:
-    from numarun import workerenv
+    from numarun.placement import workerenv
 
     for cpu, siblings in ((4, "4,68"), (68, "4,68"), (5, "5")):
         topo = tmp_path / f"sys/devices/system/cpu/cpu{cpu}/topology"

@@ -20,7 +20,7 @@ from numarun.errors import PlanError, UsageError
 from numarun.machine.cpulist import format_cpulist, parse_cpulist
 from numarun.machine.model import Topology
 from numarun.machine.topology import read_topology
-from numarun.plan import (
+from numarun.placement.plan import (
     GPU_MODES,
     MODES,
     Plan,

@@ -24,7 +24,7 @@ import numarun.supervisor
 from numarun.errors import BindingError, PlanError, UsageError
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.topology import read_topology
-from numarun.plan import make_plan
+from numarun.placement.plan import make_plan
 from numarun.spawning import (
     ProcessException,
     ProcessExitedException,

@@ -14,7 +14,7 @@ PROGRAM = Path(__file__).resolve().parent / "workers" / "sp_ddp_program.py"
 
 
 def run_program(who: str, method: str, out: Path) -> dict:
-    from numarun.workerenv import free_port
+    from numarun.placement.workerenv import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "NUMARUN_"))}
     proc = subprocess.run(

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from numarun import binding, watchdog
+from numarun import watchdog
 from numarun.errors import BindingError, UsageError
+from numarun.placement import binding
 from numarun.supervisor import RunResult, Supervisor, WorkerExit, WorkerSpec
 
 WORKERS = Path(__file__).resolve().parent / "workers"

@@ -59,10 +59,10 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from numarun import binding
+from numarun.placement import binding
 
 if TYPE_CHECKING:
-    from numarun.binding import MemPolicy
+    from numarun.placement.binding import MemPolicy
     from numarun.supervisor import WorkerSpec
 
 PIPE_SIZE = 1024 * 1024  # payload/result throughput: fewer wake-ups per megabyte

@@ -100,7 +100,7 @@ def _nprocs(text: str, topo) -> int:  # topo: Topology
 
 
 def _cmd_plan(argv: Sequence[str]) -> int:
-    from numarun.plan import MODES
+    from numarun.placement.plan import MODES
 
     parser = _Parser(
         prog="numarun plan",
@@ -139,7 +139,7 @@ def _cmd_plan(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
 
     from numarun.machine.cpulist import parse_cpulist
-    from numarun.plan import format_plan_table, make_plan, plan_to_json
+    from numarun.placement.plan import format_plan_table, make_plan, plan_to_json
 
     mode = args.numa_binding
     rank_cpus = None

@@ -46,7 +46,7 @@ class LaunchConfig:
 
     ``entrypoint_kind`` is ``"script"``, ``"module"`` or ``"binary"``. ``master_port`` is
     ``None`` when a free port is to be picked at start (single node, none given).
-    ``numa_binding`` is a :data:`numarun.plan.MODES` value or ``None`` (no binding);
+    ``numa_binding`` is a :data:`numarun.placement.plan.MODES` value or ``None`` (no binding);
     ``rank_cpus`` is set exactly when it is ``"explicit"``. ``node_source`` says where the node
     facts came from: ``"flags"``, ``"slurm"`` or ``"mpi"``. ``master_addr`` is a host name or an
     address without brackets (``::1`` for ``[::1]``), as torch's ``env://`` wants it.
@@ -688,7 +688,7 @@ def _rank_cpus(texts: list[str] | None) -> tuple[tuple[int, ...], ...] | None:
 
 def _numa_binding(mode: str | None, rank_cpus: tuple[tuple[int, ...], ...] | None) -> str | None:
     if mode is not None:
-        from numarun.plan import MODES
+        from numarun.placement.plan import MODES
 
         if mode not in MODES:
             raise UsageError(f"unknown --numa-binding {mode!r}: use one of {', '.join(MODES)}")

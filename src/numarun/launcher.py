@@ -35,18 +35,18 @@ import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
-from numarun import workerenv
 from numarun.errors import NumarunError, UsageError
 from numarun.launch_config import DEFAULT_GRACE_PERIOD as DEFAULT_GRACE_PERIOD
 from numarun.launch_config import DEFAULT_MULTI_NODE_PORT as DEFAULT_MULTI_NODE_PORT
 from numarun.launch_config import FORWARD_SIGNALS as FORWARD_SIGNALS
 from numarun.launch_config import TEARDOWN_SIGNALS as TEARDOWN_SIGNALS
 from numarun.launch_config import LaunchConfig, parse_args
+from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.elastic import ElasticNode
-    from numarun.plan import Plan, RankBinding
+    from numarun.placement.plan import Plan, RankBinding
     from numarun.rendezvous import Round
     from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
 
@@ -336,7 +336,7 @@ def _make_plan(config: LaunchConfig) -> Plan | None:
     if config.numa_binding is None:
         return None
     from numarun.machine.topology import read_topology
-    from numarun.plan import make_plan
+    from numarun.placement.plan import make_plan
 
     topology = read_topology(config.sysfs_root, cpus_allowed=config.cpus_allowed)
     return make_plan(
@@ -375,7 +375,7 @@ def _dry_run_text(
 
     lines: list[str] = []
     if plan is not None:
-        from numarun.plan import format_plan_table
+        from numarun.placement.plan import format_plan_table
 
         lines.append(format_plan_table(plan))
         lines.append("")
@@ -1021,7 +1021,7 @@ def _mem_policies(config: LaunchConfig, plan: Plan | None) -> list:
     """Each rank's memory policy, proven applicable here; CPUs checked against our affinity."""
     if plan is None or not plan.bound:
         return [None] * config.nproc_per_node
-    from numarun import binding
+    from numarun.placement import binding
 
     for rank in plan.ranks:
         binding.check_cpus(rank.cpus, rank=rank.local_rank)

@@ -39,15 +39,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from numarun import _worker, workerenv
+from numarun import _worker
 from numarun.errors import InvalidArgument
+from numarun.placement import workerenv
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from numarun.binding import MemPolicy
     from numarun.machine.model import Topology
-    from numarun.plan import Plan
+    from numarun.placement.binding import MemPolicy
+    from numarun.placement.plan import Plan
     from numarun.spawn_workers import WorkerRun
     from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
 
@@ -329,9 +330,9 @@ def spawn(
         start_method: ``"spawn"``, ``"fork"``, ``"forkserver"``, or None for the platform's
             default, as torch.
         binding: None (inherit this process's CPUs), a planner mode (``"node"``, ``"socket"``,
-            ``"exclusive"``, ``"core-complex"``, ``"cpu"``), a ready :class:`numarun.plan.Plan`
-            with one rank per worker, or one CPU set per rank (``[[0, 1], [2, 3]]`` or
-            ``["0-1", "2-3"]``).
+            ``"exclusive"``, ``"core-complex"``, ``"cpu"``), a ready
+            :class:`numarun.placement.plan.Plan` with one rank per worker, or one CPU set per
+            rank (``[[0, 1], [2, 3]]`` or ``["0-1", "2-3"]``).
         mem_binding: None/``"none"``, ``"local"``, ``"preferred"``, ``"bind"`` or
             ``"interleave"`` over each rank's planned memory nodes (all but ``"local"`` need a
             ``binding``).
@@ -543,7 +544,7 @@ def _resolve_binding(
     """Turn ``binding`` / ``mem_binding`` into checked per-rank CPUs and memory policies."""
     if binding is None:
         return _unbound_placement(mem_binding, nprocs)
-    from numarun import binding as binding_module
+    from numarun.placement import binding as binding_module
 
     plan = _make_plan(binding, nprocs, allow_fallback, environ)
     for message in plan.warnings:
@@ -588,7 +589,7 @@ def _unbound_placement(
             f"mem_binding={mem_binding!r} needs memory nodes from a CPU binding; "
             "pass binding='node' (or another mode), or use mem_binding='local'"
         )
-    from numarun import binding as binding_module
+    from numarun.placement import binding as binding_module
 
     policy = binding_module.mem_policy_for("local", ())
     policies, _ = binding_module.check_mem_policy([policy] * nprocs, allow_fallback=False)
@@ -598,7 +599,7 @@ def _unbound_placement(
 def _make_plan(
     binding: object, nprocs: int, allow_fallback: bool, environ: Mapping[str, str]
 ) -> Plan:
-    from numarun.plan import Plan, make_plan
+    from numarun.placement.plan import Plan, make_plan
 
     if isinstance(binding, Plan):
         if len(binding.ranks) != nprocs:

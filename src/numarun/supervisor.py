@@ -107,11 +107,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from numarun import binding, children, watchdog
+from numarun import children, watchdog
 from numarun.errors import BindingError, UsageError
+from numarun.placement import binding
 
 if TYPE_CHECKING:
-    from numarun.binding import MemPolicy
+    from numarun.placement.binding import MemPolicy
 
 RUN_ID_ENV = watchdog.RUN_ID_ENV
 PAYLOAD_FD_ENV = "NUMARUN_PAYLOAD_FD"

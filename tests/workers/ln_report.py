@@ -43,7 +43,7 @@ def allowed_cpus() -> str:
 def mem_policy() -> list:
     if not os.environ.get("NUMARUN_TEST_MEMPOLICY"):
         return []
-    from numarun.binding import get_mem_policy
+    from numarun.placement.binding import get_mem_policy
 
     mode, nodes = get_mem_policy()
     return [mode, list(nodes)]

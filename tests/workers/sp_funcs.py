@@ -131,7 +131,7 @@ def fail_one_after_another(local_rank: int, directory: str) -> None:
 
 
 def memory_policy(local_rank: int) -> tuple[str, tuple[int, ...]]:
-    from numarun.binding import get_mem_policy
+    from numarun.placement.binding import get_mem_policy
 
     return get_mem_policy()
 

@@ -31,6 +31,6 @@ def process_state(local_rank: int) -> tuple[bool, bool, bool]:
     """(garbage collection on, a child subreaper, in a session of its own) in a worker."""
     import gc
 
-    from numarun import binding
+    from numarun.placement import binding
 
     return gc.isenabled(), binding.is_child_subreaper(), os.getsid(0) == os.getpid()
