@@ -629,8 +629,9 @@ _RANKED_WORKER = textwrap.dedent(
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
     from numarun.launcher import SCRIPT_BOOTSTRAP
-    from numarun.logs import error_file_path, make_log_dirs, sinks_for
-    from numarun.supervisor import Supervisor, WorkerSpec
+    from numarun.process.logs import error_file_path, make_log_dirs, sinks_for
+    from numarun.process.spec import WorkerSpec
+    from numarun.process.supervisor import Supervisor
 
     (tmp_path / "worker.py").write_text(_RANKED_WORKER)
     attempt = make_log_dirs(tmp_path / "logs", "run1", 2)

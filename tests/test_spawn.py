@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import numarun
-import numarun.supervisor
+import numarun.process.supervisor
 from numarun.errors import BindingError, PlanError, UsageError
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.topology import read_topology
@@ -95,7 +95,7 @@ def no_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a Supervisor was created although the input is bad")
 
-    monkeypatch.setattr(numarun.supervisor, "Supervisor", refuse)
+    monkeypatch.setattr(numarun.process.supervisor, "Supervisor", refuse)
 
 
 # --- return values -------------------------------------------------------------------------------
@@ -770,14 +770,14 @@ def test_memory_binding_falls_back_with_the_cpu_binding() -> None:
 def test_worker_surviving_sigkill_is_reported_and_spawn_still_returns(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    real_supervisor = numarun.supervisor.Supervisor
+    real_supervisor = numarun.process.supervisor.Supervisor
 
     def kill_but_never_sigkill(pid: int, signum: int) -> None:
         if signum != signal.SIGKILL:
             os.kill(pid, signum)
 
     monkeypatch.setattr(
-        numarun.supervisor,
+        numarun.process.supervisor,
         "Supervisor",
         functools.partial(real_supervisor, kill=kill_but_never_sigkill, kill_wait=0.3),
     )

@@ -331,7 +331,7 @@ def test_hang_timeout_option() -> None:
 
 def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
     from numarun.launcher import exit_code_for
-    from numarun.supervisor import RunResult, WorkerExit
+    from numarun.process.spec import RunResult, WorkerExit
 
     ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)
     failed = WorkerExit(1, 1, 2, 1, None, "failed", 1.0)

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from numarun import watchdog
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
-from numarun.supervisor import RunResult, Supervisor, WorkerExit, WorkerSpec
+from numarun.process import watchdog
+from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
+from numarun.process.supervisor import Supervisor
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 TREE = str(WORKERS / "sv_tree.py")
@@ -74,7 +75,8 @@ def run(specs: Sequence[WorkerSpec], **kwargs: object) -> RunResult:
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """/proc/<pid>/stat after the command name (state, ppid, ...); None once it is gone.
-    Parsed here rather than with numarun.watchdog, whose ownership logic these tests check."""
+    Parsed here rather than with numarun.process.watchdog, whose ownership logic these tests
+    check."""
     try:
         text = Path(f"/proc/{pid}/stat").read_bytes()
     except OSError:

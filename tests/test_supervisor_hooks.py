@@ -11,7 +11,8 @@ import time
 import pytest
 
 from numarun.errors import UsageError
-from numarun.supervisor import RunResult, Supervisor, WorkerExit, WorkerSpec
+from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
+from numarun.process.supervisor import Supervisor
 
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}

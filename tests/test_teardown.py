@@ -25,7 +25,8 @@ import pytest
 
 import numarun
 from job_processes import processes_with_env
-from numarun.supervisor import Supervisor, WorkerSpec
+from numarun.process.spec import WorkerSpec
+from numarun.process.supervisor import Supervisor
 from workers import td_funcs
 
 WORKERS = Path(__file__).resolve().parent / "workers"

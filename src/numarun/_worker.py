@@ -18,7 +18,8 @@ method:
   :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and
   its arguments.
 * ``forkserver``: multiprocessing's fork server forks the child and runs
-  :func:`numarun.children.forkserver_child`, which binds and then calls :func:`run_forkserver`:
+  :func:`numarun.process.children.forkserver_child`, which binds and then calls
+  :func:`run_forkserver`:
   the payload is only the :class:`WorkerProcess` (the fork server prepared the interpreter).
 * ``fork``: the supervisor forks, binds, and calls :func:`run_fork` with the
   :class:`WorkerProcess` itself (nothing is pickled on the way in, as with multiprocessing).
@@ -157,7 +158,7 @@ def main() -> None:
 def run_forkserver(payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="forkserver"``: unpickle the worker now, after the
     binding, and run it. Returns the exit status."""
-    from numarun import children
+    from numarun.process import children
 
     arm_stacks()
     stream = io.BytesIO(read_all(payload_fd))
@@ -168,7 +169,7 @@ def run_forkserver(payload_fd: int, result_fd: int) -> int:
 def run_fork(worker: WorkerProcess, payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="fork"`` (bound with ``functools.partial``): the forked
     child already holds the worker; returns the exit status."""
-    from numarun import children
+    from numarun.process import children
 
     arm_stacks()
     worker.result_fd = children.passed_fds[0]

@@ -56,7 +56,8 @@ from numarun.rendezvous import Round, WorkerPlace
 
 if TYPE_CHECKING:
     from numarun.launch_config import LaunchConfig
-    from numarun.supervisor import Supervisor, WorkerExit
+    from numarun.process.spec import WorkerExit
+    from numarun.process.supervisor import Supervisor
 
 DEFAULT_POLL_INTERVAL = 2.0
 """Seconds between looks at the rendezvous while workers run, unless ``--monitor-interval``.

@@ -261,7 +261,7 @@ def describe_exit(exit_code: int | None, signal_name: str | None = None) -> str:
     if exit_code >= 0:
         return f"exit code {exit_code}"
     if signal_name is None:
-        from numarun.supervisor import signal_name as name_of
+        from numarun.process.spec import signal_name as name_of
 
         signal_name = name_of(exit_code)
     return f"signal {signal_name} ({exit_code})"

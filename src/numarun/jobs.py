@@ -38,7 +38,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: the launcher's star
 if TYPE_CHECKING:
     from typing import Any
 
-    from numarun.supervisor import Supervisor
+    from numarun.process.supervisor import Supervisor
 
 _REQUEST_LIMIT = 4096
 _READ_TIMEOUT = 0.5  # a client sends its request right after connecting
@@ -126,7 +126,7 @@ class JobServer:
     """
 
     def __init__(self, directory: str, name: str, answer: Callable[[str], dict]) -> None:
-        from numarun import children
+        from numarun.process import children
 
         _check_private(directory)
         self.path = os.path.join(directory, f"{name}.sock")
@@ -187,7 +187,7 @@ class JobServer:
         conn.sendall(json.dumps(reply).encode() + b"\n")
 
     def close(self, supervisor: Supervisor | None = None) -> None:
-        from numarun import children
+        from numarun.process import children
 
         if self._sock.fileno() >= 0:
             if supervisor is not None:

@@ -1051,7 +1051,7 @@ def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str]:
     tee = (ns.tee or "0").strip()
     ranks_filter = (ns.local_ranks_filter or "").strip()
     if redirects != "0" or tee != "0" or ranks_filter:
-        from numarun import logs
+        from numarun.process import logs
 
         logs.parse_std_spec(redirects, nproc, flag="--redirects")
         logs.parse_std_spec(tee, nproc, flag="--tee")

@@ -47,8 +47,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.elastic import ElasticNode
     from numarun.placement.plan import Plan, RankBinding
+    from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.rendezvous import Round
-    from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
 
 # -c, not -m numarun._script: -m makes every worker import runpy first (see numarun._script).
 SCRIPT_BOOTSTRAP = "from numarun._script import main; main()"
@@ -668,7 +668,8 @@ class _Job:
         line, nothing started) when the workers' files cannot be set up (out of fds, say)."""
         import gc
 
-        from numarun.supervisor import Supervisor, WorkerSpec
+        from numarun.process.spec import WorkerSpec
+        from numarun.process.supervisor import Supervisor
 
         config, plan, base = self.config, self.plan, self.base
         duplicates: tuple = (None, None)
@@ -890,7 +891,7 @@ def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
     """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
     if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
         return None, None
-    from numarun.logs import LineFilter
+    from numarun.process.logs import LineFilter
 
     return tuple(
         LineFilter(os.path.join(attempt_dir, name), needles) if needles else None
@@ -956,7 +957,7 @@ def _temp_log_dir() -> str:
     """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
 
     Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` and
-    :mod:`numarun.logs` cost a few milliseconds to import on every launch's start-up path.
+    :mod:`numarun.process.logs` cost a few milliseconds to import on every launch's start-up path.
     ``$TMPDIR`` owned by another user (not root) is refused: its owner could swap our
     directory for a symbolic link between the checks and the writes.
     """
@@ -1003,7 +1004,7 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
     """``log_base/<run_id>/attempt_0/<local_rank>/`` for every rank; returns the attempt dir.
 
     A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
-    directories are made directly; otherwise :func:`numarun.logs.make_log_dirs` claims them,
+    directories are made directly; otherwise :func:`numarun.process.logs.make_log_dirs` claims them,
     taking ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so an
     old ``error.json`` of the same run id is never read as ours.
     """
@@ -1012,7 +1013,7 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
         for local_rank in range(config.nproc_per_node):
             os.makedirs(os.path.join(attempt_dir, str(local_rank)))
         return attempt_dir
-    from numarun.logs import make_log_dirs
+    from numarun.process.logs import make_log_dirs
 
     return str(make_log_dirs(log_base, config.run_id, config.nproc_per_node))
 
@@ -1037,7 +1038,7 @@ def _output_levels(config: LaunchConfig) -> tuple[dict[int, int], dict[int, int]
     n = config.nproc_per_node
     if config.redirects == "0" and config.tee == "0" and not config.local_ranks_filter:
         return dict.fromkeys(range(n), 0), dict.fromkeys(range(n), 0), set(range(n))
-    from numarun import logs
+    from numarun.process import logs
 
     return (
         logs.parse_std_spec(config.redirects, n, flag="--redirects"),
@@ -1062,7 +1063,7 @@ def _sinks(
         return None, None  # the worker writes straight to our stdout/stderr
     from pathlib import Path
 
-    from numarun import logs
+    from numarun.process import logs
 
     if rank is None:
         rank = config.global_rank(local_rank)
@@ -1083,7 +1084,7 @@ def _lost_logs(specs: Sequence[WorkerSpec]) -> list[str]:
     """One line per log file that lost bytes for good (a full disk): rank, file, how many."""
     if not any(spec.stdout or spec.stderr for spec in specs):
         return []
-    from numarun import logs
+    from numarun.process import logs
 
     lines = []
     for spec in specs:

@@ -33,10 +33,12 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from numarun import _worker, children
+from numarun import _worker
+from numarun.process import children
 
 if TYPE_CHECKING:
-    from numarun.supervisor import RunResult, Supervisor, WorkerExit
+    from numarun.process.spec import RunResult, WorkerExit
+    from numarun.process.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ classes and messages, :class:`ProcessContext` API), with these additions: ``join
 the list of return values; every worker is bound to its CPUs and memory policy before it runs
 anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
 ``spawn`` forces ``spawn``); and workers are supervised by
-:class:`numarun.supervisor.Supervisor`, which tears down each worker's whole process tree on the
-first failure and on SIGINT/SIGTERM/SIGHUP while joining.
+:class:`numarun.process.supervisor.Supervisor`, which tears down each worker's whole process
+tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining.
 
 Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``)
 that runs multiprocessing's own child bootstrap (:mod:`numarun._worker`), and its arguments and
@@ -49,8 +49,8 @@ if TYPE_CHECKING:
     from numarun.machine.model import Topology
     from numarun.placement.binding import MemPolicy
     from numarun.placement.plan import Plan
+    from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.spawn_workers import WorkerRun
-    from numarun.supervisor import RunResult, WorkerExit, WorkerSpec
 
 __all__ = [
     "START_METHODS",
@@ -420,7 +420,7 @@ def _start(
     hold_signals: bool = False,
 ) -> ProcessContext:
     """Check everything, plan, build the workers and start them; nothing starts on error.
-    ``hold_signals``: see :meth:`numarun.supervisor.Supervisor.start`."""
+    ``hold_signals``: see :meth:`numarun.process.supervisor.Supervisor.start`."""
     method = _check_arguments(fn, args, nprocs, start_method, grace_period, env)
     base_env = dict(os.environ)
     base_env.update(env or {})
@@ -433,9 +433,9 @@ def _start(
     # non-daemon workers and terminates daemon ones when this interpreter exits.
     from multiprocessing import process, util  # noqa: F401
 
+    from numarun.process.supervisor import Supervisor
     from numarun.spawn_workers import WorkerRun
     from numarun.stackdumps import for_spawn
-    from numarun.supervisor import Supervisor
 
     run = WorkerRun(nprocs, method)
     stacks = None
@@ -697,7 +697,7 @@ def _worker_specs(
 ) -> list[WorkerSpec]:
     """One WorkerSpec per worker; under spawn/forkserver the worker is pickled here, so an
     argument that cannot go to another process raises before anything starts."""
-    from numarun.supervisor import WorkerSpec
+    from numarun.process.spec import WorkerSpec
 
     argv: list[str] = []
     tracker: tuple[int, ...] = ()
@@ -853,7 +853,7 @@ def _value_of(worker: WorkerExit, run: WorkerRun) -> Any:
 
 def _failure(worker: WorkerExit, run: WorkerRun) -> ProcessException:
     """The exception describing one failed worker, in torch.multiprocessing's words."""
-    from numarun.supervisor import signal_name
+    from numarun.process.spec import signal_name
 
     index = worker.local_rank
     try:

@@ -1,5 +1,5 @@
 """The launcher's side of stack dumps: take every rank's Python stacks on demand, at a failure and
-on a hang, through one :class:`numarun.supervisor.Supervisor` and without threads.
+on a hang, through one :class:`numarun.process.supervisor.Supervisor` and without threads.
 
 Mechanism. Each rank's bootstrap (:mod:`numarun._stackdump`) registers :mod:`faulthandler` on
 signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
@@ -57,16 +57,17 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from numarun import children
 from numarun._stackdump import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.errors import NumarunError
+from numarun.process import children
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
     from typing import Any
 
+    from numarun.process.spec import WorkerExit
+    from numarun.process.supervisor import Supervisor
     from numarun.stacks import RankStacks
-    from numarun.supervisor import Supervisor, WorkerExit
 
 HANG_REASON = "hang: "  # RunResult.stop_reason of a run ended by HangWatch starts with this
 HANG_EXIT_CODE = 124  # as timeout(1): "the command timed out"
@@ -392,7 +393,8 @@ class HangWatch:
 
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
-        wrapped on the instance, so the sink keeps its type (:func:`numarun.logs.log_loss`)."""
+        wrapped on the instance, so the sink keeps its type
+        (:func:`numarun.process.logs.log_loss`)."""
         for sink in sinks:
             if sink is None:
                 continue

@@ -8,7 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from numarun.supervisor import Supervisor, WorkerSpec
+from numarun.process.spec import WorkerSpec
+from numarun.process.supervisor import Supervisor
 
 TREE = str(Path(__file__).with_name("sv_tree.py"))
 

@@ -11,7 +11,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from numarun.supervisor import Supervisor, WorkerSpec
+from numarun.process.spec import WorkerSpec
+from numarun.process.supervisor import Supervisor
 from workers import td_funcs
 
 SLEEPER = "import os, time; print('W', os.getpid(), flush=True); time.sleep(120)"

@@ -36,9 +36,9 @@ import sys
 import weakref
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Protocol
 
 from numarun.errors import UsageError
+from numarun.process.spec import OutputSink
 
 __all__ = [
     "DEFAULT_CONSOLE_LIMIT",
@@ -82,14 +82,6 @@ class Std(enum.IntFlag):
     OUT = 1
     ERR = 2
     ALL = 3
-
-
-class OutputSink(Protocol):
-    """Where the supervisor sends one stream of one worker (the supervisor's contract)."""
-
-    def feed(self, data: bytes) -> None: ...
-
-    def close(self) -> None: ...
 
 
 _STD_FORMS = (

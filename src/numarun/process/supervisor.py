@@ -20,8 +20,8 @@ of three ways (``WorkerSpec.start``):
 What each child runs before ``execve`` or ``fork_target`` and in what order (``setsid()``,
 ``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the watchdog or the forkserver,
 binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome becomes the exit
-status, is :mod:`numarun.children`; so is the registry of the fds supervisors hold, which forked
-children close.
+status, is :mod:`numarun.process.children`; so is the registry of the fds supervisors hold,
+which forked children close.
 
 Workers run with ``NUMARUN_RUN_ID=<run id>`` added to their environment. ``payload`` is written
 by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/forkserver:
@@ -30,20 +30,20 @@ written during :meth:`Supervisor.start`, to all workers at once, so workers run 
 ``start`` returns, joined or not (what a child has not read within a minute is left to the
 loop). ``pass_fds``: fds of the caller's that the worker gets too (exec: open at the same
 numbers; fork: kept open; forkserver: handed over by the forkserver), listed for the child in
-:data:`numarun.children.passed_fds` (fork/forkserver); the caller keeps and closes its own.
+:data:`numarun.process.children.passed_fds` (fork/forkserver); the caller keeps and closes its own.
 ``want_result`` gives the child a pipe (exec: ``NUMARUN_RESULT_FD``; fork/forkserver:
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 
-The watchdog (:mod:`numarun.watchdog`): :meth:`Supervisor.start` forks it first, a copy of this
-process, and it forks the ``"exec"`` and ``"fork"`` workers, so that they and everything they
-ever start stay below it (it is a child subreaper); it reports each worker's pid, exec and exit
+The watchdog (:mod:`numarun.process.watchdog`): :meth:`Supervisor.start` forks it first, a copy
+of this process, and it forks the ``"exec"`` and ``"fork"`` workers, so that they and everything
+they ever start stay below it (it is a child subreaper); it reports each worker's pid, exec and exit
 to the supervisor over a pipe, keeps ended workers unreaped until the run is over, reaps the
 rest, and kills the whole run if the supervisor dies, even by SIGKILL.
 
 Watching is one :mod:`selectors` loop over the watchdog's status pipe, each ``"forkserver"``
 worker's :class:`multiprocessing.Process` sentinel, the workers' output, payload and result
 pipes, the pidfd of each process being torn down, the console while tee'd output waits for it (a
-sink's ``console``, :class:`numarun.logs.Console`: nothing in the loop ever blocks on a slow
+sink's ``console``, :class:`numarun.process.logs.Console`: nothing in the loop ever blocks on a slow
 terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd`` writes to; timers are
 the select timeout. Where pidfds do not work (Linux before 5.3), processes being torn down are
 checked every 50 ms. It never calls ``waitpid`` on a worker.
@@ -71,7 +71,7 @@ workers, a descendant that left the worker's session, never exec'd with the mark
 parent chain to a live worker cannot be found.
 
 If the supervisor dies, even by SIGKILL, the watchdog kills every process of the run (see
-:mod:`numarun.watchdog`); if the watchdog dies, the workers get SIGKILL from the kernel
+:mod:`numarun.process.watchdog`); if the watchdog dies, the workers get SIGKILL from the kernel
 (``PR_SET_PDEATHSIG``).
 
 Signals, only in the main thread, while :meth:`Supervisor.start`, :meth:`Supervisor.wait` or
@@ -105,104 +105,34 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
-from numarun import children, watchdog
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
+from numarun.process import children, watchdog
+from numarun.process.spec import (
+    FAILED,
+    PAYLOAD_FD_ENV,
+    RESULT_FD_ENV,
+    RUN_ID_ENV,
+    START_METHODS,
+    SUCCEEDED,
+    TERMINATED,
+    UNKILLABLE,
+    OutputSink,
+    RunResult,
+    WorkerExit,
+    WorkerSpec,
+    signal_name,
+)
 
 if TYPE_CHECKING:
-    from numarun.placement.binding import MemPolicy
-
-RUN_ID_ENV = watchdog.RUN_ID_ENV
-PAYLOAD_FD_ENV = "NUMARUN_PAYLOAD_FD"
-RESULT_FD_ENV = "NUMARUN_RESULT_FD"
-START_METHODS = ("exec", "fork", "forkserver")
-
-SUCCEEDED = "succeeded"
-FAILED = "failed"
-TERMINATED = "terminated"
-UNKILLABLE = "unkillable"
+    pass
 
 _READ_SIZE = 256 * 1024
 _FALLBACK_TICK = 0.05  # only without pidfds (see the module docstring)
 _WATCHDOG_WAIT = 2.0
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
-
-
-class OutputSink(Protocol):
-    """Where one stream (stdout or stderr) of one worker goes; see :mod:`numarun.logs`."""
-
-    def feed(self, data: bytes) -> None:
-        """Raw chunks of the stream, in order, called from the supervisor loop."""
-
-    def close(self) -> None:
-        """End of file on the stream; called exactly once."""
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    """One worker to start. See the module docstring for ``start``, ``payload``, ``want_result``.
-
-    ``env`` is the worker's complete environment (the supervisor adds ``NUMARUN_RUN_ID`` and the
-    pipe fd variables); ``cpus`` None inherits the supervisor's affinity; ``mem`` None leaves the
-    memory policy inherited; ``stdout``/``stderr`` None let the worker inherit fd 1/2 untouched.
-    """
-
-    local_rank: int
-    rank: int
-    env: Mapping[str, str]
-    argv: Sequence[str] | None = None
-    start: str = "exec"
-    fork_target: Callable[[int, int], int] | None = None
-    payload: bytes | None = None
-    want_result: bool = False
-    cpus: Sequence[int] | None = None
-    mem: MemPolicy | None = None
-    stdout: OutputSink | None = None
-    stderr: OutputSink | None = None
-    cwd: str | None = None
-    pass_fds: Sequence[int] = ()
-
-
-@dataclass(frozen=True)
-class WorkerExit:
-    """How one worker ended.
-
-    ``exit_code`` follows :class:`subprocess.Popen`: >= 0 exit status, -N killed by signal N,
-    None when it could not be killed. ``state``: ``"succeeded"`` (exit 0 before any teardown),
-    ``"failed"`` (ended on its own with a non-zero status, or ``is_failure`` said so; also a
-    worker that, after our SIGTERM, exited with a status in 1..127), ``"terminated"`` (ended
-    by our teardown: killed by a signal, status 0 or >= 128 after we signalled it),
-    ``"unkillable"`` (alive ``kill_wait`` seconds after SIGKILL; ``proc_state`` is its
-    ``/proc/<pid>/stat`` state letter, e.g. ``"D"``). ``ended_at`` is ``time.time()`` when the
-    death was observed (None for unkillable workers).
-    """
-
-    local_rank: int
-    rank: int
-    pid: int
-    exit_code: int | None
-    signal_name: str | None
-    state: str
-    ended_at: float | None
-    result: bytes = b""
-    proc_state: str | None = None
-
-
-@dataclass(frozen=True)
-class RunResult:
-    """The end of a run: ``workers`` by local rank; ``first_failure`` the first ``"failed"``
-    worker in time (teardown kills never count); ``received_signal`` the signal that made the
-    supervisor tear down, if any; ``unkillable`` the workers that survived SIGKILL;
-    ``stop_reason`` the reason given to :meth:`Supervisor.request_stop` when that call began the
-    teardown (a failure or signal that came first wins), else None."""
-
-    workers: list[WorkerExit]
-    first_failure: WorkerExit | None
-    received_signal: int | None
-    unkillable: list[WorkerExit]
-    stop_reason: str | None = None
 
 
 class _Worker:
@@ -242,17 +172,6 @@ class _Worker:
 
 
 # --- the supervisor ------------------------------------------------------------------------------
-
-
-def signal_name(code: int | None) -> str | None:
-    """``"SIGSEGV"`` for exit code -11 (Popen convention); ``"SIG<n>"`` for a signal without a
-    name; None for a code that is not a signal death (None or >= 0)."""
-    if code is None or code >= 0:
-        return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"SIG{-code}"
 
 
 def _resolve_program(program: str, env: Mapping[str, str]) -> str | None:
@@ -1083,7 +1002,7 @@ class Supervisor:
         return any(worker.outputs for worker in self._workers)
 
     def _watch_consoles(self, *, watch: bool = True) -> None:
-        """Wait for a console (:class:`numarun.logs.Console`) to be writable only while
+        """Wait for a console (:class:`numarun.process.logs.Console`) to be writable only while
         output waits for it: tee'd lines are queued there, never written blocking, so a
         stalled terminal or pipe cannot stop this loop from handling signals and deaths."""
         assert self._selector is not None

@@ -64,7 +64,6 @@ import sys
 import time
 from collections.abc import Iterable, Mapping
 
-RUN_ID_ENV = "NUMARUN_RUN_ID"
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
 
 # (ppid, pgid, sid, state letter) of one process, from /proc/<pid>/stat.
@@ -596,4 +595,4 @@ def remove_tree(path: str) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit("numarun.watchdog is started by numarun's supervisor, not run by hand")
+    sys.exit("numarun.process.watchdog is started by numarun's supervisor, not run by hand")

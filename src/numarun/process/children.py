@@ -1,5 +1,5 @@
 """What runs in a worker process between fork and the worker's own code, and the fd bookkeeping
-it needs. Used by :mod:`numarun.supervisor`, which decides what to start and watches it. The
+it needs. Used by :mod:`numarun.process.supervisor`, which decides what to start and watches it. The
 parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which forks them.
 
 ``start="exec"`` (:func:`exec_child`, in a child of :func:`fork`), in this order:
@@ -63,7 +63,7 @@ from numarun.placement import binding
 
 if TYPE_CHECKING:
     from numarun.placement.binding import MemPolicy
-    from numarun.supervisor import WorkerSpec
+    from numarun.process.spec import WorkerSpec
 
 PIPE_SIZE = 1024 * 1024  # payload/result throughput: fewer wake-ups per megabyte
 _NOT_OURS_EXIT = 1  # a child whose supervisor died before the preamble finished

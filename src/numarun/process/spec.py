@@ -1,0 +1,112 @@
+"""What a caller of the supervisor describes, and what it gets back.
+
+These values are the process wing's vocabulary: :mod:`numarun.process.children` (inside a
+worker), :mod:`numarun.process.supervisor` (the run) and every caller (the launcher, the spawn
+API, the stack dumps) share them, so they live below all of them.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from numarun.placement.binding import MemPolicy
+
+RUN_ID_ENV = "NUMARUN_RUN_ID"  # in every worker's environment: the run it belongs to
+PAYLOAD_FD_ENV = "NUMARUN_PAYLOAD_FD"
+RESULT_FD_ENV = "NUMARUN_RESULT_FD"
+START_METHODS = ("exec", "fork", "forkserver")
+
+SUCCEEDED = "succeeded"
+FAILED = "failed"
+TERMINATED = "terminated"
+UNKILLABLE = "unkillable"
+
+
+class OutputSink(Protocol):
+    """Where one stream (stdout or stderr) of one worker goes; see :mod:`numarun.process.logs`."""
+
+    def feed(self, data: bytes) -> None:
+        """Raw chunks of the stream, in order, called from the supervisor loop."""
+
+    def close(self) -> None:
+        """End of file on the stream; called exactly once."""
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One worker to start. See the module docstring for ``start``, ``payload``, ``want_result``.
+
+    ``env`` is the worker's complete environment (the supervisor adds ``NUMARUN_RUN_ID`` and the
+    pipe fd variables); ``cpus`` None inherits the supervisor's affinity; ``mem`` None leaves the
+    memory policy inherited; ``stdout``/``stderr`` None let the worker inherit fd 1/2 untouched.
+    """
+
+    local_rank: int
+    rank: int
+    env: Mapping[str, str]
+    argv: Sequence[str] | None = None
+    start: str = "exec"
+    fork_target: Callable[[int, int], int] | None = None
+    payload: bytes | None = None
+    want_result: bool = False
+    cpus: Sequence[int] | None = None
+    mem: MemPolicy | None = None
+    stdout: OutputSink | None = None
+    stderr: OutputSink | None = None
+    cwd: str | None = None
+    pass_fds: Sequence[int] = ()
+
+
+@dataclass(frozen=True)
+class WorkerExit:
+    """How one worker ended.
+
+    ``exit_code`` follows :class:`subprocess.Popen`: >= 0 exit status, -N killed by signal N,
+    None when it could not be killed. ``state``: ``"succeeded"`` (exit 0 before any teardown),
+    ``"failed"`` (ended on its own with a non-zero status, or ``is_failure`` said so; also a
+    worker that, after our SIGTERM, exited with a status in 1..127), ``"terminated"`` (ended
+    by our teardown: killed by a signal, status 0 or >= 128 after we signalled it),
+    ``"unkillable"`` (alive ``kill_wait`` seconds after SIGKILL; ``proc_state`` is its
+    ``/proc/<pid>/stat`` state letter, e.g. ``"D"``). ``ended_at`` is ``time.time()`` when the
+    death was observed (None for unkillable workers).
+    """
+
+    local_rank: int
+    rank: int
+    pid: int
+    exit_code: int | None
+    signal_name: str | None
+    state: str
+    ended_at: float | None
+    result: bytes = b""
+    proc_state: str | None = None
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """The end of a run: ``workers`` by local rank; ``first_failure`` the first ``"failed"``
+    worker in time (teardown kills never count); ``received_signal`` the signal that made the
+    supervisor tear down, if any; ``unkillable`` the workers that survived SIGKILL;
+    ``stop_reason`` the reason given to :meth:`Supervisor.request_stop` when that call began the
+    teardown (a failure or signal that came first wins), else None."""
+
+    workers: list[WorkerExit]
+    first_failure: WorkerExit | None
+    received_signal: int | None
+    unkillable: list[WorkerExit]
+    stop_reason: str | None = None
+
+
+def signal_name(code: int | None) -> str | None:
+    """``"SIGSEGV"`` for exit code -11 (Popen convention); ``"SIG<n>"`` for a signal without a
+    name; None for a code that is not a signal death (None or >= 0)."""
+    if code is None or code >= 0:
+        return None
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"SIG{-code}"
