@@ -1,5 +1,5 @@
-"""Stacks parsed, grouped and formatted from real faulthandler output (numarun.stacks), the
-worker-side arming (numarun._stackdump) and the dump-completeness rule (numarun.stackdumps)."""
+"""Stacks parsed, grouped and formatted from real faulthandler output (numarun.stacks.parse), the
+worker-side arming (numarun.stacks.arm) and the dump-completeness rule (numarun.stacks.dumps)."""
 
 from __future__ import annotations
 
@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from numarun._stackdump import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.launcher import SCRIPT_BOOTSTRAP
-from numarun.stackdumps import _signal_state, _structurally_complete, normalized
-from numarun.stacks import (
+from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
+from numarun.stacks.parse import (
     Frame,
     RankStacks,
     Thread,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun import jobs
+from numarun.stacks import channel as jobs
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 GLOO = str(WORKERS / "st_gloo.py")

@@ -24,11 +24,11 @@ What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for al
 SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
 ``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
 that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
-user's code, numarun's stack dumps are armed (:mod:`numarun._stackdump`).
+user's code, numarun's stack dumps are armed (:mod:`numarun.stacks.arm`).
 
 Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
 holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
-interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun._stackdump`;
+interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun.stacks.arm`;
 ``runpy`` only for ``-m``, a directory or a zip archive (as ``python`` itself), and
 ``json``/``traceback`` only on the failure path.
 """
@@ -96,7 +96,7 @@ def _fresh_main() -> dict[str, object]:
 
 def _arm_stacks() -> None:
     try:
-        from numarun._stackdump import arm
+        from numarun.stacks.arm import arm
     except ImportError:  # a copy of this file run outside its package: run unarmed
         return
     arm()

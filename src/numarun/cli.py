@@ -230,7 +230,7 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
     args = parser.parse_args(argv)
     if not args.timeout > 0:
         raise UsageError(f"--timeout must be a number of seconds > 0, not {args.timeout}")
-    from numarun.jobs import stacks_command
+    from numarun.stacks.channel import stacks_command
 
     return stacks_command(args.run_id, as_json=args.json, timeout=args.timeout)
 

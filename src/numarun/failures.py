@@ -15,7 +15,7 @@ on their own, the one whose failure time is smallest -- the error file's timesta
 one, else the time numarun observed the death. Error-file times are whole seconds, so failures
 within the same second are ordered by the observed death time.
 
-With stacks (:mod:`numarun.stackdumps`) the summary also shows where the other ranks were when
+With stacks (:mod:`numarun.stacks.dumps`) the summary also shows where the other ranks were when
 the first one failed ("Other ranks when rank N failed:", grouped by identical stacks), or, after
 ``--hang-timeout``, a hang block naming the ranks whose stacks differ from the rest.
 """
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from numarun.stacks import format_ranks
+from numarun.stacks.parse import format_ranks
 
 __all__ = [
     "RankReport",
@@ -297,12 +297,12 @@ def format_summary(
     listed under ``Earlier attempts:`` after the other ranks.
 
     ``stacks_at_failure`` (the failed global rank, the other ranks'
-    :class:`numarun.stacks.RankStacks`): a section "Other ranks when rank N failed:" after the
+    :class:`numarun.stacks.parse.RankStacks`): a section "Other ranks when rank N failed:" after the
     other ranks' states, grouped by identical stacks, each group's main thread cut to its
-    innermost frames. ``hang`` (a :class:`numarun.stackdumps.HangReport`): the header says
+    innermost frames. ``hang`` (a :class:`numarun.stacks.dumps.HangReport`): the header says
     HUNG and a hang block replaces the root cause: how long nothing moved, the likely culprits
-    (:func:`numarun.stacks.odd_ones_out`: the ranks whose stacks differ from the majority) with
-    file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
+    (:func:`numarun.stacks.parse.odd_ones_out`: the ranks whose stacks differ from the majority)
+    with file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
     stacks were written, named after either section.
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
@@ -536,7 +536,7 @@ def _unkillable_detail(members: Sequence[RankReport]) -> str:
 
 def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
     """Grouped stacks, each group's main thread cut to its innermost frames, escaped."""
-    from numarun.stacks import SUMMARY_FRAMES, format_groups, group_ranks
+    from numarun.stacks.parse import SUMMARY_FRAMES, format_groups, group_ranks
 
     lines = format_groups(group_ranks(stacks), max_frames=SUMMARY_FRAMES, other_threads=False)
     return [indent + _printable(line) for line in lines]
@@ -545,7 +545,13 @@ def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
 def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
     """What the summary says about a hang: the rule that fired, the likely culprits, the
     stacks of every rank grouped (the culprits first)."""
-    from numarun.stacks import SUMMARY_FRAMES, format_groups, group_ranks, heading, odd_ones_out
+    from numarun.stacks.parse import (
+        SUMMARY_FRAMES,
+        format_groups,
+        group_ranks,
+        heading,
+        odd_ones_out,
+    )
 
     counted = "stacks unchanged and no output" if hang.output_watched else (
         "stacks unchanged; their output is not read by numarun (no --redirects/--tee), "

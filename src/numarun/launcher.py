@@ -5,7 +5,7 @@ Three kinds of entry point, as in torchrun: a Python script (``train.py``), a mo
 ``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...``
 (cheaper than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker
 without ``@record`` still leaves an error file with its traceback, and its stacks can be taken
-(:mod:`numarun.stackdumps`). Each worker gets torchrun's environment (RANK,
+(:mod:`numarun.stacks.dumps`). Each worker gets torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
 global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
@@ -192,7 +192,7 @@ def exit_code_for(result: RunResult) -> int:
     if result.received_signal:
         return 128 + int(result.received_signal)
     if result.stop_reason is not None and result.stop_reason.startswith("hang: "):
-        return 124  # numarun.stackdumps.HANG_EXIT_CODE
+        return 124  # numarun.stacks.dumps.HANG_EXIT_CODE
     failure = result.first_failure
     if failure is None:
         return 1 if result.stop_reason else 0
@@ -529,7 +529,7 @@ class _Attempt:
         self.directory = directory
         self.result = result
         self.lost = lost
-        self.stacks = stacks  # numarun.stackdumps.JobStacks (closed) or None
+        self.stacks = stacks  # numarun.stacks.dumps.JobStacks (closed) or None
         self.line = ""
 
 
@@ -903,12 +903,12 @@ def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
 
 
 def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]):  # -> JobStacks | None
-    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stackdumps`)
+    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.dumps`)
     for its ``(local rank, global rank)`` pairs.
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
-    from numarun.stackdumps import JobStacks
+    from numarun.stacks.dumps import JobStacks
 
     entrypoint = " ".join([config.entrypoint, *config.args])
     try:
@@ -927,7 +927,7 @@ def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]):  # -> J
         return None
 
 
-def _on_started(stacks) -> None:  # stacks: numarun.stackdumps.JobStacks | None
+def _on_started(stacks) -> None:  # stacks: numarun.stacks.dumps.JobStacks | None
     if stacks is not None:
         stacks.listen()
     _prefetch_failure_report()
@@ -948,9 +948,9 @@ def _prefetch_failure_report(delay: float = 0.25) -> None:
 
 
 def _import_failures() -> None:
-    # The stacks taken at a failure are parsed with numarun.stacks.
+    # The stacks taken at a failure are parsed with numarun.stacks.parse.
     import numarun.failures
-    import numarun.stacks  # noqa: F401
+    import numarun.stacks.parse  # noqa: F401
 
 
 def _temp_log_dir() -> str:

@@ -435,7 +435,7 @@ def _start(
 
     from numarun.process.supervisor import Supervisor
     from numarun.spawn_workers import WorkerRun
-    from numarun.stackdumps import for_spawn
+    from numarun.stacks.dumps import for_spawn
 
     run = WorkerRun(nprocs, method)
     stacks = None

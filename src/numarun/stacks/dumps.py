@@ -1,11 +1,11 @@
 """The launcher's side of stack dumps: take every rank's Python stacks on demand, at a failure and
 on a hang, through one :class:`numarun.process.supervisor.Supervisor` and without threads.
 
-Mechanism. Each rank's bootstrap (:mod:`numarun._stackdump`) registers :mod:`faulthandler` on
+Mechanism. Each rank's bootstrap (:mod:`numarun.stacks.arm`) registers :mod:`faulthandler` on
 signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
 launcher's (``<runtime dir>/<job>.d/rank<local rank>``, 0700, in the per-user directory of
-:mod:`numarun.jobs`). To take stacks, the launcher empties a rank's file, sends signal 42 to
-the rank process through :meth:`Supervisor.send_signal` (workers only, never exited ones, never
+:mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file, sends signal 42
+to the rank process through :meth:`Supervisor.send_signal` (workers only, never exited ones, never
 their children: a DataLoader worker forked from a rank inherits the registration but is never
 signalled), and reads the file back. faulthandler writes from its C signal handler, so a rank
 blocked in a collective or holding the GIL answers too; nothing goes to its stdout/stderr.
@@ -57,9 +57,9 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from numarun._stackdump import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.errors import NumarunError
 from numarun.process import children
+from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
@@ -67,7 +67,7 @@ if TYPE_CHECKING:
 
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
-    from numarun.stacks import RankStacks
+    from numarun.stacks.parse import RankStacks
 
 HANG_REASON = "hang: "  # RunResult.stop_reason of a run ended by HangWatch starts with this
 HANG_EXIT_CODE = 124  # as timeout(1): "the command timed out"
@@ -291,8 +291,9 @@ class RankDumps:
     ) -> list[RankStacks]:
         """Ask ``local_ranks`` (default: all) and wait, at most ``limit`` seconds in all, until
         each dump is complete (see the module docstring); returns one
-        :class:`numarun.stacks.RankStacks` per rank, with the problem of those that have none."""
-        from numarun.stacks import rank_stacks
+        :class:`numarun.stacks.parse.RankStacks` per rank, with the problem of those that have
+        none."""
+        from numarun.stacks.parse import rank_stacks
 
         wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
         problems = self.ask(wanted)
@@ -461,7 +462,7 @@ class HangWatch:
         self._unasked = dumps.ask(dumps.live())
 
     def _declare(self, now: float) -> None:
-        from numarun.stacks import rank_stacks
+        from numarun.stacks.parse import rank_stacks
 
         dumps = self.dumps
         stacks = []
@@ -493,8 +494,8 @@ class HangWatch:
 
 class JobStacks:
     """Everything stacks need for one job: the dump files (:class:`RankDumps`), the
-    ``numarun stacks`` socket (:class:`numarun.jobs.JobServer`), the hang watch and the stacks
-    taken at the first failure. Made before the workers (their environment needs
+    ``numarun stacks`` socket (:class:`numarun.stacks.channel.JobServer`), the hang watch and the
+    stacks taken at the first failure. Made before the workers (their environment needs
     :meth:`worker_env`), attached to the supervisor, closed at the end."""
 
     def __init__(
@@ -506,9 +507,9 @@ class JobStacks:
         hang_timeout: float | None = None,
         close_when_done: bool = False,
     ) -> None:
-        from numarun import jobs
+        from numarun.stacks import channel
 
-        self.runtime_dir = jobs.runtime_dir(create=True)
+        self.runtime_dir = channel.runtime_dir(create=True)
         self.name = f"{os.getpid()}-{os.urandom(4).hex()}"
         directory = None
         if python:
@@ -551,10 +552,10 @@ class JobStacks:
     def listen(self) -> None:
         """Open the ``numarun stacks`` socket and watch it from the supervisor's loop (called
         once the workers started: nothing of it delays them)."""
-        from numarun import jobs
+        from numarun.stacks import channel
 
         assert self._supervisor is not None
-        self._server = jobs.JobServer(self.runtime_dir, self.name, self._answer)
+        self._server = channel.JobServer(self.runtime_dir, self.name, self._answer)
         self._server.attach(self._supervisor)
 
     def on_exit(self, ended: WorkerExit) -> None:

@@ -326,7 +326,7 @@ def choose_job(jobs: Sequence[Job], wanted: str | None) -> Job:
 
 def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks; exit status."""
-    from numarun import stacks
+    from numarun.stacks import parse
 
     job = choose_job(find_jobs(timeout), wanted)
     if job.error is not None:
@@ -338,7 +338,7 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     if "error" in reply:
         raise JobsError(f"job {job.name}: {reply['error']}")
     ranks = [
-        stacks.rank_stacks(
+        parse.rank_stacks(
             item.get("rank", -1),
             item.get("local_rank", -1),
             item.get("pid"),
@@ -351,13 +351,13 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     if as_json:
         import json
 
-        print(json.dumps(stacks.stacks_to_json(ranks, **fields), indent=1))
+        print(json.dumps(parse.stacks_to_json(ranks, **fields), indent=1))
         return 0
     count = len(ranks)
     lines = [
         f"numarun stacks: job {fields['run_id']} (launcher pid {fields['pid']}, {count} "
         f"rank{'s' if count != 1 else ''} on {fields['host']}): {fields['entrypoint']}",
-        *stacks.format_groups(stacks.group_ranks(ranks)),
+        *parse.format_groups(parse.group_ranks(ranks)),
     ]
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
