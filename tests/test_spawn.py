@@ -25,7 +25,7 @@ from numarun.errors import BindingError, PlanError, UsageError
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.topology import read_topology
 from numarun.placement.plan import make_plan
-from numarun.spawning import (
+from numarun.spawning.api import (
     ProcessException,
     ProcessExitedException,
     ProcessRaisedException,
@@ -126,14 +126,17 @@ def test_hundred_megabytes_per_rank_come_back_without_deadlock(method: str) -> N
 
 
 def test_spawn_is_the_function_whatever_was_imported_first() -> None:
-    import numarun.spawning
+    import numarun.spawning.api
 
-    assert numarun.spawn is numarun.spawning.spawn
+    assert numarun.spawn is numarun.spawning.api.spawn
     assert numarun.spawn(sp_funcs.echo, nprocs=1, start_method="fork") == [(0, ())]
 
 
 def test_import_numarun_does_not_load_the_spawn_module() -> None:
-    code = "import numarun, sys; print('numarun.spawning' in sys.modules, callable(numarun.spawn))"
+    code = (
+        "import numarun, sys; "
+        "print('numarun.spawning.api' in sys.modules, callable(numarun.spawn))"
+    )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert output.stdout.split() == ["False", "True"], output.stderr
 
@@ -594,7 +597,7 @@ def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None
         f"""
         import os, signal
         import numarun
-        from numarun import spawning
+        from numarun.spawning import api as spawning
         from workers import sp_funcs
         def on_term(signum, frame):
             raise SystemExit(5)

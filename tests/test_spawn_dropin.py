@@ -32,7 +32,7 @@ import torch.multiprocessing as torch_mp
 
 import numarun
 from numarun.errors import InvalidArgument, UsageError
-from numarun.spawning import ProcessExitedException, ProcessRaisedException
+from numarun.spawning.api import ProcessExitedException, ProcessRaisedException
 from workers import sp_dropin
 
 TORCH_SPAWN = sys.modules["torch.multiprocessing.spawn"]  # the module (torch_mp.spawn: a function)

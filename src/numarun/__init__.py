@@ -1,7 +1,7 @@
 """numarun: start one worker per GPU or CPU slice, bound near its device, and supervise them.
 
 The spawn API is exported lazily (PEP 562), so ``import numarun`` costs next to nothing: the
-names below load :mod:`numarun.spawning` on first use.
+names below load :mod:`numarun.spawning.api` on first use.
 """
 
 __version__ = "0.1.0"
@@ -28,7 +28,7 @@ __all__ = [
 # typing is not imported at run time; this constant is what type checkers look for.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.spawning import (
+    from numarun.spawning.api import (
         ProcessException,
         ProcessExitedException,
         ProcessRaisedException,
@@ -43,7 +43,7 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module 'numarun' has no attribute {name!r}")
     import importlib
 
-    module = importlib.import_module("numarun.spawning")
+    module = importlib.import_module("numarun.spawning.api")
     value = getattr(module, name)
     globals()[name] = value
     return value

@@ -1,8 +1,8 @@
 """Inside a worker: arm numarun's stack dumps before the user's code runs.
 
 :func:`arm` is called first thing by both bootstraps (:mod:`numarun._script` for scripts and
-modules, :mod:`numarun._worker` for :func:`numarun.spawn` under every start method). When the
-launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
+modules, :mod:`numarun.spawning.worker` for :func:`numarun.spawn` under every start method). When
+the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
 directory of the launcher's, see :mod:`numarun.stacks.dumps`), it registers
 :func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and
 ``chain=False``, writing to that file. faulthandler writes from the C signal handler, so a

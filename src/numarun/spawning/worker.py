@@ -9,14 +9,14 @@ authkey, the caller as parent). In the child, after the binding is in force, it 
 flushed), the join of non-daemon threads and the flush of stdio. Entry points, one per start
 method:
 
-* ``spawn``: the supervisor execs ``python -c "...; from numarun._worker import main; main()"``
-  (numarun's own directory is put on ``sys.path`` for that one import, so a numarun that the
-  caller found through its own ``sys.path`` is the one that runs); :func:`main` reads the
-  payload from the fd named by ``NUMARUN_PAYLOAD_FD``: a plain pickle of the header
-  (``{"fds": [...], "tracker_fd": ...}``), then multiprocessing's preparation data (``sys.argv``,
-  ``sys.path``, the working directory, the main module, imported as ``__mp_main__`` as
-  :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and
-  its arguments.
+* ``spawn``: the supervisor execs ``python -c "...; from numarun.spawning.worker import main;
+  main()"`` (numarun's own directory is put on ``sys.path`` for that one import, so a numarun that
+  the caller found through its own ``sys.path`` is the one that runs); :func:`main` reads the
+  payload from the fd named by ``NUMARUN_PAYLOAD_FD``: a plain pickle of the header (``{"fds":
+  [...], "tracker_fd": ...}``), then multiprocessing's preparation data (``sys.argv``, ``sys.path``,
+  the working directory, the main module, imported as ``__mp_main__`` as
+  :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and its
+  arguments.
 * ``forkserver``: multiprocessing's fork server forks the child and runs
   :func:`numarun.process.children.forkserver_child`, which binds and then calls
   :func:`run_forkserver`:
@@ -137,7 +137,7 @@ def main() -> None:
         payload_fd = int(os.environ.pop(PAYLOAD_FD_ENV))
     except (KeyError, ValueError):
         sys.stderr.write(
-            f"numarun._worker: {PAYLOAD_FD_ENV} is not set; "
+            f"numarun.spawning.worker: {PAYLOAD_FD_ENV} is not set; "
             "this module runs inside workers started by numarun.spawn\n"
         )
         sys.exit(2)

@@ -8,8 +8,8 @@ anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used 
 :class:`numarun.process.supervisor.Supervisor`, which tears down each worker's whole process
 tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining.
 
-Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``)
-that runs multiprocessing's own child bootstrap (:mod:`numarun._worker`), and its arguments and
+Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``) that
+runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.worker`), and its arguments and
 return value are pickled as multiprocessing pickles for a process it starts (ForkingPickler in
 multiprocessing's spawning context, fds handed over), so queues, pipes, locks, events, Manager
 proxies and torch's shared-memory CPU tensors work under every start method:
@@ -24,7 +24,7 @@ proxies and torch's shared-memory CPU tensors work under every start method:
 * ``None``: the platform's default (``multiprocessing.get_start_method()``), as torch.
 
 Workers run as soon as the call returns, joined or not. The caller's side of a run (results,
-sentinels, what ``processes`` call) is :mod:`numarun.spawn_workers`.
+sentinels, what ``processes`` call) is :mod:`numarun.spawning.caller`.
 """
 
 from __future__ import annotations
@@ -39,9 +39,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from numarun import _worker
 from numarun.errors import InvalidArgument
 from numarun.placement import workerenv
+from numarun.spawning import worker as _worker
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from numarun.placement.binding import MemPolicy
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
-    from numarun.spawn_workers import WorkerRun
+    from numarun.spawning.caller import WorkerRun
 
 __all__ = [
     "START_METHODS",
@@ -434,7 +434,7 @@ def _start(
     from multiprocessing import process, util  # noqa: F401
 
     from numarun.process.supervisor import Supervisor
-    from numarun.spawn_workers import WorkerRun
+    from numarun.spawning.caller import WorkerRun
     from numarun.stacks.dumps import for_spawn
 
     run = WorkerRun(nprocs, method)
@@ -480,7 +480,7 @@ def _check_arguments(
     env: object,
 ) -> str:
     """Raise InvalidArgument for a bad argument; returns the start method to use."""
-    worker = sys.modules.get("numarun._worker")
+    worker = sys.modules.get("numarun.spawning.worker")
     if worker is not None and getattr(worker, "importing_main", False):
         raise InvalidArgument(
             "numarun.spawn was called while a worker imported the main module; "
@@ -756,12 +756,11 @@ def _exec_argv() -> list[str]:
     import subprocess
     from multiprocessing import spawn as mp_spawn
 
-    import numarun
-
-    root = os.path.dirname(os.path.dirname(os.path.abspath(numarun.__file__)))
+    # src/numarun/spawning/api.py -> src: the directory numarun itself was found in.
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {root!r}); import numarun; sys.path.remove({root!r}); "
-        "from numarun._worker import main; main()"
+        "from numarun.spawning.worker import main; main()"
     )
     executable = os.fsdecode(mp_spawn.get_executable())
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]

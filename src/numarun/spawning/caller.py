@@ -33,8 +33,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from numarun import _worker
 from numarun.process import children
+from numarun.spawning import worker as _worker
 
 if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
@@ -52,8 +52,8 @@ _REPORT_WAIT = 1.0  # seconds an ended worker's status may take to come from the
 
 class ResultReader:
     """The caller's end of one worker's result socket and the frame read from it so far (the
-    frame's format: :mod:`numarun._worker`). The frame's pickle goes straight into a buffer of
-    its final size, so a result is held once until it is unpickled."""
+    frame's format: :mod:`numarun.spawning.worker`). The frame's pickle goes straight into a buffer
+    of its final size, so a result is held once until it is unpickled."""
 
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)

@@ -1,0 +1,17 @@
+"""``numarun.spawn``: Python callables as workers, a drop-in for ``torch.multiprocessing.spawn``.
+
+(The package is not called ``spawn``: importing a submodule binds it as an attribute of its
+parent package, and ``numarun.spawn`` must stay the function.)
+
+- ``api``: ``spawn`` / ``start_processes`` (torch's arguments and more): checks, where each rank
+  goes, one ``WorkerSpec`` per rank pickled as multiprocessing pickles, the outcome as values
+  or an exception.
+- ``context``: ``ProcessContext`` (alias ``SpawnContext``) and the exception classes, joined
+  with torch's when ``torch.multiprocessing`` is loaded.
+- ``caller``: the caller's side of a run: results read from the supervisor's loop, one
+  ``WorkerPopen`` per process object, so that ``multiprocessing``'s own machinery works.
+- ``worker``: what runs first inside a worker: multiprocessing's own bootstrap of the callable.
+
+May import: ``numarun.stacks``, ``numarun.process``, ``numarun.placement``, ``numarun.machine``,
+``numarun.errors`` and this package. Not ``numarun.launch``.
+"""
