@@ -10,9 +10,10 @@ Two figures, measured side by side in one run and printed as a markdown table wi
   the launcher's exit being seen here, while the other workers sleep and honour SIGTERM.
   Target for numarun: < 50 ms (torchrun: about 0.7 s).
 
-Also prints what the ``numarun._script`` bootstrap costs a worker, started as the launcher
-starts it (``python -u -c "from numarun._script import main; main()" -- worker.py``) against
-``python -u worker.py``, one at a time (``benchmarks/bench_bootstrap.py`` measures it closely).
+Also prints what the ``numarun.launch.bootstrap`` bootstrap costs a worker, started as the launcher
+starts it (``python -u -c "from numarun.launch.bootstrap import main; main()" -- worker.py``)
+against ``python -u worker.py``, one at a time (``benchmarks/bench_bootstrap.py`` measures it
+closely).
 
 Bytecode is cached under ``$TMPDIR/bench_launch_pycache`` for every interpreter started (the
 warm-up run fills it), as an installed package would have it.
@@ -125,7 +126,7 @@ def failure_latency(command: Sequence[str], folder: Path) -> float:
 
 
 def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
-    """Median wall time of one ``python -u script`` and of one through numarun._script."""
+    """Median wall time of one ``python -u script`` and of one through numarun.launch.bootstrap."""
 
     def timed(command: list[str]) -> float:
         t0 = time.perf_counter()
@@ -133,7 +134,7 @@ def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
         return time.perf_counter() - t0
 
     bare = [sys.executable, "-u", script, str(folder)]
-    from numarun.launcher import SCRIPT_BOOTSTRAP
+    from numarun.launch.launcher import SCRIPT_BOOTSTRAP
 
     wrapped = [sys.executable, "-u", "-c", SCRIPT_BOOTSTRAP, "--", script, str(folder)]
     plain, through = [], []
@@ -229,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(_row("torchrun --standalone", failure["torchrun"], fail_anchor))
     print()
     print(
-        f"numarun._script bootstrap, one worker alone: {plain * 1e3:.1f} ms bare, "
+        f"numarun.launch.bootstrap bootstrap, one worker alone: {plain * 1e3:.1f} ms bare, "
         f"{through * 1e3:.1f} ms through the bootstrap (+{(through - plain) * 1e3:.1f} ms)"
     )
     return 0

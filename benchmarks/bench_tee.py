@@ -143,7 +143,7 @@ def run_anchor(workdir: Path, workers: int, lines: int) -> tuple[float, Damage]:
 
 def launcher_available() -> bool:
     try:
-        import numarun.launcher  # noqa: F401
+        import numarun.launch.launcher  # noqa: F401
     except ImportError:
         return False
     return True
@@ -172,7 +172,7 @@ def main() -> int:
                 numarun_cmd + env_args, workdir, "numarun", args.workers, args.lines
             )
         else:
-            print("note: numarun.launcher not importable; benchmarking the sinks only")
+            print("note: numarun.launch.launcher not importable; benchmarking the sinks only")
         if not args.no_torchrun:
             torch_cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
             torch_cmd += ["--nproc-per-node", str(args.workers), "--tee", "3"]

@@ -3,7 +3,7 @@ training repositories and documentation) mean the same to numarun as to torchrun
 
 Each line is parsed side by side: by torch 2.13's own torchrun parser (``get_args_parser``,
 then ``config_from_args``, with ``--standalone`` applied as ``torchrun`` applies it) and by
-numarun's :func:`numarun.launch_config.parse_args`. The deliberate differences compared here
+numarun's :func:`numarun.launch.config.parse_args`. The deliberate differences compared here
 are the README's: ``--standalone`` stays numarun's static single-node rendezvous, and a single
 static node without a port gets a free port instead of 29500.
 """
@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch_config import parse_args
+from numarun.launch.config import parse_args
 
 CORPUS = Path(__file__).resolve().parent / "data" / "torchrun_command_lines.txt"
 LINES = [

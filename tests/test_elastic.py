@@ -24,8 +24,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from job_processes import processes_with_run_id
-from numarun import launch_config
 from numarun.errors import UsageError
+from numarun.launch import config as launch_config
 
 pytest.importorskip("torch")
 
@@ -212,7 +212,7 @@ def test_static_max_restarts_restarts_locally_without_torch(tmp_path: Path) -> N
     out.mkdir()
     code = (
         "import sys\n"
-        "from numarun.launcher import main\n"
+        "from numarun.launch.launcher import main\n"
         f"status = main(['--nproc-per-node', '2', '--max-restarts', '1', {ELASTIC!r}, 'flaky', "
         f"{str(out)!r}])\n"
         "print(status, sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"

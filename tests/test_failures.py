@@ -1,4 +1,5 @@
-"""Tests for numarun.failures (error files, root cause, summary) and numarun._script."""
+"""Tests for numarun.launch.failures (error files, root cause, summary) and
+numarun.launch.bootstrap."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.failures import (
+from numarun.launch.failures import (
     RankReport,
     WorkerError,
     describe_exit,
@@ -141,7 +142,7 @@ def test_write_error_file_into_a_missing_directory_raises_oserror(tmp_path: Path
 _TORCH_ROUND_TRIP = """
 import json, sys
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, record
-from numarun.failures import write_error_file
+from numarun.launch.failures import write_error_file
 
 @record
 def main():
@@ -345,7 +346,7 @@ def test_rank_report_reads_the_error_file(tmp_path: Path) -> None:
     assert rank_report(Exit(), error_file=None, log_dir=None).error is None
 
 
-# ---------------------------------------------------------------- numarun._script
+# ---------------------------------------------------------------- numarun.launch.bootstrap
 
 
 def _python(
@@ -361,8 +362,8 @@ def _python(
 def _bootstrap(
     args: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """The bootstrap as the launcher runs it (``-c``, see numarun.launcher.worker_argv)."""
-    from numarun.launcher import SCRIPT_BOOTSTRAP
+    """The bootstrap as the launcher runs it (``-c``, see numarun.launch.launcher.worker_argv)."""
+    from numarun.launch.launcher import SCRIPT_BOOTSTRAP
 
     return _python(["-c", SCRIPT_BOOTSTRAP, *args], cwd, env)
 
@@ -425,13 +426,13 @@ def test_script_behaves_exactly_like_python(
 def test_dash_m_form_of_the_bootstrap_behaves_the_same(tmp_path: Path, probe: Path) -> None:
     args = ["scripts/probe.py", "raise", *_ODD_ARGS]
     plain = _python(args, tmp_path)
-    ours = _python(["-m", "numarun._script", "--", *args], tmp_path)
+    ours = _python(["-m", "numarun.launch.bootstrap", "--", *args], tmp_path)
     assert (ours.returncode, ours.stdout, ours.stderr) == (1, plain.stdout, plain.stderr)
     package = tmp_path / "pkg"
     package.mkdir()
     (package / "__init__.py").write_text("")
     (package / "mod.py").write_text(_PROBE)
-    ours = _python(["-m", "numarun._script", "-m", "pkg.mod"], tmp_path)
+    ours = _python(["-m", "numarun.launch.bootstrap", "-m", "pkg.mod"], tmp_path)
     facts = json.loads(ours.stdout.splitlines()[0])
     assert facts["path0"] == str(tmp_path) and facts["spec"] == "pkg.mod"
 
@@ -563,7 +564,7 @@ def test_unknown_module_is_reported_like_python(tmp_path: Path) -> None:
 def test_bad_bootstrap_usage_exits_2(tmp_path: Path, args: list[str]) -> None:
     ours = _bootstrap(args, tmp_path)
     assert ours.returncode == 2
-    assert ours.stderr.startswith(b"usage: python -m numarun._script")
+    assert ours.stderr.startswith(b"usage: python -m numarun.launch.bootstrap")
 
 
 def test_directory_and_zip_archive_run_like_python(tmp_path: Path) -> None:
@@ -628,7 +629,7 @@ _RANKED_WORKER = textwrap.dedent(
 
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
-    from numarun.launcher import SCRIPT_BOOTSTRAP
+    from numarun.launch.launcher import SCRIPT_BOOTSTRAP
     from numarun.process.logs import error_file_path, make_log_dirs, sinks_for
     from numarun.process.spec import WorkerSpec
     from numarun.process.supervisor import Supervisor

@@ -18,10 +18,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from numarun import launcher
 from numarun.errors import UsageError
-from numarun.launcher import LaunchConfig, exit_code_for, parse_args, rank_env, worker_argv
-from numarun.rendezvous import expand_nodelist, node_facts_from_env
+from numarun.launch import launcher
+from numarun.launch.launcher import LaunchConfig, exit_code_for, parse_args, rank_env, worker_argv
+from numarun.launch.rendezvous import expand_nodelist, node_facts_from_env
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 REPORT = str(WORKERS / "ln_report.py")
@@ -159,7 +159,7 @@ def test_unambiguous_prefixes_of_launcher_flags_are_spelled_out() -> None:
 
 
 def test_worker_argv_for_each_kind() -> None:
-    bootstrap = "from numarun._script import main; main()"
+    bootstrap = "from numarun.launch.bootstrap import main; main()"
     script = parse("t.py", "a")
     assert worker_argv(script) == [sys.executable, "-u", "-c", bootstrap, "--", "t.py", "a"]
     module = parse("-m", "pkg.mod", "a")
@@ -754,7 +754,8 @@ def test_dry_run_prints_plan_env_and_argv_and_starts_nothing(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "explicit" in done.stdout
     assert "local rank 1 (rank 1, cpus 0):" in done.stdout
-    assert f"-c 'from numarun._script import main; main()' -- {REPORT} --lr 'a b'" in done.stdout
+    bootstrap = "-c 'from numarun.launch.bootstrap import main; main()'"
+    assert f"{bootstrap} -- {REPORT} --lr 'a b'" in done.stdout
     assert "env:  RANK=1" in done.stdout and "env:  WORLD_SIZE=2" in done.stdout
     assert list(tmp_path.glob("*.json")) == []
 

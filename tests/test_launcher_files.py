@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_env
-from numarun import failures
+from numarun.launch import failures
 
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}

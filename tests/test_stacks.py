@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launcher import SCRIPT_BOOTSTRAP
+from numarun.launch.launcher import SCRIPT_BOOTSTRAP
 from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
 from numarun.stacks.parse import (
@@ -314,7 +314,7 @@ def test_signal_state_reads_proc(tmp_path: Path) -> None:
 
 def test_hang_timeout_option() -> None:
     from numarun.errors import UsageError
-    from numarun.launch_config import parse_args
+    from numarun.launch.config import parse_args
 
     assert parse_args(["t.py"]).hang_timeout is None
     assert parse_args(["--hang-timeout", "7.5", "t.py"]).hang_timeout == 7.5
@@ -330,7 +330,7 @@ def test_hang_timeout_option() -> None:
 
 
 def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
-    from numarun.launcher import exit_code_for
+    from numarun.launch.launcher import exit_code_for
     from numarun.process.spec import RunResult, WorkerExit
 
     ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)

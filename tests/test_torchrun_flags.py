@@ -22,9 +22,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from numarun import launch_config
 from numarun.errors import UsageError
-from numarun.launcher import rank_env, substitute_local_rank, worker_argv
+from numarun.launch import config as launch_config
+from numarun.launch.launcher import rank_env, substitute_local_rank, worker_argv
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 FLAGS_WORKER = str(WORKERS / "ln_flags.py")

@@ -1,8 +1,8 @@
 """The ``numarun`` command: parses, prints, and maps errors to exit codes. Decides nothing.
 
 ``numarun topo | plan | snapshot | stacks | help ...`` are subcommands; anything else is a launch,
-handled by :mod:`numarun.launcher` with torchrun-compatible flags (``numarun --nproc-per-node 8
-train.py``), whose ``--help`` lists the subcommands too. A binary literally named ``topo``,
+handled by :mod:`numarun.launch.launcher` with torchrun-compatible flags (``numarun --nproc-per-node
+8 train.py``), whose ``--help`` lists the subcommands too. A binary literally named ``topo``,
 ``plan``, ``snapshot``, ``stacks`` or ``help`` is launched as ``./topo``.
 """
 
@@ -257,7 +257,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 "stacks": _cmd_stacks,
             }[args[0]]
             return command(args[1:])
-        from numarun import launcher
+        from numarun.launch import launcher
 
         return launcher.main(args, epilog=commands_help())
     except NumarunError as error:

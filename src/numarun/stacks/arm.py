@@ -1,13 +1,13 @@
 """Inside a worker: arm numarun's stack dumps before the user's code runs.
 
-:func:`arm` is called first thing by both bootstraps (:mod:`numarun._script` for scripts and
-modules, :mod:`numarun.spawning.worker` for :func:`numarun.spawn` under every start method). When
-the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
+:func:`arm` is called first thing by both bootstraps (:mod:`numarun.launch.bootstrap` for scripts
+and modules, :mod:`numarun.spawning.worker` for :func:`numarun.spawn` under every start method).
+When the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
 directory of the launcher's, see :mod:`numarun.stacks.dumps`), it registers
 :func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and
-``chain=False``, writing to that file. faulthandler writes from the C signal handler, so a
-dump comes even while the rank is blocked in C (a collective) or holds the GIL, and never
-touches the rank's stdout or stderr.
+``chain=False``, writing to that file. faulthandler writes from the C signal handler, so a dump
+comes even while the rank is blocked in C (a collective) or holds the GIL, and never touches the
+rank's stdout or stderr.
 
 The variable is removed from ``os.environ``, so the user's program and its children never see
 it (a child started with the same bootstrap is not armed twice on the rank's file). The file is

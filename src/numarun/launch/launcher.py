@@ -2,18 +2,18 @@
 
 Three kinds of entry point, as in torchrun: a Python script (``train.py``), a module
 (``-m pkg.module``) and a binary (``--no-python ./binary``). Python workers run
-``$PYTHON_EXEC or sys.executable -u -c "from numarun._script import main; main()" ...``
-(cheaper than ``-m numarun._script``, which imports :mod:`runpy` first) so that a worker
+``$PYTHON_EXEC or sys.executable -u -c "from numarun.launch.bootstrap import main; main()" ...``
+(cheaper than ``-m numarun.launch.bootstrap``, which imports :mod:`runpy` first) so that a worker
 without ``@record`` still leaves an error file with its traceback, and its stacks can be taken
 (:mod:`numarun.stacks.dumps`). Each worker gets torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
 global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
-c10d``) :mod:`numarun.elastic` joins torch's rendezvous and the launcher hosts the store, as
+c10d``) :mod:`numarun.launch.elastic` joins torch's rendezvous and the launcher hosts the store, as
 torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
-:mod:`numarun.launch_config`, re-exported here) -> :func:`run` (entry point checked, plan
+:mod:`numarun.launch.config`, re-exported here) -> :func:`run` (entry point checked, plan
 made, memory policy proven; then :class:`_Job`: one attempt after another, each started and
 watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a signal or the
 rendezvous ends the job; summary printed, exit code returned). :func:`main` joins the two and
@@ -36,22 +36,23 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch_config import DEFAULT_GRACE_PERIOD as DEFAULT_GRACE_PERIOD
-from numarun.launch_config import DEFAULT_MULTI_NODE_PORT as DEFAULT_MULTI_NODE_PORT
-from numarun.launch_config import FORWARD_SIGNALS as FORWARD_SIGNALS
-from numarun.launch_config import TEARDOWN_SIGNALS as TEARDOWN_SIGNALS
-from numarun.launch_config import LaunchConfig, parse_args
+from numarun.launch.config import DEFAULT_GRACE_PERIOD as DEFAULT_GRACE_PERIOD
+from numarun.launch.config import DEFAULT_MULTI_NODE_PORT as DEFAULT_MULTI_NODE_PORT
+from numarun.launch.config import FORWARD_SIGNALS as FORWARD_SIGNALS
+from numarun.launch.config import TEARDOWN_SIGNALS as TEARDOWN_SIGNALS
+from numarun.launch.config import LaunchConfig, parse_args
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.elastic import ElasticNode
+    from numarun.launch.elastic import ElasticNode
+    from numarun.launch.rendezvous import Round
     from numarun.placement.plan import Plan, RankBinding
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
-    from numarun.rendezvous import Round
 
-# -c, not -m numarun._script: -m makes every worker import runpy first (see numarun._script).
-SCRIPT_BOOTSTRAP = "from numarun._script import main; main()"
+# -c, not -m numarun.launch.bootstrap: -m makes every worker import runpy first (see
+# numarun.launch.bootstrap).
+SCRIPT_BOOTSTRAP = "from numarun.launch.bootstrap import main; main()"
 
 
 # --- what each worker gets -----------------------------------------------------------------------
@@ -63,7 +64,7 @@ def worker_argv(
     """The argv exec'd for a worker (no shell anywhere).
 
     Scripts: ``PYTHON -u -c BOOTSTRAP -- SCRIPT ARGS``; modules: ``PYTHON -u -c BOOTSTRAP -m
-    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun._script`);
+    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun.launch.bootstrap`);
     binaries: ``BINARY ARGS`` with ``binary_path`` (the
     resolved path, when given) in place of the name. With ``local_rank``, ``${local_rank}`` in
     ARGS becomes that rank (:func:`substitute_local_rank`).
@@ -489,7 +490,7 @@ def _raise_interrupted(signum: int, frame: object) -> None:
 class _SignalGuard:
     """While no supervisor runs (a rendezvous, the exit barrier, the gap between attempts),
     a teardown signal ends the launch at once: its handler raises :class:`_Interrupted` in
-    the main thread, wherever it waits (:func:`numarun.elastic.run_blocking` keeps torch's
+    the main thread, wherever it waits (:func:`numarun.launch.elastic.run_blocking` keeps torch's
     blocking calls off that thread). The supervisor's own handling replaces this while workers
     run. A signal the caller ignores stays ignored when it is in ``keep_ignored`` (SIGHUP under
     ``nohup``). Main thread only; elsewhere it does nothing. Restores the previous handlers."""
@@ -591,7 +592,7 @@ class _Job:
     def _loop(self, first_dir: str, port: int) -> int:
         config = self.config
         if config.elastic:
-            from numarun.elastic import ElasticNode, NotAdmitted
+            from numarun.launch.elastic import ElasticNode, NotAdmitted
 
             self.node = ElasticNode(config)
             self.waiting_for = f"waiting for the {self.node.where}"
@@ -652,7 +653,7 @@ class _Job:
 
     def _announce(self, message: str) -> None:
         assert self.node is not None
-        from numarun.elastic import run_blocking
+        from numarun.launch.elastic import run_blocking
 
         node = self.node
         # Best effort, bounded: a store that stopped answering must not hold the exit.
@@ -789,7 +790,7 @@ class _Job:
 
     def _describe_failure(self, attempt: _Attempt) -> None:
         """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
-        from numarun import failures
+        from numarun.launch import failures
 
         reports = _rank_reports(self.config, attempt.result, attempt.directory, self.outputs)
         stopped = attempt.result.stop_reason
@@ -818,7 +819,7 @@ class _Job:
             sys.stderr.flush()
             return code
         if earlier or lost:
-            from numarun import failures
+            from numarun.launch import failures
 
             if earlier:
                 sys.stderr.write(failures.format_attempts(earlier) + "\n")
@@ -936,7 +937,7 @@ def _on_started(stacks) -> None:  # stacks: numarun.stacks.dumps.JobStacks | Non
 def _prefetch_failure_report(delay: float = 0.25) -> None:
     """Import the failure summary's modules in the background once the workers are under way.
 
-    Importing :mod:`numarun.failures` (json, traceback, ...) costs 10-20 ms, which would
+    Importing :mod:`numarun.launch.failures` (json, traceback, ...) costs 10-20 ms, which would
     otherwise sit between a worker's failure and the launcher's exit. The delay keeps the
     import off the CPUs while the workers start; a failure before it just imports in line.
     """
@@ -949,7 +950,7 @@ def _prefetch_failure_report(delay: float = 0.25) -> None:
 
 def _import_failures() -> None:
     # The stacks taken at a failure are parsed with numarun.stacks.parse.
-    import numarun.failures
+    import numarun.launch.failures
     import numarun.stacks.parse  # noqa: F401
 
 
@@ -1108,7 +1109,7 @@ def _rank_reports(
     """Each worker's end with its error file and (redirected) log directory."""
     from pathlib import Path
 
-    from numarun import failures
+    from numarun.launch import failures
 
     redirects, tee, _ = outputs
     reports = []
@@ -1135,7 +1136,7 @@ def _summary(
     earlier: Sequence[str] = (),
     stacks: object = None,
 ) -> str:
-    from numarun import failures
+    from numarun.launch import failures
 
     reports = _rank_reports(config, result, attempt_dir, outputs)
     entrypoint = " ".join([config.entrypoint, *config.args])

@@ -11,7 +11,7 @@ or a PyTorch backend (checked without importing torch), ``--rdzv-conf`` read as 
 gpu|auto`` (or ``cpu`` with ``--sysfs-root`` or ``--cpus-allowed``); the modules for that, and
 for CPU lists, binding modes, scheduler node facts and output specs, are imported only on the
 path that needs them. Before the entry point, an unambiguous prefix of a flag stands for it.
-Running a config is :mod:`numarun.launcher`'s job.
+Running a config is :mod:`numarun.launch.launcher`'s job.
 """
 
 from __future__ import annotations
@@ -850,7 +850,7 @@ def _nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> _Nodes:
     facts = None
     under_scheduler = "SLURM_JOB_ID" in env or "OMPI_COMM_WORLD_RANK" in env
     if ns.nnodes is None and ns.node_rank is None and under_scheduler:
-        from numarun.rendezvous import node_facts_from_env
+        from numarun.launch.rendezvous import node_facts_from_env
 
         facts = node_facts_from_env(env)
     if facts is not None:

@@ -4,7 +4,7 @@ The static rendezvous (numarun's default, torch-free): every node is told (by fl
 job scheduler's environment) its node rank, the node count and the master address; the workers
 then meet through ``env://`` with global rank 0 hosting the ``TCPStore``. :class:`Round` is what a
 round of a PyTorch rendezvous (c10d, etcd) gives a node's workers, built by
-:mod:`numarun.elastic`. This module only reads environments and strings; it starts and opens
+:mod:`numarun.launch.elastic`. This module only reads environments and strings; it starts and opens
 nothing.
 """
 

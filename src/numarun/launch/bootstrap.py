@@ -2,23 +2,22 @@
 
 Command line (what the launcher puts in a worker's argv)::
 
-    python -u -c "from numarun._script import main; main()" [--] SCRIPT [ARG...]
-    python -u -c "from numarun._script import main; main()" -m MODULE [ARG...]
+    python -u -c "from numarun.launch.bootstrap import main; main()" [--] SCRIPT [ARG...]
+    python -u -c "from numarun.launch.bootstrap import main; main()" -m MODULE [ARG...]
 
 like ``python -u SCRIPT ARG...`` and ``python -u -m MODULE ARG...``. ``-c`` rather than ``-m``:
 ``-m`` makes every worker import :mod:`runpy` first (3 to 4 ms on a bare interpreter), and running
-this file by its path would compile it at every start (no bytecode cache for ``__main__``).
-``python -m numarun._script ...`` works the same way. ``--`` is needed only when SCRIPT starts
-with ``-``. The user's program sees what it would see under plain ``python``: ``sys.argv``
-(``[SCRIPT, ARG...]``; for ``-m`` the module's file path first), ``sys.path[0]`` (the script's
-directory with symlinks resolved; the current directory for ``-m``; nothing added under
-``-P``/``-I``), a fresh ``__main__`` module with an absolute ``__file__``, and the same exit
-status: 0 at the end, ``n`` for ``SystemExit(n)``, 1 for an uncaught exception (traceback on
-stderr through ``sys.excepthook``, without this bootstrap's frames), death by SIGINT for an
-uncaught ``KeyboardInterrupt``, 2 with Python's message when SCRIPT cannot be opened, 1 with
-Python's message when MODULE is not found. A directory or zip archive as SCRIPT runs its
-``__main__`` module, as python does. Bad bootstrap usage (no SCRIPT or MODULE) prints a usage
-line and exits 2.
+this file by its path would compile it at every start (no bytecode cache for ``__main__``). ``python
+-m numarun.launch.bootstrap ...`` works the same way. ``--`` is needed only when SCRIPT starts with
+``-``. The user's program sees what it would see under plain ``python``: ``sys.argv`` (``[SCRIPT,
+ARG...]``; for ``-m`` the module's file path first), ``sys.path[0]`` (the script's directory with
+symlinks resolved; the current directory for ``-m``; nothing added under ``-P``/``-I``), a fresh
+``__main__`` module with an absolute ``__file__``, and the same exit status: 0 at the end, ``n`` for
+``SystemExit(n)``, 1 for an uncaught exception (traceback on stderr through ``sys.excepthook``,
+without this bootstrap's frames), death by SIGINT for an uncaught ``KeyboardInterrupt``, 2 with
+Python's message when SCRIPT cannot be opened, 1 with Python's message when MODULE is not found. A
+directory or zip archive as SCRIPT runs its ``__main__`` module, as python does. Bad bootstrap usage
+(no SCRIPT or MODULE) prints a usage line and exits 2.
 
 What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for all threads (a
 SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
@@ -42,7 +41,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from types import TracebackType
 
-USAGE = "usage: python -m numarun._script [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
+USAGE = "usage: python -m numarun.launch.bootstrap [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 
 
@@ -167,7 +166,7 @@ def _safe_path() -> bool:
 
 def _set_path0(directory: str) -> None:
     # sys.path[0] is '' (under -c) or the current directory (under `python -m
-    # numarun._script`); python SCRIPT would have put the script's directory there.
+    # numarun.launch.bootstrap`); python SCRIPT would have put the script's directory there.
     if sys.path:
         sys.path[0] = directory
     else:
@@ -218,7 +217,7 @@ def _record(exc: BaseException) -> None:
     if not path or os.path.exists(path):
         return  # no error file wanted, or the user's @record wrote it first
     try:
-        from numarun.failures import write_error_file
+        from numarun.launch.failures import write_error_file
 
         write_error_file(path, exc)
     except Exception as err:  # a full disk must not hide the user's traceback
