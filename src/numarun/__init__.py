@@ -4,9 +4,10 @@ The spawn API is exported lazily (PEP 562), so ``import numarun`` costs next to 
 names below load :mod:`numarun.spawning.api` on first use.
 """
 
-__version__ = "0.1.0"
+from numarun._version import __version__
 
 _SPAWN_EXPORTS = (
+    "ProcessContext",
     "ProcessException",
     "ProcessExitedException",
     "ProcessRaisedException",
@@ -16,6 +17,7 @@ _SPAWN_EXPORTS = (
 )
 
 __all__ = [
+    "ProcessContext",
     "ProcessException",
     "ProcessExitedException",
     "ProcessRaisedException",
@@ -29,6 +31,7 @@ __all__ = [
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.spawning.api import (
+        ProcessContext,
         ProcessException,
         ProcessExitedException,
         ProcessRaisedException,

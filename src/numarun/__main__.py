@@ -1,3 +1,5 @@
+"""``python -m numarun``: the same as the ``numarun`` command."""
+
 from numarun.cli import main
 
 raise SystemExit(main())

@@ -365,7 +365,7 @@ _OPTIONS: tuple[_Option, ...] = (
 
 
 def _build_parser(environ: Mapping[str, str], epilog: str | None = None) -> _Parser:
-    from numarun import __version__
+    from numarun._version import __version__
 
     parser = _Parser(
         prog="numarun",

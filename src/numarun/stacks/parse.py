@@ -14,17 +14,17 @@ faulthandler lists threads newest first, so the main thread (the oldest) comes l
 at most 100 frames per thread (then ``  ...``) and 100 threads (then ``...``). "Current
 thread" only names the thread that happened to run the signal handler.
 
-:func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap
-frames (``numarun/_script.py``, ``_worker.py``, ``children.py``, everything outside them, and
-the :mod:`runpy` frames between them and the user's module), so a stack starts at the user's
-program. :func:`group_ranks` puts ranks with identical stacks (every thread's file, line and
-function; thread ids and which thread was "current" do not count) into one :class:`Group`:
-the largest group first, ties by lowest rank, ranks without stacks last. Each group's heading
-(:func:`where`) names the innermost *user* frame of its main thread first -- a frame outside
-the standard library, ``site-packages``/``dist-packages``, numarun and ``<frozen ...>`` code --
-then the innermost frame when that is elsewhere (``all_reduce`` in torch), so the rank that is
-somewhere else stands out at a glance. :func:`odd_ones_out` names the groups that differ from
-the majority (the likely culprits of a hang).
+:func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
+(``numarun/launch/bootstrap.py``, ``spawning/worker.py``, ``process/children.py``, everything
+outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
+the user's program. :func:`group_ranks` puts ranks with identical stacks (every thread's file, line
+and function; thread ids and which thread was "current" do not count) into one :class:`Group`: the
+largest group first, ties by lowest rank, ranks without stacks last. Each group's heading
+(:func:`where`) names the innermost *user* frame of its main thread first -- a frame outside the
+standard library, ``site-packages``/``dist-packages``, numarun and ``<frozen ...>`` code -- then the
+innermost frame when that is elsewhere (``all_reduce`` in torch), so the rank that is somewhere else
+stands out at a glance. :func:`odd_ones_out` names the groups that differ from the majority (the
+likely culprits of a hang).
 """
 
 from __future__ import annotations
@@ -52,9 +52,11 @@ __all__ = [
 _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent call first\):$")
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
 _BOOTSTRAP_FILES = tuple(
-    f"{os.sep}numarun{os.sep}{name}" for name in ("_script.py", "_worker.py", "children.py")
+    os.sep + os.path.join("numarun", *name.split("/"))
+    for name in ("launch/bootstrap.py", "spawning/worker.py", "process/children.py")
 )
-_NUMARUN_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
+_NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
 _COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
