@@ -3,11 +3,15 @@
 (The package is not called ``spawn``: importing a submodule binds it as an attribute of its
 parent package, and ``numarun.spawn`` must stay the function.)
 
-- ``api``: ``spawn`` / ``start_processes`` (torch's arguments and more): checks, where each rank
-  goes, one ``WorkerSpec`` per rank pickled as multiprocessing pickles, the outcome as values
-  or an exception.
-- ``context``: ``ProcessContext`` (alias ``SpawnContext``) and the exception classes, joined
-  with torch's when ``torch.multiprocessing`` is loaded.
+- ``api``: ``spawn`` / ``start_processes`` (torch's arguments and more): the checks, then one
+  run started and, with ``join=True``, waited for. The wing's public face.
+- ``ranks``: where each rank goes (``binding=``, ``mem_binding=`` through the planner) and its
+  environment.
+- ``specs``: one ``WorkerSpec`` per rank, pickled as multiprocessing pickles.
+- ``context``: ``ProcessContext`` (alias ``SpawnContext``): joining, stopping, and the run's end
+  as return values or torch's exception.
+- ``exceptions``: the exception classes, joined with torch's when ``torch.multiprocessing`` is
+  loaded, and warnings pointing at the caller's line.
 - ``caller``: the caller's side of a run: results read from the supervisor's loop, one
   ``WorkerPopen`` per process object, so that ``multiprocessing``'s own machinery works.
 - ``worker``: what runs first inside a worker: multiprocessing's own bootstrap of the callable.

@@ -1,0 +1,169 @@
+"""Where each spawned rank goes and what environment it gets: ``binding=`` / ``mem_binding=``
+turned into checked per-rank CPUs and memory policies (through the planner), and each rank's
+variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``OMP_NUM_THREADS``, ...)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from numarun.errors import InvalidArgument
+from numarun.placement import workerenv
+from numarun.spawning.exceptions import warn
+
+if TYPE_CHECKING:
+    from numarun.machine.model import Topology
+    from numarun.placement.binding import MemPolicy
+    from numarun.placement.plan import Plan
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Per-rank CPUs (None: inherit), memory policies, suggested thread counts (None: unbound,
+    use the unbound rule), and the plan's environment variables."""
+
+    cpus: list[tuple[int, ...] | None]
+    mems: list[MemPolicy | None]
+    threads: list[int] | None
+    env: tuple[tuple[str, str], ...]
+
+
+def resolve_binding(
+    binding: object,
+    mem_binding: str | None,
+    nprocs: int,
+    allow_fallback: bool,
+    environ: Mapping[str, str],
+) -> Placement:
+    """Turn ``binding`` / ``mem_binding`` into checked per-rank CPUs and memory policies."""
+    if binding is None:
+        return _unbound_placement(mem_binding, nprocs)
+    from numarun.placement import binding as binding_module
+
+    plan = _make_plan(binding, nprocs, allow_fallback, environ)
+    for message in plan.warnings:
+        warn(message)
+    if not plan.bound:
+        if mem_binding not in (None, "none", "local"):
+            warn(
+                f"mem_binding={mem_binding!r} dropped: the CPU binding fell back to none, so "
+                "there are no memory nodes to bind to"
+            )
+            mem_binding = None
+        return _unbound_placement(mem_binding, nprocs, env=plan.env)
+    for rank in plan.ranks:
+        binding_module.check_cpus(rank.cpus, rank=rank.local_rank)
+    policies = [binding_module.mem_policy_for(mem_binding, rank.mems) for rank in plan.ranks]
+    policies, messages = binding_module.check_mem_policy(policies, allow_fallback=allow_fallback)
+    for message in messages:
+        warn(message)
+    return Placement(
+        cpus=[tuple(rank.cpus) for rank in plan.ranks],
+        mems=policies,
+        threads=[max(1, rank.threads) for rank in plan.ranks],
+        env=plan.env,
+    )
+
+
+def _unbound_placement(
+    mem_binding: str | None, nprocs: int, env: tuple[tuple[str, str], ...] = ()
+) -> Placement:
+    if mem_binding in (None, "none"):
+        return Placement([None] * nprocs, [None] * nprocs, None, env)
+    if mem_binding != "local":
+        raise InvalidArgument(
+            f"mem_binding={mem_binding!r} needs memory nodes from a CPU binding; "
+            "pass binding='node' (or another mode), or use mem_binding='local'"
+        )
+    from numarun.placement import binding as binding_module
+
+    policy = binding_module.mem_policy_for("local", ())
+    policies, _ = binding_module.check_mem_policy([policy] * nprocs, allow_fallback=False)
+    return Placement([None] * nprocs, policies, None, env)
+
+
+def _make_plan(
+    binding: object, nprocs: int, allow_fallback: bool, environ: Mapping[str, str]
+) -> Plan:
+    from numarun.placement.plan import Plan, make_plan
+
+    if isinstance(binding, Plan):
+        if len(binding.ranks) != nprocs:
+            raise InvalidArgument(
+                f"the plan has {len(binding.ranks)} ranks but nprocs is {nprocs}; "
+                "make the plan for the same number of workers"
+            )
+        return binding
+    topology = _read_topology(environ)
+    if isinstance(binding, str):
+        return make_plan(topology, nprocs, binding, allow_unbound=allow_fallback)
+    rank_cpus = _explicit_cpus(binding, nprocs)
+    return make_plan(
+        topology, nprocs, "explicit", rank_cpus=rank_cpus, allow_unbound=allow_fallback
+    )
+
+
+def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
+    from numarun.machine.cpulist import parse_cpulist
+
+    if not isinstance(binding, Sequence) or isinstance(binding, (bytes, bytearray)):
+        raise InvalidArgument(
+            "binding must be a mode name, a Plan or one CPU list per rank "
+            f"(e.g. [[0], [1]]), got {type(binding).__name__}"
+        )
+    if len(binding) != nprocs:
+        raise InvalidArgument(
+            f"binding lists CPUs for {len(binding)} ranks but nprocs is {nprocs}; "
+            "give one CPU list per rank"
+        )
+    rank_cpus = []
+    for item in binding:
+        if isinstance(item, str):
+            rank_cpus.append(parse_cpulist(item))
+        elif isinstance(item, Sequence) and all(
+            isinstance(cpu, int) and not isinstance(cpu, bool) for cpu in item
+        ):
+            rank_cpus.append(tuple(sorted(set(item))))
+        else:
+            raise InvalidArgument(
+                f"invalid CPU list {item!r} in binding; use a list of CPU numbers or a "
+                "string like '0-3,8'"
+            )
+    return rank_cpus
+
+
+def _read_topology(environ: Mapping[str, str]) -> Topology:
+    from numarun.machine.topology import read_topology
+
+    return read_topology("/", environ=environ)
+
+
+def worker_envs(
+    base: dict[str, str],
+    nprocs: int,
+    placement: Placement,
+    master_addr: str | None,
+    master_port: int | None,
+) -> list[dict[str, str]]:
+    common = dict(base)
+    common["WORLD_SIZE"] = str(nprocs)
+    common["LOCAL_WORLD_SIZE"] = str(nprocs)
+    common["MASTER_ADDR"] = master_addr or base.get("MASTER_ADDR") or "127.0.0.1"
+    if master_port is not None:
+        common["MASTER_PORT"] = str(master_port)
+    elif not base.get("MASTER_PORT"):
+        common["MASTER_PORT"] = str(workerenv.free_port())
+    common.update(placement.env)
+    threads = None
+    if "OMP_NUM_THREADS" not in base:
+        threads = placement.threads or [workerenv.unbound_threads(nprocs)] * nprocs
+    envs = []
+    for rank in range(nprocs):
+        worker_env = dict(common)
+        worker_env["RANK"] = str(rank)
+        worker_env["LOCAL_RANK"] = str(rank)
+        if threads is not None:
+            worker_env["OMP_NUM_THREADS"] = str(threads[rank])
+        envs.append(worker_env)
+    return envs
