@@ -630,7 +630,7 @@ _RANKED_WORKER = textwrap.dedent(
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
     from numarun.launch.launcher import SCRIPT_BOOTSTRAP
-    from numarun.process.logs import error_file_path, make_log_dirs, sinks_for
+    from numarun.process.sinks import error_file_path, make_log_dirs, sinks_for
     from numarun.process.spec import WorkerSpec
     from numarun.process.supervisor import Supervisor
 

@@ -1,4 +1,4 @@
-"""Tests for numarun.process.logs: redirect/tee specs, the log layout, and lossless line framing."""
+"""Tests for numarun.process.sinks: redirect/tee specs, the log layout, lossless line framing."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numarun.errors import UsageError
-from numarun.process.logs import (
+from numarun.process.sinks import (
     PREFIX_TEMPLATE_ENV,
     FileSink,
     NullSink,

@@ -892,7 +892,7 @@ def _line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
     """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
     if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
         return None, None
-    from numarun.process.logs import LineFilter
+    from numarun.process.sinks import LineFilter
 
     return tuple(
         LineFilter(os.path.join(attempt_dir, name), needles) if needles else None
@@ -958,7 +958,7 @@ def _temp_log_dir() -> str:
     """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
 
     Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` and
-    :mod:`numarun.process.logs` cost a few milliseconds to import on every launch's start-up path.
+    :mod:`numarun.process.sinks` cost a few milliseconds to import on every launch's start-up path.
     ``$TMPDIR`` owned by another user (not root) is refused: its owner could swap our
     directory for a symbolic link between the checks and the writes.
     """
@@ -1005,16 +1005,16 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
     """``log_base/<run_id>/attempt_0/<local_rank>/`` for every rank; returns the attempt dir.
 
     A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
-    directories are made directly; otherwise :func:`numarun.process.logs.make_log_dirs` claims them,
-    taking ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so an
-    old ``error.json`` of the same run id is never read as ours.
+    directories are made directly; otherwise :func:`numarun.process.sinks.make_log_dirs` claims
+    them, taking ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so
+    an old ``error.json`` of the same run id is never read as ours.
     """
     if fresh:
         attempt_dir = os.path.join(log_base, config.run_id, "attempt_0")
         for local_rank in range(config.nproc_per_node):
             os.makedirs(os.path.join(attempt_dir, str(local_rank)))
         return attempt_dir
-    from numarun.process.logs import make_log_dirs
+    from numarun.process.sinks import make_log_dirs
 
     return str(make_log_dirs(log_base, config.run_id, config.nproc_per_node))
 
@@ -1039,12 +1039,12 @@ def _output_levels(config: LaunchConfig) -> tuple[dict[int, int], dict[int, int]
     n = config.nproc_per_node
     if config.redirects == "0" and config.tee == "0" and not config.local_ranks_filter:
         return dict.fromkeys(range(n), 0), dict.fromkeys(range(n), 0), set(range(n))
-    from numarun.process import logs
+    from numarun.process import sinks
 
     return (
-        logs.parse_std_spec(config.redirects, n, flag="--redirects"),
-        logs.parse_std_spec(config.tee, n, flag="--tee"),
-        logs.parse_ranks_filter(config.local_ranks_filter, n),
+        sinks.parse_std_spec(config.redirects, n, flag="--redirects"),
+        sinks.parse_std_spec(config.tee, n, flag="--tee"),
+        sinks.parse_ranks_filter(config.local_ranks_filter, n),
     )
 
 
@@ -1064,12 +1064,12 @@ def _sinks(
         return None, None  # the worker writes straight to our stdout/stderr
     from pathlib import Path
 
-    from numarun.process import logs
+    from numarun.process import sinks
 
     if rank is None:
         rank = config.global_rank(local_rank)
-    prefix = logs.make_prefix(rank, local_rank, role_name=config.role, environ=base)
-    return logs.sinks_for(
+    prefix = sinks.make_prefix(rank, local_rank, role_name=config.role, environ=base)
+    return sinks.sinks_for(
         local_rank,
         rank,
         redirects[local_rank],
@@ -1085,12 +1085,12 @@ def _lost_logs(specs: Sequence[WorkerSpec]) -> list[str]:
     """One line per log file that lost bytes for good (a full disk): rank, file, how many."""
     if not any(spec.stdout or spec.stderr for spec in specs):
         return []
-    from numarun.process import logs
+    from numarun.process import sinks
 
     lines = []
     for spec in specs:
         for sink in (spec.stdout, spec.stderr):
-            loss = logs.log_loss(sink)
+            loss = sinks.log_loss(sink)
             if loss is not None:
                 path, count, reason = loss
                 lines.append(
