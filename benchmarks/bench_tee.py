@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from numarun.process.sinks import TeeSink, make_prefix
+from numarun.launch.output import make_prefix
+from numarun.process.sinks import TeeSink
 
 WORKER = """\
 import os, sys

@@ -630,7 +630,8 @@ _RANKED_WORKER = textwrap.dedent(
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
     from numarun.launch.launcher import SCRIPT_BOOTSTRAP
-    from numarun.process.sinks import error_file_path, make_log_dirs, sinks_for
+    from numarun.launch.logdir import error_file_path, make_log_dirs
+    from numarun.launch.output import sinks_for
     from numarun.process.spec import WorkerSpec
     from numarun.process.supervisor import Supervisor
 

@@ -360,11 +360,11 @@ def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str]:
     tee = (ns.tee or "0").strip()
     ranks_filter = (ns.local_ranks_filter or "").strip()
     if redirects != "0" or tee != "0" or ranks_filter:
-        from numarun.process import sinks
+        from numarun.launch import output
 
-        sinks.parse_std_spec(redirects, nproc, flag="--redirects")
-        sinks.parse_std_spec(tee, nproc, flag="--tee")
-        sinks.parse_ranks_filter(ranks_filter, nproc)
+        output.parse_std_spec(redirects, nproc, flag="--redirects")
+        output.parse_std_spec(tee, nproc, flag="--tee")
+        output.parse_ranks_filter(ranks_filter, nproc)
     return redirects, tee, ranks_filter
 
 

@@ -1005,7 +1005,7 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
     """``log_base/<run_id>/attempt_0/<local_rank>/`` for every rank; returns the attempt dir.
 
     A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
-    directories are made directly; otherwise :func:`numarun.process.sinks.make_log_dirs` claims
+    directories are made directly; otherwise :func:`numarun.launch.logdir.make_log_dirs` claims
     them, taking ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so
     an old ``error.json`` of the same run id is never read as ours.
     """
@@ -1014,7 +1014,7 @@ def _make_attempt_dir(log_base: str, config: LaunchConfig, *, fresh: bool) -> st
         for local_rank in range(config.nproc_per_node):
             os.makedirs(os.path.join(attempt_dir, str(local_rank)))
         return attempt_dir
-    from numarun.process.sinks import make_log_dirs
+    from numarun.launch.logdir import make_log_dirs
 
     return str(make_log_dirs(log_base, config.run_id, config.nproc_per_node))
 
@@ -1039,12 +1039,12 @@ def _output_levels(config: LaunchConfig) -> tuple[dict[int, int], dict[int, int]
     n = config.nproc_per_node
     if config.redirects == "0" and config.tee == "0" and not config.local_ranks_filter:
         return dict.fromkeys(range(n), 0), dict.fromkeys(range(n), 0), set(range(n))
-    from numarun.process import sinks
+    from numarun.launch import output
 
     return (
-        sinks.parse_std_spec(config.redirects, n, flag="--redirects"),
-        sinks.parse_std_spec(config.tee, n, flag="--tee"),
-        sinks.parse_ranks_filter(config.local_ranks_filter, n),
+        output.parse_std_spec(config.redirects, n, flag="--redirects"),
+        output.parse_std_spec(config.tee, n, flag="--tee"),
+        output.parse_ranks_filter(config.local_ranks_filter, n),
     )
 
 
@@ -1064,12 +1064,12 @@ def _sinks(
         return None, None  # the worker writes straight to our stdout/stderr
     from pathlib import Path
 
-    from numarun.process import sinks
+    from numarun.launch import output
 
     if rank is None:
         rank = config.global_rank(local_rank)
-    prefix = sinks.make_prefix(rank, local_rank, role_name=config.role, environ=base)
-    return sinks.sinks_for(
+    prefix = output.make_prefix(rank, local_rank, role_name=config.role, environ=base)
+    return output.sinks_for(
         local_rank,
         rank,
         redirects[local_rank],
