@@ -2,7 +2,7 @@
 
 Three measurements, side by side in one run, each the median of ``--repeat`` runs:
 
-* ``sinks``: numarun.process.logs.TeeSink fed from real pipes by a small select loop (the
+* ``sinks``: numarun.process.sinks.TeeSink fed from real pipes by a small select loop (the
   supervisor's job), N worker processes each printing ``--lines`` lines under ``python -u``
   (so every ``print`` is two writes: the text, then the newline -- the pattern that merges lines).
 * ``numarun``: ``python -m numarun --nproc-per-node N --tee 3 worker.py`` (skipped with a note
@@ -32,7 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from numarun.process.logs import TeeSink, make_prefix
+from numarun.launch.output import make_prefix
+from numarun.process.sinks import TeeSink
 
 WORKER = """\
 import os, sys

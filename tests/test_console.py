@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from numarun.process.logs import Console, TeeSink, console_for
+from numarun.process.console import Console, console_for
+from numarun.process.sinks import TeeSink
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 FLOOD = str(WORKERS / "ln_flood.py")

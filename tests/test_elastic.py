@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 
 from job_processes import processes_with_run_id
 from numarun.errors import UsageError
-from numarun.launch import config as launch_config
+from numarun.launch import nodes as launch_nodes
 
 pytest.importorskip("torch")
 
@@ -477,7 +477,7 @@ def test_rdzv_conf_grammar_matches_torchs_parser(text: str) -> None:
     except ValueError:
         expected = ValueError
     try:
-        got: object = dict(launch_config.parse_rdzv_conf(text))
+        got: object = dict(launch_nodes.parse_rdzv_conf(text))
     except UsageError:
         got = ValueError
     assert got == expected
@@ -496,7 +496,7 @@ def test_is_host_values_are_read_as_torch_reads_them(value: str) -> None:
     except ValueError:
         torch_accepts = False
     try:
-        launch_config._check_rdzv_conf("c10d", (("is_host", value),))
+        launch_nodes._check_rdzv_conf("c10d", (("is_host", value),))
         accepted = True
     except UsageError:
         accepted = False

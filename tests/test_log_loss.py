@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.process.logs import FileSink, TeeSink, log_loss
+from numarun.process.sinks import FileSink, TeeSink, log_loss
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 DISK_FULL = os.strerror(errno.ENOSPC)

@@ -1,4 +1,4 @@
-"""Tests for numarun.process.logs: redirect/tee specs, the log layout, and lossless line framing."""
+"""Tests for the output sinks, redirect/tee specs, the log layout and lossless line framing."""
 
 from __future__ import annotations
 
@@ -17,21 +17,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from numarun.errors import UsageError
-from numarun.process.logs import (
+from numarun.launch.logdir import error_file_path, make_log_dirs, rank_log_dir
+from numarun.launch.output import (
     PREFIX_TEMPLATE_ENV,
-    FileSink,
-    NullSink,
     Std,
-    TeeSink,
-    error_file_path,
-    make_log_dirs,
     make_prefix,
     parse_ranks_filter,
     parse_std_spec,
-    rank_log_dir,
     sinks_for,
-    write_all,
 )
+from numarun.process.sinks import FileSink, NullSink, TeeSink, write_all
 
 # ---------------------------------------------------------------- --redirects / --tee specs
 

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 
 from numarun.errors import UsageError
 from numarun.launch import config as launch_config
-from numarun.launch.launcher import rank_env, substitute_local_rank, worker_argv
+from numarun.launch import options as launch_options
+from numarun.launch.workers import rank_env, substitute_local_rank, worker_argv
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 FLAGS_WORKER = str(WORKERS / "ln_flags.py")
@@ -100,8 +101,8 @@ def _outcome(argv: list[str], **environ: str) -> object:
         return UsageError
 
 
-@pytest.mark.parametrize("option", launch_config._OPTIONS, ids=lambda option: option.names[0])
-def test_every_flags_pet_variable_is_honoured_or_refused(option: launch_config._Option) -> None:
+@pytest.mark.parametrize("option", launch_options._OPTIONS, ids=lambda option: option.names[0])
+def test_every_flags_pet_variable_is_honoured_or_refused(option: launch_options._Option) -> None:
     assert option.dest in SAMPLES, f"add sample values for {option.names[0]} to SAMPLES"
     context, values = SAMPLES[option.dest]
     default = _outcome([*context, "t.py"])
@@ -132,7 +133,7 @@ def test_every_prefix_torchrun_accepts_means_the_same_flag_in_numarun() -> None:
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    mine = {name: option for option in launch_config._OPTIONS for name in option.names}
+    mine = {name: option for option in launch_options._OPTIONS for name in option.names}
     checked = 0
     for full in parser._option_string_actions:
         if not full.startswith("--") or full not in mine:
@@ -142,7 +143,7 @@ def test_every_prefix_torchrun_accepts_means_the_same_flag_in_numarun() -> None:
             option_strings = [o for o in parser._option_string_actions if o.startswith(prefix)]
             if len(option_strings) != 1:
                 continue  # torchrun (argparse on Python 3.11) refuses it as ambiguous
-            spelled = launch_config._spell_out(prefix, mine)
+            spelled = launch_options._spell_out(prefix, mine)
             assert spelled in mine and mine[spelled] is mine[full], (prefix, spelled)
             checked += 1
     assert checked > 100

@@ -36,7 +36,7 @@ Every call that may block in torch (creating the handler connects to or hosts th
 ``next_rendezvous``; rank assignment; the exit barrier; ``shutdown``) runs in a helper thread
 while the launcher's thread waits for it, because torch's store calls block in C++ where no
 Python signal handler runs (a ``TCPStore.get`` holds Ctrl-C off for its whole timeout): the
-launcher's signal handlers (see :mod:`numarun.launch.launcher`) stay responsive. torch's C++ log
+launcher's signal handlers (see :mod:`numarun.launch.job`) stay responsive. torch's C++ log
 lines are silenced (``TORCH_CPP_LOG_LEVEL=FATAL`` unless set); numarun reports errors in one
 line instead.
 """

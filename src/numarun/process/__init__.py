@@ -14,8 +14,8 @@ One implementation for every kind of worker (an exec'd command, a forked or fork
 - ``children``: what runs in a worker between fork and its own code, and the fd registry.
 - ``watchdog``, ``proctable``: the watchdog process (subreaper, the workers' parent) and what
   it and the teardown read of ``/proc`` (pidfds, parent links, ownership).
-- ``console``, ``sinks``: where output goes (files in torchrun's layout, ``--tee`` with line
-  framing and prefixes, the non-blocking console in front of the launcher's stdout/stderr).
+- ``console``, ``sinks``: where output goes (files, ``--tee`` with line framing and prefixes,
+  nowhere; the non-blocking console in front of the launcher's stdout/stderr).
 
 May import: ``numarun.placement``, ``numarun.machine``, ``numarun.errors`` and this package.
 """

@@ -27,7 +27,7 @@ UNKILLABLE = "unkillable"
 
 
 class OutputSink(Protocol):
-    """Where one stream (stdout or stderr) of one worker goes; see :mod:`numarun.process.logs`."""
+    """Where one stream (stdout or stderr) of one worker goes; see :mod:`numarun.process.sinks`."""
 
     def feed(self, data: bytes) -> None:
         """Raw chunks of the stream, in order, called from the supervisor loop."""

@@ -395,7 +395,7 @@ class HangWatch:
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
         wrapped on the instance, so the sink keeps its type
-        (:func:`numarun.process.logs.log_loss`)."""
+        (:func:`numarun.process.sinks.log_loss`)."""
         for sink in sinks:
             if sink is None:
                 continue

@@ -1,0 +1,280 @@
+"""What each worker of a launch gets: its argv, environment, CPUs, memory policy and output.
+
+- :func:`worker_argv`: the argv exec'd (no shell): Python entry points through
+  :data:`SCRIPT_BOOTSTRAP` (:mod:`numarun.launch.bootstrap`), binaries as they are, with
+  torchrun's ``${local_rank}`` macro substituted (:func:`substitute_local_rank`).
+- :func:`rank_env`: torchrun's variables for one local rank, from the static rendezvous or from
+  a round of a torch one; :func:`virtual_device` for ``--virtual-local-rank``.
+- :func:`rank_binding`, :func:`unbound_threads`, :func:`mem_policies`: a rank's CPUs in the
+  plan, the ``OMP_NUM_THREADS`` of an unbound rank, each rank's memory policy proven applicable.
+- :func:`output_levels`, :func:`worker_sinks`, :func:`line_filters`, :func:`close_sinks`: where
+  each rank's stdout and stderr go; :func:`setup_error`: one line when that cannot be set up.
+
+Starts nothing. The output modules (:mod:`numarun.launch.output`, :mod:`numarun.process.sinks`)
+are imported only for output that is redirected, tee'd or filtered, the binding module only for
+a bound plan.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections.abc import Mapping, Sequence
+
+from numarun.errors import UsageError
+from numarun.placement import workerenv
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from numarun.launch.config import LaunchConfig
+    from numarun.launch.rendezvous import Round
+    from numarun.placement.plan import Plan, RankBinding
+    from numarun.process.spec import WorkerSpec
+
+
+# -c, not -m numarun.launch.bootstrap: -m makes every worker import runpy first (see
+# numarun.launch.bootstrap).
+SCRIPT_BOOTSTRAP = "from numarun.launch.bootstrap import main; main()"
+
+
+def worker_argv(
+    config: LaunchConfig, binary_path: str | None = None, local_rank: int | None = None
+) -> list[str]:
+    """The argv exec'd for a worker (no shell anywhere).
+
+    Scripts: ``PYTHON -u -c BOOTSTRAP -- SCRIPT ARGS``; modules: ``PYTHON -u -c BOOTSTRAP -m
+    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun.launch.bootstrap`);
+    binaries: ``BINARY ARGS`` with ``binary_path`` (the
+    resolved path, when given) in place of the name. With ``local_rank``, ``${local_rank}`` in
+    ARGS becomes that rank (:func:`substitute_local_rank`).
+    """
+    args = list(config.args)
+    if local_rank is not None:
+        args = substitute_local_rank(args, local_rank)
+    if config.entrypoint_kind == "binary":
+        return [binary_path or config.entrypoint, *args]
+    head = [config.python_exec, "-u", "-c", SCRIPT_BOOTSTRAP]
+    if config.entrypoint_kind == "module":
+        return [*head, "-m", config.entrypoint, *args]
+    return [*head, "--", config.entrypoint, *args]
+
+
+# ``$$`` is matched so that ``$${local_rank}`` stays as written, as torchrun's
+# string.Template escape; an identifier that only starts with local_rank is another name.
+_LOCAL_RANK_MACRO = re.compile(r"\$(?:\$|\{local_rank\}|local_rank(?![A-Za-z0-9_]))")
+
+
+def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
+    """torchrun's worker-argument macro: ``${local_rank}`` and ``$local_rank`` become the
+    local rank. Everything else stays byte for byte, ``$$`` too (torchrun's
+    ``string.Template`` turns it into ``$``)."""
+    value = str(local_rank)
+
+    def expand(match: re.Match[str]) -> str:
+        return match.group(0) if match.group(0) == "$$" else value
+
+    return [_LOCAL_RANK_MACRO.sub(expand, arg) if "$" in arg else arg for arg in args]
+
+
+def rank_env(
+    config: LaunchConfig,
+    local_rank: int,
+    *,
+    base: Mapping[str, str],
+    master_port: int | None = None,
+    error_file: str,
+    binding: RankBinding | None = None,
+    plan_env: Sequence[tuple[str, str]] = (),
+    unbound_threads: int = 1,
+    group: Round | None = None,
+    restart_count: int = 0,
+) -> dict[str, str]:
+    """The variables numarun sets for ``local_rank`` on top of ``base`` (the launcher's env).
+
+    torchrun's set (RANK, LOCAL_RANK, GROUP_RANK, ROLE_RANK, ROLE_NAME, LOCAL_WORLD_SIZE,
+    WORLD_SIZE, GROUP_WORLD_SIZE, ROLE_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_*),
+    ``TORCH_NCCL_ASYNC_ERROR_HANDLING=1`` and ``OMP_NUM_THREADS`` only when ``base`` lacks them
+    (OMP: the rank's bound physical cores, else ``unbound_threads``), then ``plan_env`` (e.g.
+    ``CUDA_DEVICE_ORDER=PCI_BUS_ID``), which wins over ``base``. Ranks, sizes and the store's
+    address come from ``group``, a round of a torch rendezvous; without it, from the static
+    rendezvous (``config`` and ``master_port``; rank 0's worker hosts the store).
+    ``restart_count`` is TORCHELASTIC_RESTART_COUNT.
+    """
+    if group is None:
+        rank = role_rank = config.global_rank(local_rank)
+        world = role_world = config.world_size
+        group_rank, group_size, agent_store = config.node_rank, config.nnodes, False
+        master = (config.master_addr, master_port)
+    else:
+        rank, role_rank, world, role_world = group.workers[local_rank]
+        group_rank, group_size = group.group_rank, group.group_world_size
+        master = (group.master_addr, group.master_port)
+        agent_store = group.use_agent_store
+    env = {
+        "LOCAL_RANK": str(local_rank),
+        "RANK": str(rank),
+        "GROUP_RANK": str(group_rank),
+        "ROLE_RANK": str(role_rank),
+        "ROLE_NAME": config.role,
+        "LOCAL_WORLD_SIZE": str(config.nproc_per_node),
+        "WORLD_SIZE": str(world),
+        "GROUP_WORLD_SIZE": str(group_size),
+        "ROLE_WORLD_SIZE": str(role_world),
+        "MASTER_ADDR": master[0],
+        "MASTER_PORT": str(master[1]),
+        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
+        "TORCHELASTIC_RUN_ID": config.run_id,
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
+        "TORCHELASTIC_ERROR_FILE": error_file,
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": config.signals_to_handle,
+    }
+    if "TORCH_NCCL_ASYNC_ERROR_HANDLING" not in base:
+        env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] = "1"
+    if "OMP_NUM_THREADS" not in base:
+        threads = binding.threads if binding is not None else unbound_threads
+        env["OMP_NUM_THREADS"] = str(max(1, threads))
+    env.update(plan_env)
+    if config.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = virtual_device(base, local_rank)
+    return env
+
+
+def virtual_device(base: Mapping[str, str], local_rank: int) -> str:
+    """``--virtual-local-rank``: the one device a rank sees, torchrun's way: the parent's
+    ``CUDA_VISIBLE_DEVICES`` entry for the local rank, or the local rank itself when unset.
+    Raises :class:`UsageError` when the parent's list is too short."""
+    visible = base.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return str(local_rank)
+    entries = visible.split(",")
+    if local_rank >= len(entries):
+        raise UsageError(
+            f"--virtual-local-rank: local rank {local_rank} has no entry in "
+            f"CUDA_VISIBLE_DEVICES={visible!r}; list one device per local rank"
+        )
+    return entries[local_rank].strip()
+
+
+def rank_binding(plan: Plan | None, local_rank: int) -> RankBinding | None:
+    """``local_rank``'s CPUs and memory nodes in ``plan``; None when the plan binds nothing."""
+    if plan is None or not plan.bound:
+        return None
+    return plan.ranks[local_rank]
+
+
+def unbound_omp_threads(config: LaunchConfig, base: Mapping[str, str]) -> int:
+    """``OMP_NUM_THREADS`` for a rank without CPUs of its own (see :func:`rank_env`)."""
+    if "OMP_NUM_THREADS" in base:
+        return 1  # not used: the user's value is kept
+    return workerenv.unbound_threads(config.nproc_per_node)
+
+
+def mem_policies(config: LaunchConfig, plan: Plan | None) -> list:
+    """Each rank's memory policy, proven applicable here; CPUs checked against our affinity."""
+    if plan is None or not plan.bound:
+        return [None] * config.nproc_per_node
+    from numarun.placement import binding
+
+    for rank in plan.ranks:
+        binding.check_cpus(rank.cpus, rank=rank.local_rank)
+    policies = [binding.mem_policy_for(config.mem_binding, rank.mems) for rank in plan.ranks]
+    applied, warnings = binding.check_mem_policy(policies, allow_fallback=config.binding_fallback)
+    for warning in warnings:
+        print(f"numarun: warning: {warning}", file=sys.stderr)
+    return applied
+
+
+def output_levels(config: LaunchConfig) -> tuple[dict[int, int], dict[int, int], set[int]]:
+    """(redirects, tee, shown local ranks); the output module is imported only when needed."""
+    n = config.nproc_per_node
+    if config.redirects == "0" and config.tee == "0" and not config.local_ranks_filter:
+        return dict.fromkeys(range(n), 0), dict.fromkeys(range(n), 0), set(range(n))
+    from numarun.launch import output
+
+    return (
+        output.parse_std_spec(config.redirects, n, flag="--redirects"),
+        output.parse_std_spec(config.tee, n, flag="--tee"),
+        output.parse_ranks_filter(config.local_ranks_filter, n),
+    )
+
+
+def worker_sinks(
+    config: LaunchConfig,
+    outputs: tuple[dict[int, int], dict[int, int], set[int]],
+    local_rank: int,
+    attempt_dir: str,
+    base: Mapping[str, str],
+    duplicates: tuple = (None, None),
+    *,
+    rank: int | None = None,
+) -> tuple[object, object]:
+    """Where ``local_rank``'s output goes; ``rank`` is its global rank (default: static)."""
+    redirects, tee, shown = outputs
+    if not redirects[local_rank] and not tee[local_rank] and local_rank in shown:
+        return None, None  # the worker writes straight to our stdout/stderr
+    from pathlib import Path
+
+    from numarun.launch import output
+
+    if rank is None:
+        rank = config.global_rank(local_rank)
+    prefix = output.make_prefix(rank, local_rank, role_name=config.role, environ=base)
+    return output.sinks_for(
+        local_rank,
+        rank,
+        redirects[local_rank],
+        tee[local_rank],
+        Path(attempt_dir) / str(local_rank),
+        local_rank in shown,
+        prefix=prefix,
+        duplicates=duplicates,
+    )
+
+
+def line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
+    """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
+    if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
+        return None, None
+    from numarun.process.sinks import LineFilter
+
+    return tuple(
+        LineFilter(os.path.join(attempt_dir, name), needles) if needles else None
+        for name, needles in (
+            ("filtered_stdout.log", config.duplicate_stdout_filters),
+            ("filtered_stderr.log", config.duplicate_stderr_filters),
+        )
+    )
+
+
+def close_sinks(specs: Sequence[WorkerSpec]) -> None:
+    """Close the log files of sinks the supervisor never ran (closing twice is harmless)."""
+    for spec in specs:
+        for sink in (spec.stdout, spec.stderr):
+            if sink is not None:
+                sink.close()
+
+
+def setup_error(error: OSError, config: LaunchConfig) -> UsageError:
+    """One line for an OSError while the workers' files were set up (nothing started)."""
+    import errno
+
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        return UsageError(
+            f"out of file descriptors ({error.strerror}) setting up "
+            f"{config.nproc_per_node} workers' output: the limit is {_fd_limit()} "
+            "(ulimit -n); raise it, or run fewer ranks or with less --tee/--redirects"
+        )
+    where = f" {error.filename}" if error.filename else ""
+    return UsageError(f"cannot set up the workers' output{where}: {error.strerror or error}")
+
+
+def _fd_limit() -> str:
+    try:
+        import resource
+
+        return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+    except (ImportError, OSError, ValueError):
+        return "unknown"
