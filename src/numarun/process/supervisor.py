@@ -109,7 +109,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
-from numarun.process import children, watchdog
+from numarun.process import children, proctable, watchdog
 from numarun.process.spec import (
     FAILED,
     PAYLOAD_FD_ENV,
@@ -130,7 +130,6 @@ if TYPE_CHECKING:
     pass
 
 _READ_SIZE = 256 * 1024
-_FALLBACK_TICK = 0.05  # only without pidfds (see the module docstring)
 _WATCHDOG_WAIT = 2.0
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
 
@@ -656,7 +655,7 @@ class Supervisor:
             os.write(status_fd, b"P %s\n" % b" ".join(b"%d" % pid for pid in pids))
             if failure:
                 os.write(status_fd, failure)
-                watchdog.close_all(checks)
+                proctable.close_all(checks)
                 checks = {}
             watchdog.Watchdog(
                 command_fd,
@@ -859,11 +858,11 @@ class Supervisor:
         worker.pid = process.pid
         # Pinned at once: the fork server reaps it when it ends, and its pid could be reused.
         with contextlib.suppress(ProcessLookupError):
-            worker.pidfd = watchdog.open_pidfd(worker.pid)
+            worker.pidfd = proctable.open_pidfd(worker.pid)
             if worker.pidfd is not None:
                 children.track(worker.pidfd)
         # Not the watchdog's child: it must be told, to kill it if we die.
-        started = watchdog.start_time(worker.pid)
+        started = proctable.start_time(worker.pid)
         if started is not None and self._command_fd is not None:
             with contextlib.suppress(OSError):
                 os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
@@ -913,7 +912,11 @@ class Supervisor:
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
             must_poll = not self._all_tracked_fds()
             if must_poll:
-                timeout = _FALLBACK_TICK if timeout is None else min(timeout, _FALLBACK_TICK)
+                timeout = (
+                    proctable.FALLBACK_TICK
+                    if timeout is None
+                    else min(timeout, proctable.FALLBACK_TICK)
+                )
             self._watch_consoles()
             for key, mask in self._selector.select(timeout):
                 self._dispatch(key, mask)
@@ -972,7 +975,7 @@ class Supervisor:
             if not worker.exited:
                 self._check_exit(worker)
         for pid, fd in list(self._tracked.items()):
-            if fd is None and not watchdog.is_alive(watchdog.read_proc_stat(pid)):
+            if fd is None and not proctable.is_alive(proctable.read_proc_stat(pid)):
                 self._untrack(pid)
 
     def _advance(self) -> None:
@@ -1060,9 +1063,9 @@ class Supervisor:
             if worker.process is not None:
                 # The fork server reaps it: its group id is not held, its pidfd pins it.
                 if self._default_kill and worker.pidfd is not None:
-                    watchdog.send(worker.pid, worker.pidfd, signum)
+                    proctable.send(worker.pid, worker.pidfd, signum)
                     if signum != signal.SIGKILL:
-                        watchdog.send(worker.pid, worker.pidfd, signal.SIGCONT)
+                        proctable.send(worker.pid, worker.pidfd, signal.SIGCONT)
                     continue
                 with contextlib.suppress(ProcessLookupError):
                     self._kill(worker.pid, signum)
@@ -1078,14 +1081,14 @@ class Supervisor:
                         self._kill(worker.pid, sent)
         return groups
 
-    def _sweep(self) -> dict[int, watchdog.ProcInfo]:
+    def _sweep(self) -> dict[int, proctable.ProcInfo]:
         """The run's live processes other than the workers, pinned (in ``_tracked``), from one
         read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
         forkserver = self._has_forkserver()
         if forkserver or not self._watchdog_pid:  # marked processes and sessions: anywhere
-            table = watchdog.read_proc_table()
+            table = proctable.read_proc_table()
         else:
-            table = watchdog.read_subtree(self._watchdog_pid)
+            table = proctable.read_subtree(self._watchdog_pid)
         roots: dict[int, int | None] = {}
         if self._watchdog_pid:
             roots[self._watchdog_pid] = None  # our child: its pid is ours until we reap it
@@ -1100,14 +1103,14 @@ class Supervisor:
                 sessions[worker.pid] = worker.pidfd
         me = os.getpid()
         pins = dict(self._tracked)
-        owned = watchdog.find_run_processes(
+        owned = proctable.find_run_processes(
             table,
             roots=roots,
             pins=pins,
             sessions=sessions if forkserver else None,
             marker=self._marker if forkserver else None,
             uid=os.getuid(),
-            exclude=watchdog.ancestors(me, table) | {me},
+            exclude=proctable.ancestors(me, table) | {me},
         )
         for pid, fd in pins.items():
             if pid not in self._tracked:
@@ -1117,7 +1120,7 @@ class Supervisor:
     def _signal_owned(
         self,
         signum: int,
-        owned: dict[int, watchdog.ProcInfo] | None = None,
+        owned: dict[int, proctable.ProcInfo] | None = None,
         signalled_groups: set[int] = frozenset(),
     ) -> bool:
         """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to every live process of
@@ -1128,14 +1131,14 @@ class Supervisor:
             owned = self._sweep()
         found = False
         for pid, info in owned.items():
-            if not watchdog.is_alive(info):
+            if not proctable.is_alive(info):
                 continue
             found = True
             if self._signalled_owned.get(pid) != signum and info[1] not in signalled_groups:
                 sends = (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT)
                 for sent in sends:
                     if self._default_kill:
-                        watchdog.send(pid, self._tracked.get(pid), sent)
+                        proctable.send(pid, self._tracked.get(pid), sent)
                     else:
                         with contextlib.suppress(ProcessLookupError):
                             self._kill(pid, sent)
@@ -1158,7 +1161,7 @@ class Supervisor:
     def _give_up_on_survivors(self) -> None:
         for worker in self._workers:
             if not worker.exited:
-                info = watchdog.read_proc_stat(worker.pid)
+                info = proctable.read_proc_stat(worker.pid)
                 worker.state = UNKILLABLE
                 worker.proc_state = info[3] if info is not None else None
                 self._unregister_exit_fd(worker)
@@ -1391,7 +1394,7 @@ class Supervisor:
                 break
             timeout = max(0.0, self._deadline - time.monotonic())
             if not self._all_tracked_fds():
-                timeout = min(timeout, _FALLBACK_TICK)
+                timeout = min(timeout, proctable.FALLBACK_TICK)
             for key, _mask in selector.select(timeout):
                 if selector.get_map().get(key.fd) is not key:
                     continue
@@ -1507,7 +1510,7 @@ def _reap_bounded(pid: int, limit: float) -> None:
     import select
 
     try:
-        pidfd = watchdog.open_pidfd(pid)
+        pidfd = proctable.open_pidfd(pid)
     except ProcessLookupError:
         return
     try:
@@ -1516,7 +1519,7 @@ def _reap_bounded(pid: int, limit: float) -> None:
         else:
             deadline = time.monotonic() + limit
             while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
-                time.sleep(_FALLBACK_TICK)
+                time.sleep(proctable.FALLBACK_TICK)
         if os.waitpid(pid, os.WNOHANG)[0] == 0:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
