@@ -82,7 +82,8 @@ the next ``wait``); ``forward_signals`` are sent to every live worker and the ru
 previous handlers and wakeup fd are restored when each call returns. Left alone: a teardown
 signal the caller ignores, when it is in ``keep_ignored`` (SIGHUP under ``nohup``: the job
 survives the hangup), and a signal whose handler was not installed from Python
-(``signal.getsignal`` is None). With ``relay_signal`` a signal-caused teardown sends the
+(``signal.getsignal`` is None); how handlers are installed and restored is
+:mod:`numarun.process.signals`. With ``relay_signal`` a signal-caused teardown sends the
 received signal first (SIGINT reaches the workers as SIGINT), SIGKILL after the grace period.
 
 The caller's CPU affinity, memory policy, environment and signal handlers are never changed;
@@ -101,15 +102,15 @@ import selectors
 import signal
 import socket
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
 from numarun.process import children, proctable, watchdog
+from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     FAILED,
     PAYLOAD_FD_ENV,
@@ -334,7 +335,7 @@ class Supervisor:
         self._timers: list[_Timer] = []
         self._readers: dict[int, Callable[[], None]] = {}
         self._stop_reason: str | None = None
-        self._held_scope: _SignalScope | None = None  # see start(hold_signals=True)
+        self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
 
     # --- public --------------------------------------------------------------------------------
 
@@ -535,8 +536,8 @@ class Supervisor:
         for fd, callback in self._readers.items():
             self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
 
-    def _signal_scope(self) -> _SignalScope:
-        return _SignalScope(
+    def _signal_scope(self) -> SignalScope:
+        return SignalScope(
             self._wakeup_w,
             self._teardown_signals,
             self._forward_signals,
@@ -718,7 +719,7 @@ class Supervisor:
                     worker.result_child,
                     worker.streams.get("stdout"),
                     worker.streams.get("stderr"),
-                    _SignalScope.restore_callers_handlers,
+                    SignalScope.restore_callers_handlers,
                 )
             return pid, None
         check_r, check_w = os.pipe()
@@ -1528,68 +1529,6 @@ def _reap_bounded(pid: int, limit: float) -> None:
     finally:
         if pidfd is not None:
             os.close(pidfd)
-
-
-class _SignalScope:
-    """Installs the supervisor's signal handling in the main thread (elsewhere it does nothing)
-    and restores the previous handlers and wakeup fd on exit. Scopes nest: an inner one
-    restores the outer one's handlers. A teardown signal the caller ignores stays ignored when
-    it is in ``keep_ignored`` (default: every teardown signal); the others are handled anyway,
-    and exec'd workers then start with their default action, not the caller's SIG_IGN."""
-
-    def __init__(
-        self,
-        wakeup: socket.socket | None,
-        teardown: Sequence[int],
-        forward: Sequence[int],
-        keep_ignored: Sequence[int] | None = None,
-    ) -> None:
-        self._wakeup = wakeup
-        self._keep_ignored = tuple(teardown if keep_ignored is None else keep_ignored)
-        self._signals = [*teardown, *forward]
-        self._previous: dict[int, Any] = {}
-        self._previous_wakeup: int | None = None
-
-    _active: ClassVar[list[_SignalScope]] = []  # the scopes now entered, outermost first
-
-    @classmethod
-    def restore_callers_handlers(cls) -> None:
-        """In a forked worker: put back the handlers the caller had before any scope."""
-        callers: dict[int, Any] = {}
-        for scope in reversed(cls._active):  # outer scopes know the caller's own handlers
-            callers.update(scope._previous)
-        for signum, handler in callers.items():
-            signal.signal(signum, handler)
-
-    def __enter__(self) -> _SignalScope:
-        if self._wakeup is None or threading.current_thread() is not threading.main_thread():
-            return self
-        _SignalScope._active.append(self)
-        signals = list(self._signals)
-        self._previous_wakeup = signal.set_wakeup_fd(
-            self._wakeup.fileno(), warn_on_full_buffer=False
-        )
-        for signum in signals:
-            previous = signal.getsignal(signum)
-            if previous is None:
-                continue  # installed outside Python: we could not restore it exactly
-            if previous == signal.SIG_IGN and signum in self._keep_ignored:
-                continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
-            self._previous[signum] = previous
-            signal.signal(signum, _note_signal)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self in _SignalScope._active:
-            _SignalScope._active.remove(self)
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        if self._previous_wakeup is not None:
-            signal.set_wakeup_fd(self._previous_wakeup)
-
-
-def _note_signal(signum: int, frame: object) -> None:
-    """Python-level handler: the C handler already wrote ``signum`` to the wakeup fd."""
 
 
 def _start_error(exc: BaseException) -> BaseException:
