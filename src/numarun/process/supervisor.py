@@ -40,13 +40,13 @@ they ever start stay below it (it is a child subreaper); it reports each worker'
 to the supervisor over a pipe, keeps ended workers unreaped until the run is over, reaps the
 rest, and kills the whole run if the supervisor dies, even by SIGKILL.
 
-Watching is one :mod:`selectors` loop over the watchdog's status pipe, each ``"forkserver"``
-worker's :class:`multiprocessing.Process` sentinel, the workers' output, payload and result
-pipes, the pidfd of each process being torn down, the console while tee'd output waits for it (a
-sink's ``console``, :class:`numarun.process.logs.Console`: nothing in the loop ever blocks on a slow
-terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd`` writes to; timers are
-the select timeout. Where pidfds do not work (Linux before 5.3), processes being torn down are
-checked every 50 ms. It never calls ``waitpid`` on a worker.
+Watching is one :mod:`selectors` loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
+each ``"forkserver"`` worker's :class:`multiprocessing.Process` sentinel, the workers' output,
+payload and result pipes, the pidfd of each process being torn down, the console while tee'd output
+waits for it (a sink's ``console``, :class:`numarun.process.logs.Console`: nothing in the loop ever
+blocks on a slow terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd`` writes
+to; timers are the select timeout. Where pidfds do not work (Linux before 5.3), processes being torn
+down are checked every 50 ms. It never calls ``waitpid`` on a worker.
 
 Ownership: a process is the run's when it descends from the watchdog (parent links in
 ``/proc``): exactly the workers and every process they started, however it detached. For
@@ -98,18 +98,17 @@ import contextlib
 import errno
 import gc
 import os
-import selectors
 import signal
-import socket
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
 from numarun.process import children, proctable, watchdog
+from numarun.process.loop import CONSOLES, ENDS, OUTPUT, READ, READERS, TRANSFERS, WRITE, Loop
 from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     FAILED,
@@ -316,9 +315,7 @@ class Supervisor:
         self._marker = f"{RUN_ID_ENV}={self.run_id}".encode()
         self._phase = _NEW
         self._workers: list[_Worker] = []
-        self._selector: selectors.BaseSelector | None = None
-        self._wakeup_r: socket.socket | None = None
-        self._wakeup_w: socket.socket | None = None
+        self._loop = Loop(self._on_signal)
         self._watchdog_pid = 0
         self._command_fd: int | None = None  # to the watchdog: "done"
         self._status_fd: int | None = None  # from the watchdog: pids, execs, exits
@@ -332,8 +329,6 @@ class Supervisor:
         self._programs: dict[int, str] = {}
         self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
         self._watched_consoles: set[int] = set()
-        self._timers: list[_Timer] = []
-        self._readers: dict[int, Callable[[], None]] = {}
         self._stop_reason: str | None = None
         self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
 
@@ -364,7 +359,7 @@ class Supervisor:
                     stream.flush()  # forked children would print the buffered text again
             except (OSError, ValueError):
                 pass
-        self._open_loop()
+        self._loop.open()
         # A teardown signal that arrives while workers start is noted here and acted on by
         # the next wait(); it neither kills us half-way nor gets lost.
         scope = self._signal_scope()
@@ -405,7 +400,7 @@ class Supervisor:
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.run() may be called once; make a new Supervisor")
-        self._open_loop()
+        self._loop.open()
         with self._signal_scope():
             self.start()
             if on_started is not None:
@@ -436,7 +431,7 @@ class Supervisor:
         try:
             with self._signal_scope():
                 self._take_status_lines()  # exits the watchdog reported while start() waited
-                finished = self._loop(deadline)
+                finished = self._run_until(deadline)
         except BaseException:
             self._emergency_stop()
             raise
@@ -476,24 +471,16 @@ class Supervisor:
         """Call ``callback()`` from the loop every ``interval`` seconds (> 0), first after one
         interval, while the workers run (not during start or teardown). Call before or after
         :meth:`start`; there is no way to cancel a timer but ending the run."""
-        if not interval > 0:
-            raise UsageError(f"call_every needs an interval > 0 seconds, got {interval!r}")
-        self._timers.append(_Timer(float(interval), callback, time.monotonic() + interval))
+        self._loop.call_every(interval, callback)
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the loop whenever ``fd`` (the caller's; never closed here)
         is readable, until :meth:`remove_reader` or the end of the run."""
-        if fd in self._readers:
-            raise UsageError(f"fd {fd} already has a reader; remove it first")
-        self._readers[fd] = callback
-        if self._selector is not None:
-            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
+        self._loop.add_reader(fd, callback)
 
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
-        if self._readers.pop(fd, None) is not None and self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(fd)
+        self._loop.remove_reader(fd)
 
     def send_signal(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
         """Send ``signum`` to each running worker process (not its process group or
@@ -522,23 +509,9 @@ class Supervisor:
 
     # --- starting ------------------------------------------------------------------------------
 
-    def _open_loop(self) -> None:
-        """The selector and the signal wakeup socket; idempotent (run() opens them early)."""
-        if self._selector is not None:
-            return
-        self._selector = selectors.DefaultSelector()
-        children.track(self._selector.fileno())
-        self._wakeup_r, self._wakeup_w = socket.socketpair()
-        for sock in (self._wakeup_r, self._wakeup_w):
-            sock.setblocking(False)
-            children.track(sock.fileno())
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
-        for fd, callback in self._readers.items():
-            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
-
     def _signal_scope(self) -> SignalScope:
         return SignalScope(
-            self._wakeup_w,
+            self._loop.wakeup,
             self._teardown_signals,
             self._forward_signals,
             keep_ignored=self._keep_ignored,
@@ -594,8 +567,7 @@ class Supervisor:
         children.close(status_w)  # so that a watchdog that dies gives us end of file
         self._watchdog_pid = pid
         self._command_fd, self._status_fd = command_w, status_r
-        assert self._selector is not None
-        self._selector.register(status_r, selectors.EVENT_READ, ("status", None))
+        self._loop.watch(status_r, READ, self._read_status, ENDS)
         forked = [w for w in self._workers if w.spec.start != "forkserver"]
         try:
             # Waiting first lets the watchdog run at once where the CPUs are busy; our copies
@@ -774,15 +746,12 @@ class Supervisor:
         What the workers send meanwhile (results, output, the caller's readers) is read as the
         loop reads it, so a worker that answers while it reads cannot stall us; exits and
         signals wait for the loop."""
-        assert self._selector is not None
         deadline = time.monotonic() + _START_LIMIT
         while any(w.payload_fd is not None for w in self._workers):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
-            for key, mask in self._selector.select(left):
-                if key.data[0] in ("payload", "result", "output", "reader"):
-                    self._dispatch(key, mask)
+            self._loop.poll(left, lanes=(TRANSFERS, OUTPUT, READERS))
 
     def _await_started(self) -> None:
         """Wait until every exec worker exec'd (the watchdog's ``R``); raise the first error as
@@ -869,19 +838,20 @@ class Supervisor:
                 os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
 
     def _register_worker(self, worker: _Worker) -> None:
-        assert self._selector is not None
         if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
-            self._selector.register(worker.exit_fd, selectors.EVENT_READ, ("exit", worker))
+            self._loop.watch(worker.exit_fd, READ, partial(self._check_exit, worker), ENDS)
         for fd, sink in worker.outputs.items():
-            self._selector.register(fd, selectors.EVENT_READ, ("output", worker))
+            self._loop.watch(fd, READ, partial(self._read_output, worker, fd), OUTPUT)
             console = getattr(sink, "console", None)
             if console is not None and all(console is not c for c in self._consoles):
                 self._consoles.append(console)
         if worker.result_fd is not None:
-            self._selector.register(worker.result_fd, selectors.EVENT_READ, ("result", worker))
+            self._loop.watch(worker.result_fd, READ, partial(self._read_result, worker), TRANSFERS)
         if worker.payload_fd is not None:
-            self._selector.register(worker.payload_fd, selectors.EVENT_WRITE, ("payload", worker))
+            self._loop.watch(
+                worker.payload_fd, WRITE, partial(self._write_payload, worker), TRANSFERS
+            )
 
     def _abort_start(self) -> None:
         """A worker could not start: kill what started, release everything."""
@@ -894,10 +864,9 @@ class Supervisor:
 
     # --- the loop ------------------------------------------------------------------------------
 
-    def _loop(self, deadline: float | None) -> bool:
+    def _run_until(self, deadline: float | None) -> bool:
         """Dispatch events and advance phases until done (True) or ``deadline`` (False).
         Events already waiting are dispatched even when ``deadline`` has passed (``wait(0)``)."""
-        assert self._selector is not None
         passes = 0
         while True:
             self._advance()
@@ -919,57 +888,19 @@ class Supervisor:
                     else min(timeout, proctable.FALLBACK_TICK)
                 )
             self._watch_consoles()
-            for key, mask in self._selector.select(timeout):
-                self._dispatch(key, mask)
+            self._loop.poll(timeout)
             if must_poll:
                 self._poll_workers()
-            self._run_due_timers()
+            self._loop.run_due(lambda: self._phase == _RUNNING)
 
     def _next_timer(self) -> float | None:
-        if self._phase != _RUNNING or not self._timers:
-            return None
-        return min(timer.due for timer in self._timers)
-
-    def _run_due_timers(self) -> None:
-        now = time.monotonic()
-        for timer in self._timers:
-            if self._phase != _RUNNING:
-                return
-            if timer.due <= now:
-                # The next call is one interval after this one ends: a slow callback never
-                # makes calls pile up.
-                timer.callback()
-                timer.due = time.monotonic() + timer.interval
+        return self._loop.next_due() if self._phase == _RUNNING else None
 
     def _phase_deadline(self) -> float | None:
         return self._deadline if self._phase in (_TERMINATING, _KILLING, _DRAINING) else None
 
     def _all_tracked_fds(self) -> bool:
         return all(fd is not None for fd in self._tracked.values())
-
-    def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
-        assert self._selector is not None
-        if self._selector.get_map().get(key.fd) is not key:
-            return  # unregistered by an earlier event of the same batch (its fd may be reused)
-        kind, worker = key.data
-        if kind == "exit":
-            self._check_exit(worker)
-        elif kind == "status":
-            self._read_status()
-        elif kind == "output":
-            self._read_output(worker, key.fd)
-        elif kind == "result":
-            self._read_result(worker)
-        elif kind == "payload":
-            self._write_payload(worker)
-        elif kind == "owned":
-            self._untrack(worker)
-        elif kind == "console":
-            self._flush_console(worker)
-        elif kind == "reader":
-            worker()
-        else:
-            self._read_signals()
 
     def _poll_workers(self) -> None:
         for worker in self._workers:
@@ -1009,15 +940,14 @@ class Supervisor:
         """Wait for a console (:class:`numarun.process.logs.Console`) to be writable only while
         output waits for it: tee'd lines are queued there, never written blocking, so a
         stalled terminal or pipe cannot stop this loop from handling signals and deaths."""
-        assert self._selector is not None
         for console in self._consoles:
             fd = console.fileno()
             if watch and console.pending():
                 if fd not in self._watched_consoles:
-                    self._selector.register(fd, selectors.EVENT_WRITE, ("console", console))
+                    self._loop.watch(fd, WRITE, partial(self._flush_console, console), CONSOLES)
                     self._watched_consoles.add(fd)
             elif fd in self._watched_consoles:
-                self._selector.unregister(fd)
+                self._loop.unwatch(fd)
                 self._watched_consoles.discard(fd)
 
     def _flush_console(self, console: Any) -> None:
@@ -1147,16 +1077,15 @@ class Supervisor:
         return found
 
     def _track_owned(self, pid: int, fd: int | None) -> None:
-        assert self._selector is not None
         self._tracked[pid] = fd
         if fd is not None:
             children.track(fd)
-            self._selector.register(fd, selectors.EVENT_READ, ("owned", pid))
+            self._loop.watch(fd, READ, partial(self._untrack, pid), ENDS)
 
     def _untrack(self, pid: int) -> None:
         fd = self._tracked.pop(pid, None)
-        if fd is not None and self._selector is not None:
-            self._selector.unregister(fd)
+        if fd is not None and self._loop.is_open:
+            self._loop.unwatch(fd)
             children.close(fd)
 
     def _give_up_on_survivors(self) -> None:
@@ -1198,8 +1127,8 @@ class Supervisor:
         """The watchdog ended: when nothing of the run is left (every worker reported), or
         killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
         and what they started went up to init, out of reach."""
-        assert self._selector is not None and self._status_fd is not None
-        self._selector.unregister(self._status_fd)
+        assert self._status_fd is not None
+        self._loop.unwatch(self._status_fd)
         children.close(self._status_fd)
         self._status_fd = None
         for worker in self._workers:
@@ -1263,8 +1192,7 @@ class Supervisor:
     def _unregister_exit_fd(self, worker: _Worker) -> None:
         if worker.exit_fd is None:
             return
-        assert self._selector is not None
-        self._selector.unregister(worker.exit_fd)
+        self._loop.unwatch(worker.exit_fd)
         worker.exit_fd = None
 
     def _close_pipes_of_dead(self, worker: _Worker) -> None:
@@ -1282,9 +1210,7 @@ class Supervisor:
 
     def _unregister(self, fd: int) -> None:
         """Stop watching ``fd``; one of a worker that never started was never watched."""
-        if self._selector is not None:
-            with contextlib.suppress(KeyError):
-                self._selector.unregister(fd)
+        self._loop.discard(fd)
 
     def _read_output(self, worker: _Worker, fd: int) -> None:
         try:
@@ -1305,14 +1231,14 @@ class Supervisor:
         sink.close()
 
     def _read_result(self, worker: _Worker, *, until_empty: bool = False) -> None:
-        assert worker.result_fd is not None and self._selector is not None
+        assert worker.result_fd is not None
         while True:
             try:
                 data = os.read(worker.result_fd, _READ_SIZE)
             except BlockingIOError:
                 return
             if not data:
-                self._selector.unregister(worker.result_fd)
+                self._loop.unwatch(worker.result_fd)
                 children.close(worker.result_fd)
                 worker.result_fd = None
                 return
@@ -1330,29 +1256,23 @@ class Supervisor:
             written = len(worker.payload_view)  # the reader is gone; drop the rest
         worker.payload_view = worker.payload_view[written:]
         if not worker.payload_view:
-            assert self._selector is not None
-            self._selector.unregister(worker.payload_fd)
+            self._loop.unwatch(worker.payload_fd)
             children.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
 
-    def _read_signals(self) -> None:
-        assert self._wakeup_r is not None
-        try:
-            data = self._wakeup_r.recv(4096)
-        except BlockingIOError:
-            return
-        for signum in data:
-            if signum in self._teardown_signals:
-                if self._phase == _RUNNING:
-                    self._received_signal = signum
-                    self._begin_teardown(signum)
-                elif self._phase == _TERMINATING:
-                    self._escalate()  # asked twice: skip the rest of the grace period
-            elif signum in self._forward_signals:
-                self.send_signal(signum)
-            elif signum == signal.SIGCHLD:
-                self._poll_workers()
+    def _on_signal(self, signum: int) -> None:
+        """A signal the loop read from the wakeup socket."""
+        if signum in self._teardown_signals:
+            if self._phase == _RUNNING:
+                self._received_signal = signum
+                self._begin_teardown(signum)
+            elif self._phase == _TERMINATING:
+                self._escalate()  # asked twice: skip the rest of the grace period
+        elif signum in self._forward_signals:
+            self.send_signal(signum)
+        elif signum == signal.SIGCHLD:
+            self._poll_workers()
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -1386,28 +1306,17 @@ class Supervisor:
         owned = self._sweep()
         self._signal_workers(signal.SIGKILL)
         self._signal_owned(signal.SIGKILL, owned)
-        selector = self._selector
-        if selector is not None:
+        opened = self._loop.is_open
+        if opened:
             self._watch_consoles(watch=False)  # this loop only reaps; consoles wait
-        while selector is not None and time.monotonic() < self._deadline:
+        while opened and time.monotonic() < self._deadline:
             pending = [w for w in self._workers if not w.exited]
             if not pending and not self._tracked:
                 break
             timeout = max(0.0, self._deadline - time.monotonic())
             if not self._all_tracked_fds():
                 timeout = min(timeout, proctable.FALLBACK_TICK)
-            for key, _mask in selector.select(timeout):
-                if selector.get_map().get(key.fd) is not key:
-                    continue
-                kind, item = key.data
-                if kind == "exit":
-                    self._check_exit(item)
-                elif kind == "status":
-                    self._read_status()
-                elif kind == "owned":
-                    self._untrack(item)
-                elif kind == "output":
-                    self._read_output(item, key.fd)
+            self._loop.poll(timeout, lanes=(ENDS, OUTPUT))
             self._poll_workers()
             if all(w.exited for w in self._workers) and not self._tracked:
                 self._signal_owned(signal.SIGKILL)
@@ -1431,7 +1340,7 @@ class Supervisor:
         self.release_signals()
         for worker in self._workers:
             self._unregister_exit_fd(worker)
-            if self._selector is not None:
+            if self._loop.is_open:
                 self._close_pipes_of_dead(worker)
             for fd in list(worker.outputs):
                 self._close_output(worker, fd)
@@ -1445,18 +1354,9 @@ class Supervisor:
         for pid in list(self._tracked):
             self._untrack(pid)
         self._end_watchdog()
-        if self._selector is not None:
+        if self._loop.is_open:
             self._watch_consoles(watch=False)
-            for fd in list(self._readers):
-                self.remove_reader(fd)
-            children.close_untracked(self._selector.fileno())
-            self._selector.close()
-            self._selector = None
-        for sock in (self._wakeup_r, self._wakeup_w):
-            if sock is not None:
-                children.close_untracked(sock.fileno())
-                sock.close()
-        self._wakeup_r = self._wakeup_w = None
+        self._loop.close()
 
     def _end_watchdog(self) -> None:
         """Tell the watchdog the run is over (it reaps the workers and exits) and reap it,
@@ -1467,23 +1367,12 @@ class Supervisor:
             children.close(self._command_fd)
             self._command_fd = None
         if self._status_fd is not None:
-            if self._selector is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(self._status_fd)
+            self._loop.discard(self._status_fd)
             children.close(self._status_fd)
             self._status_fd = None
         pid, self._watchdog_pid = self._watchdog_pid, 0
         if pid:
             _reap_bounded(pid, _WATCHDOG_WAIT)
-
-
-@dataclass
-class _Timer:
-    """One :meth:`Supervisor.call_every` registration; ``due`` is a ``time.monotonic()``."""
-
-    interval: float
-    callback: Callable[[], None]
-    due: float
 
 
 def _forget_process(worker: _Worker) -> None:
