@@ -119,12 +119,11 @@ from numarun.process.spec import (
     SUCCEEDED,
     TERMINATED,
     UNKILLABLE,
-    OutputSink,
     RunResult,
     WorkerExit,
     WorkerSpec,
-    signal_name,
 )
+from numarun.process.worker import Worker
 
 if TYPE_CHECKING:
     pass
@@ -132,42 +131,6 @@ if TYPE_CHECKING:
 _READ_SIZE = 256 * 1024
 _WATCHDOG_WAIT = 2.0
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
-
-
-class _Worker:
-    """Mutable bookkeeping for one started worker (the loop's view of it)."""
-
-    def __init__(self, spec: WorkerSpec) -> None:
-        self.spec = spec
-        self.pid = 0
-        self.reported: int | None = None  # the exit code the watchdog reported
-        self.process: Any = None  # multiprocessing.Process for start="forkserver"
-        self.exit_fd: int | None = None  # the forkserver sentinel in the selector
-        self.pidfd: int | None = None  # start="forkserver": pins the worker (see _sweep)
-        self.child_fds: list[int] = []  # the child's ends of its pipes, until it is forked
-        self.streams: dict[str, int] = {}  # "stdout"/"stderr" -> the child's end
-        self.env: dict[str, str] = {}
-        self.payload_child = -1
-        self.result_child = -1
-        self.exit_code: int | None = None
-        self.exited = False
-        self.ended_at: float | None = None
-        self.signalled = False
-        self.payload_fd: int | None = None
-        self.payload_view: memoryview | None = None
-        self.result_fd: int | None = None
-        self.result = bytearray()
-        self.outputs: dict[int, OutputSink] = {}
-        self.state: str | None = None
-        self.proc_state: str | None = None
-
-    def poll(self) -> int | None:
-        """The exit code if the worker has ended, else None; never blocks, never reaps."""
-        if self.exited:
-            return self.exit_code
-        if self.process is not None:
-            return self.process.exitcode
-        return self.reported
 
 
 # --- the supervisor ------------------------------------------------------------------------------
@@ -314,7 +277,7 @@ class Supervisor:
         self.run_id = f"{os.getpid()}-{os.urandom(6).hex()}"
         self._marker = f"{RUN_ID_ENV}={self.run_id}".encode()
         self._phase = _NEW
-        self._workers: list[_Worker] = []
+        self._workers: list[Worker] = []
         self._loop = Loop(self._on_signal)
         self._watchdog_pid = 0
         self._command_fd: int | None = None  # to the watchdog: "done"
@@ -322,7 +285,7 @@ class Supervisor:
         self._status_pending = b""
         self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
         self._deadline = 0.0
-        self._first_failure: _Worker | None = None
+        self._first_failure: Worker | None = None
         self._received_signal: int | None = None
         self._result: RunResult | None = None
         self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
@@ -517,9 +480,9 @@ class Supervisor:
             keep_ignored=self._keep_ignored,
         )
 
-    def _prepare_worker(self, spec: WorkerSpec) -> _Worker:
+    def _prepare_worker(self, spec: WorkerSpec) -> Worker:
         """The worker's pipes and environment; nothing started yet."""
-        worker = _Worker(spec)
+        worker = Worker(spec)
         worker.env = dict(spec.env)
         worker.env[RUN_ID_ENV] = self.run_id
         try:
@@ -666,7 +629,7 @@ class Supervisor:
     def _has_forkserver(self) -> bool:
         return any(spec.start == "forkserver" for spec in self._specs)
 
-    def _fork_worker(self, worker: _Worker, parent_pid: int) -> tuple[int, int | None]:
+    def _fork_worker(self, worker: Worker, parent_pid: int) -> tuple[int, int | None]:
         """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe)."""
         spec = worker.spec
         if spec.start == "fork":
@@ -776,7 +739,7 @@ class Supervisor:
             if held:
                 self._status_pending = b"\n".join(held) + b"\n" + self._status_pending
 
-    def _forkserver_worker(self, worker: _Worker) -> None:
+    def _forkserver_worker(self, worker: Worker) -> None:
         import multiprocessing
         import pickle
         from multiprocessing import forkserver
@@ -837,7 +800,7 @@ class Supervisor:
             with contextlib.suppress(OSError):
                 os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
 
-    def _register_worker(self, worker: _Worker) -> None:
+    def _register_worker(self, worker: Worker) -> None:
         if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
             self._loop.watch(worker.exit_fd, READ, partial(self._check_exit, worker), ENDS)
@@ -1138,7 +1101,7 @@ class Supervisor:
 
     # --- events --------------------------------------------------------------------------------
 
-    def _check_exit(self, worker: _Worker) -> None:
+    def _check_exit(self, worker: Worker) -> None:
         code = worker.poll()
         if code is None:
             return
@@ -1151,7 +1114,7 @@ class Supervisor:
         self._close_pipes_of_dead(worker)
         state = self._state_of(worker)
         worker.state = state
-        ended = self._exit_of(worker)
+        ended = worker.as_exit()
         if state == FAILED and self._first_failure is None:
             self._first_failure = worker
             if self._phase == _RUNNING:
@@ -1161,41 +1124,24 @@ class Supervisor:
         if self._on_exit is not None:
             self._on_exit(ended)
 
-    def _state_of(self, worker: _Worker) -> str:
+    def _state_of(self, worker: Worker) -> str:
         code = worker.exit_code
         assert code is not None
         if worker.signalled and (code <= 0 or code >= 128):
             return TERMINATED
         if code != 0:
             return FAILED
-        if self._is_failure is not None and self._is_failure(
-            self._exit_of(worker, state=SUCCEEDED)
-        ):
+        if self._is_failure is not None and self._is_failure(worker.as_exit(SUCCEEDED)):
             return FAILED
         return SUCCEEDED
 
-    def _exit_of(self, worker: _Worker, state: str | None = None) -> WorkerExit:
-        state = state or worker.state or UNKILLABLE
-        ended = WorkerExit(
-            local_rank=worker.spec.local_rank,
-            rank=worker.spec.rank,
-            pid=worker.pid,
-            exit_code=worker.exit_code if state != UNKILLABLE else None,
-            signal_name=signal_name(worker.exit_code) if state != UNKILLABLE else None,
-            state=state,
-            ended_at=worker.ended_at if state != UNKILLABLE else None,
-            result=bytes(worker.result),
-            proc_state=worker.proc_state if state == UNKILLABLE else None,
-        )
-        return ended
-
-    def _unregister_exit_fd(self, worker: _Worker) -> None:
+    def _unregister_exit_fd(self, worker: Worker) -> None:
         if worker.exit_fd is None:
             return
         self._loop.unwatch(worker.exit_fd)
         worker.exit_fd = None
 
-    def _close_pipes_of_dead(self, worker: _Worker) -> None:
+    def _close_pipes_of_dead(self, worker: Worker) -> None:
         """A dead worker reads no payload and writes no result; its output may go on (a
         grandchild holding the pipe), so output pipes stay until end of file."""
         if worker.payload_fd is not None:
@@ -1212,7 +1158,7 @@ class Supervisor:
         """Stop watching ``fd``; one of a worker that never started was never watched."""
         self._loop.discard(fd)
 
-    def _read_output(self, worker: _Worker, fd: int) -> None:
+    def _read_output(self, worker: Worker, fd: int) -> None:
         try:
             data = os.read(fd, _READ_SIZE)
         except BlockingIOError:
@@ -1224,13 +1170,13 @@ class Supervisor:
         else:
             self._close_output(worker, fd)
 
-    def _close_output(self, worker: _Worker, fd: int) -> None:
+    def _close_output(self, worker: Worker, fd: int) -> None:
         sink = worker.outputs.pop(fd)
         self._unregister(fd)
         children.close(fd)
         sink.close()
 
-    def _read_result(self, worker: _Worker, *, until_empty: bool = False) -> None:
+    def _read_result(self, worker: Worker, *, until_empty: bool = False) -> None:
         assert worker.result_fd is not None
         while True:
             try:
@@ -1246,7 +1192,7 @@ class Supervisor:
             if not until_empty:
                 return
 
-    def _write_payload(self, worker: _Worker) -> None:
+    def _write_payload(self, worker: Worker) -> None:
         assert worker.payload_fd is not None and worker.payload_view is not None
         try:
             written = os.write(worker.payload_fd, worker.payload_view[: children.PIPE_SIZE])
@@ -1284,7 +1230,7 @@ class Supervisor:
             console.flush()
             if console.pending():
                 console.abandon()  # the reader stalled for kill_wait: the run must end
-        exits = [self._exit_of(worker) for worker in self._workers]
+        exits = [worker.as_exit() for worker in self._workers]
         first = None
         if self._first_failure is not None:
             first = exits[self._workers.index(self._first_failure)]
@@ -1375,7 +1321,7 @@ class Supervisor:
             _reap_bounded(pid, _WATCHDOG_WAIT)
 
 
-def _forget_process(worker: _Worker) -> None:
+def _forget_process(worker: Worker) -> None:
     """Release a forkserver worker's Process; an unkillable one is dropped from
     multiprocessing's list of children, whose exit handler would otherwise join it forever."""
     process, worker.process = worker.process, None
