@@ -129,7 +129,6 @@ if TYPE_CHECKING:
     pass
 
 _READ_SIZE = 256 * 1024
-_WATCHDOG_WAIT = 2.0
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
 
 
@@ -279,10 +278,7 @@ class Supervisor:
         self._phase = _NEW
         self._workers: list[Worker] = []
         self._loop = Loop(self._on_signal)
-        self._watchdog_pid = 0
-        self._command_fd: int | None = None  # to the watchdog: "done"
-        self._status_fd: int | None = None  # from the watchdog: pids, execs, exits
-        self._status_pending = b""
+        self._link = watchdog.Link()
         self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
         self._deadline = 0.0
         self._first_failure: Worker | None = None
@@ -528,8 +524,7 @@ class Supervisor:
             raise
         children.close(command_r)
         children.close(status_w)  # so that a watchdog that dies gives us end of file
-        self._watchdog_pid = pid
-        self._command_fd, self._status_fd = command_w, status_r
+        self._link.attach(pid, command_w, status_r)
         self._loop.watch(status_r, READ, self._read_status, ENDS)
         forked = [w for w in self._workers if w.spec.start != "forkserver"]
         try:
@@ -683,24 +678,9 @@ class Supervisor:
 
     def _status_line(self, deadline: float) -> bytes:
         """The next line from the watchdog, blocking until ``deadline``; b"" at end of file."""
-        import select
-
-        assert self._status_fd is not None
-        while b"\n" not in self._status_pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UsageError("the watchdog process did not answer while starting workers")
-            ready, _, _ = select.select([self._status_fd], [], [], remaining)
-            if not ready:
-                continue
-            try:
-                data = os.read(self._status_fd, 4096)
-            except BlockingIOError:
-                continue
-            if not data:
-                return b""
-            self._status_pending += data
-        line, _, self._status_pending = self._status_pending.partition(b"\n")
+        line = self._link.line(deadline)
+        if line is None:
+            raise UsageError("the watchdog process did not answer while starting workers")
         return line
 
     def _deliver_payloads(self) -> None:
@@ -736,8 +716,7 @@ class Supervisor:
                     raise _child_error(worker.spec, report.decode(errors="replace"))
                 held.append(line)
         finally:
-            if held:
-                self._status_pending = b"\n".join(held) + b"\n" + self._status_pending
+            self._link.hold(held)
 
     def _forkserver_worker(self, worker: Worker) -> None:
         import multiprocessing
@@ -796,9 +775,8 @@ class Supervisor:
                 children.track(worker.pidfd)
         # Not the watchdog's child: it must be told, to kill it if we die.
         started = proctable.start_time(worker.pid)
-        if started is not None and self._command_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
+        if started is not None:
+            self._link.tell(b"F %d %d\n" % (worker.pid, started))
 
     def _register_worker(self, worker: Worker) -> None:
         if worker.process is not None:  # the others' exits come from the watchdog
@@ -979,13 +957,13 @@ class Supervisor:
         """The run's live processes other than the workers, pinned (in ``_tracked``), from one
         read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
         forkserver = self._has_forkserver()
-        if forkserver or not self._watchdog_pid:  # marked processes and sessions: anywhere
+        if forkserver or not self._link.pid:  # marked processes and sessions: anywhere
             table = proctable.read_proc_table()
         else:
-            table = proctable.read_subtree(self._watchdog_pid)
+            table = proctable.read_subtree(self._link.pid)
         roots: dict[int, int | None] = {}
-        if self._watchdog_pid:
-            roots[self._watchdog_pid] = None  # our child: its pid is ours until we reap it
+        if self._link.pid:
+            roots[self._link.pid] = None  # our child: its pid is ours until we reap it
         sessions: dict[int, int | None] = {}
         for worker in self._workers:
             if worker.pid <= 0:
@@ -1064,20 +1042,15 @@ class Supervisor:
 
     def _read_status(self) -> None:
         """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
-        assert self._status_fd is not None
-        try:
-            data = os.read(self._status_fd, 4096)
-        except BlockingIOError:
+        data = self._link.read()
+        if data is None:
             return
-        except OSError:
-            data = b""
-        self._status_pending += data
         self._take_status_lines()
         if not data:
             self._watchdog_died()
 
     def _take_status_lines(self) -> None:
-        *lines, self._status_pending = self._status_pending.split(b"\n")
+        lines = self._link.lines()
         by_pid = {w.pid: w for w in self._workers if w.process is None}
         for line in lines:
             words = line.split()
@@ -1090,10 +1063,9 @@ class Supervisor:
         """The watchdog ended: when nothing of the run is left (every worker reported), or
         killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
         and what they started went up to init, out of reach."""
-        assert self._status_fd is not None
-        self._loop.unwatch(self._status_fd)
-        children.close(self._status_fd)
-        self._status_fd = None
+        assert self._link.status_fd is not None
+        self._loop.unwatch(self._link.status_fd)
+        self._link.close_status()
         for worker in self._workers:
             if worker.process is None and not worker.exited and worker.pid > 0:
                 worker.reported = -signal.SIGKILL
@@ -1305,20 +1277,10 @@ class Supervisor:
         self._loop.close()
 
     def _end_watchdog(self) -> None:
-        """Tell the watchdog the run is over (it reaps the workers and exits) and reap it,
-        killing it after ``_WATCHDOG_WAIT`` seconds."""
-        if self._command_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._command_fd, b"done\n")
-            children.close(self._command_fd)
-            self._command_fd = None
-        if self._status_fd is not None:
-            self._loop.discard(self._status_fd)
-            children.close(self._status_fd)
-            self._status_fd = None
-        pid, self._watchdog_pid = self._watchdog_pid, 0
-        if pid:
-            _reap_bounded(pid, _WATCHDOG_WAIT)
+        """Tell the watchdog the run is over (it reaps the workers and exits) and reap it."""
+        if self._link.status_fd is not None:
+            self._loop.discard(self._link.status_fd)
+        self._link.end()
 
 
 def _forget_process(worker: Worker) -> None:
@@ -1339,31 +1301,6 @@ def _forget_child(process: Any) -> None:
         mp_process._children.discard(process)
     except (ImportError, AttributeError):
         pass
-
-
-def _reap_bounded(pid: int, limit: float) -> None:
-    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
-    import select
-
-    try:
-        pidfd = proctable.open_pidfd(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if pidfd is not None:
-            select.select([pidfd], [], [], limit)
-        else:
-            deadline = time.monotonic() + limit
-            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
-                time.sleep(proctable.FALLBACK_TICK)
-        if os.waitpid(pid, os.WNOHANG)[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass  # reaped above, or by a caller's waitpid(-1)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
 
 
 def _start_error(exc: BaseException) -> BaseException:

@@ -38,6 +38,12 @@ the supervisor's real uid whose ``/proc/<pid>/environ`` holds ``NUMARUN_RUN_ID=<
 removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, get no
 parent-death signal while it lives, so it finds their trees intact.
 
+The supervisor's end of both pipes is a :class:`Link`: the watchdog's pid, the command pipe, and
+the status pipe cut into lines (what the lines mean is read where they are used: ``P``, ``R``
+and ``E`` while the workers start, ``X`` as the run goes on). :meth:`Link.end` writes ``done``,
+closes both pipes and reaps the watchdog, SIGKILLing it if it has not exited within two
+seconds.
+
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
 itself killed, the workers get SIGKILL from the kernel (``PR_SET_PDEATHSIG``, set in each
@@ -56,7 +62,9 @@ import signal
 import sys
 import time
 
+from numarun.process import children
 from numarun.process.proctable import (
+    FALLBACK_TICK,
     ancestors,
     children_of_self,
     close_all,
@@ -71,6 +79,7 @@ from numarun.process.proctable import (
 )
 
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
+_END_WAIT = 2.0  # seconds the supervisor waits for the watchdog to exit after "done"
 
 
 class Watchdog:
@@ -252,8 +261,8 @@ class Watchdog:
                         victims[pid] = fd
                 for pid, fd in victims.items():
                     sent += send(pid, fd, signal.SIGKILL)
-                children = _reap_all()
-                if (not victims and not children) or time.monotonic() >= deadline:
+                has_children = _reap_all()
+                if (not victims and not has_children) or time.monotonic() >= deadline:
                     return sent
                 waiting = [fd for fd in victims.values() if fd is not None]
                 if self.wake_r >= 0:
@@ -310,6 +319,118 @@ def remove_tree(path: str) -> None:
             pass
     with contextlib.suppress(OSError):
         os.rmdir(path)
+
+
+# --- the supervisor's end ------------------------------------------------------------------------
+
+
+class Link:
+    """The supervisor's end of the watchdog (module docstring): its pid, the command pipe, the
+    status pipe. Made empty; :meth:`attach` once the watchdog is forked. All fds are tracked in
+    the registry of :mod:`numarun.process.children`."""
+
+    def __init__(self) -> None:
+        self.pid = 0  # the watchdog, our child until end() reaps it
+        self.command_fd: int | None = None  # to the watchdog: "F ...", "done"
+        self.status_fd: int | None = None  # from the watchdog: pids, execs, exits
+        self._pending = b""  # read from status_fd, not yet taken as lines
+
+    def attach(self, pid: int, command_fd: int, status_fd: int) -> None:
+        self.pid, self.command_fd, self.status_fd = pid, command_fd, status_fd
+
+    def line(self, deadline: float) -> bytes | None:
+        """The next status line, blocking until ``deadline`` (a ``time.monotonic()``): None
+        when it passed first, b"" at end of file. Only while the workers start: the loop
+        reads the pipe afterwards (:meth:`read`)."""
+        assert self.status_fd is not None
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.status_fd], [], [], remaining)
+            if not ready:
+                continue
+            try:
+                data = os.read(self.status_fd, 4096)
+            except BlockingIOError:
+                continue
+            if not data:
+                return b""
+            self._pending += data
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
+
+    def hold(self, lines: list[bytes]) -> None:
+        """Put ``lines``, read by :meth:`line` ahead of their time, back before the rest."""
+        if lines:
+            self._pending = b"\n".join(lines) + b"\n" + self._pending
+
+    def read(self) -> bytes | None:
+        """Read what the status pipe holds now (never blocks) and keep it for :meth:`lines`;
+        returns it, b"" at end of file or on an error, None when there was nothing yet."""
+        assert self.status_fd is not None
+        try:
+            data = os.read(self.status_fd, 4096)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        self._pending += data
+        return data
+
+    def lines(self) -> list[bytes]:
+        """The complete lines read so far and not yet taken; they are taken."""
+        *lines, self._pending = self._pending.split(b"\n")
+        return lines
+
+    def tell(self, line: bytes) -> None:
+        """Write ``line`` to the watchdog; a watchdog that is gone is not told."""
+        if self.command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.command_fd, line)
+
+    def close_status(self) -> None:
+        """The watchdog ended (end of file): close our end of the status pipe."""
+        children.close(self.status_fd)
+        self.status_fd = None
+
+    def end(self) -> None:
+        """Tell the watchdog the run is over (it reaps the workers and exits), close both pipes
+        and reap it, killing it after ``_END_WAIT`` seconds. Idempotent."""
+        if self.command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.command_fd, b"done\n")
+            children.close(self.command_fd)
+            self.command_fd = None
+        if self.status_fd is not None:
+            children.close(self.status_fd)
+            self.status_fd = None
+        pid, self.pid = self.pid, 0
+        if pid:
+            _reap_bounded(pid, _END_WAIT)
+
+
+def _reap_bounded(pid: int, limit: float) -> None:
+    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
+    try:
+        pidfd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if pidfd is not None:
+            select.select([pidfd], [], [], limit)
+        else:
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
+                time.sleep(FALLBACK_TICK)
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped above, or by a caller's waitpid(-1)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 if __name__ == "__main__":
