@@ -68,7 +68,8 @@ anyway. After a successful run, owned leftovers (daemonized grandchildren) are t
 same way. The supervisor is never a child subreaper and reaps no process but the watchdog, so
 its caller's own children and their orphans are never touched. Limit: with ``"forkserver"``
 workers, a descendant that left the worker's session, never exec'd with the marker and lost its
-parent chain to a live worker cannot be found.
+parent chain to a live worker cannot be found. Each step (sweeping, pinning, signalling, giving
+up): :mod:`numarun.process.teardown`.
 
 If the supervisor dies, even by SIGKILL, the watchdog kills every process of the run (see
 :mod:`numarun.process.watchdog`); if the watchdog dies, the workers get SIGKILL from the kernel
@@ -123,6 +124,7 @@ from numarun.process.spec import (
     WorkerExit,
     WorkerSpec,
 )
+from numarun.process.teardown import Teardown
 from numarun.process.worker import Worker
 
 if TYPE_CHECKING:
@@ -261,6 +263,7 @@ class Supervisor:
         self.grace_period = float(grace_period)
         self.kill_wait = float(kill_wait)
         self._specs = sorted(specs, key=lambda spec: spec.local_rank)
+        self._forkserver = any(spec.start == "forkserver" for spec in self._specs)
         self._teardown_signals = tuple(teardown_signals)
         self._forward_signals = tuple(forward_signals)
         self._is_failure = is_failure
@@ -269,7 +272,6 @@ class Supervisor:
         self._kill = kill
         self._kill_on_death = use_watchdog
         self._remove_if_killed = remove_if_killed
-        self._default_kill = kill is os.kill  # then processes are signalled through pidfds
         self._relay_signal = relay_signal
         self._keep_ignored = self._teardown_signals if keep_ignored is None else tuple(keep_ignored)
         self._stop_signal = signal.SIGTERM  # what a teardown sends first (see relay_signal)
@@ -279,12 +281,19 @@ class Supervisor:
         self._workers: list[Worker] = []
         self._loop = Loop(self._on_signal)
         self._link = watchdog.Link()
-        self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
+        self._teardown = Teardown(
+            self._loop,
+            self._workers,
+            self._link,
+            kill=kill,
+            forkserver=self._forkserver,
+            marker=self._marker,
+            on_given_up=self._stop_watching,
+        )
         self._deadline = 0.0
         self._first_failure: Worker | None = None
         self._received_signal: int | None = None
         self._result: RunResult | None = None
-        self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
         self._programs: dict[int, str] = {}
         self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
         self._watched_consoles: set[int] = set()
@@ -595,7 +604,7 @@ class Supervisor:
                 checks,
                 kill_on_death=self._kill_on_death,
                 kill_limit=max(1.0, self.kill_wait),
-                marker=self._marker if self._has_forkserver() else None,
+                marker=self._marker if self._forkserver else None,
                 uid=os.getuid(),
                 remove_dir=self._remove_if_killed,
             ).serve()
@@ -620,9 +629,6 @@ class Supervisor:
             if check_fd is not None:
                 checks[check_fd] = index
         return pids, checks, b""
-
-    def _has_forkserver(self) -> bool:
-        return any(spec.start == "forkserver" for spec in self._specs)
 
     def _fork_worker(self, worker: Worker, parent_pid: int) -> tuple[int, int | None]:
         """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe)."""
@@ -821,7 +827,7 @@ class Supervisor:
                 t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
             ]
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
-            must_poll = not self._all_tracked_fds()
+            must_poll = not self._teardown.all_pinned()
             if must_poll:
                 timeout = (
                     proctable.FALLBACK_TICK
@@ -840,16 +846,11 @@ class Supervisor:
     def _phase_deadline(self) -> float | None:
         return self._deadline if self._phase in (_TERMINATING, _KILLING, _DRAINING) else None
 
-    def _all_tracked_fds(self) -> bool:
-        return all(fd is not None for fd in self._tracked.values())
-
     def _poll_workers(self) -> None:
         for worker in self._workers:
             if not worker.exited:
                 self._check_exit(worker)
-        for pid, fd in list(self._tracked.items()):
-            if fd is None and not proctable.is_alive(proctable.read_proc_stat(pid)):
-                self._untrack(pid)
+        self._teardown.forget_gone()
 
     def _advance(self) -> None:
         """Phase transitions; called after every batch of events."""
@@ -858,15 +859,15 @@ class Supervisor:
         if self._phase == _RUNNING and all_exited:
             self._begin_teardown()  # success: leftovers (daemonized grandchildren) go too
         if self._phase in (_TERMINATING, _KILLING):
-            if all_exited and not self._tracked:
+            if all_exited and not self._teardown.tracking:
                 signum = self._stop_signal if self._phase == _TERMINATING else signal.SIGKILL
-                if not self._signal_owned(signum):
+                if not self._teardown.signal_owned(signum):
                     self._begin_draining()
             elif now >= self._deadline:
                 if self._phase == _TERMINATING:
                     self._escalate()
                 else:
-                    self._give_up_on_survivors()
+                    self._teardown.give_up_on_survivors()
                     self._begin_draining()
         if self._phase == _DRAINING and (
             not (self._open_streams() or any(c.pending() for c in self._consoles))
@@ -901,19 +902,12 @@ class Supervisor:
         self._deadline = time.monotonic() + self.grace_period
         if received is not None and self._relay_signal:
             self._stop_signal = received
-        # The process table is read before any signal: parent links to a worker are lost as
-        # soon as it dies (its children go up to the watchdog, still ours, but a forkserver
-        # worker's would look like strangers).
-        owned = self._sweep()
-        groups = self._signal_workers(self._stop_signal)
-        self._signal_owned(self._stop_signal, owned, signalled_groups=groups)
+        self._teardown.signal_run(self._stop_signal)
 
     def _escalate(self) -> None:
         self._phase = _KILLING
         self._deadline = time.monotonic() + self.kill_wait
-        owned = self._sweep()
-        self._signal_workers(signal.SIGKILL)
-        self._signal_owned(signal.SIGKILL, owned)
+        self._teardown.kill_run()
 
     def _begin_draining(self) -> None:
         self._phase = _DRAINING
@@ -923,122 +917,6 @@ class Supervisor:
                 # Its pipes may never reach end of file: stop reading them now.
                 for fd in list(worker.outputs):
                     self._close_output(worker, fd)
-
-    def _signal_workers(self, signum: int) -> set[int]:
-        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to each live worker's process
-        group (a forkserver worker: to the worker only); returns the groups reached."""
-        groups: set[int] = set()
-        for worker in self._workers:
-            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0:
-                continue
-            worker.signalled = True
-            if worker.process is not None:
-                # The fork server reaps it: its group id is not held, its pidfd pins it.
-                if self._default_kill and worker.pidfd is not None:
-                    proctable.send(worker.pid, worker.pidfd, signum)
-                    if signum != signal.SIGKILL:
-                        proctable.send(worker.pid, worker.pidfd, signal.SIGCONT)
-                    continue
-                with contextlib.suppress(ProcessLookupError):
-                    self._kill(worker.pid, signum)
-                continue
-            # The watchdog keeps the worker unreaped until the run ends: its group is its own.
-            for sent in (signum, signal.SIGCONT) if signum != signal.SIGKILL else (signum,):
-                try:
-                    self._kill(-worker.pid, sent)
-                    groups.add(worker.pid)
-                except ProcessLookupError:
-                    # Not yet a group leader (before its setsid) or its group is empty.
-                    with contextlib.suppress(ProcessLookupError):
-                        self._kill(worker.pid, sent)
-        return groups
-
-    def _sweep(self) -> dict[int, proctable.ProcInfo]:
-        """The run's live processes other than the workers, pinned (in ``_tracked``), from one
-        read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
-        forkserver = self._has_forkserver()
-        if forkserver or not self._link.pid:  # marked processes and sessions: anywhere
-            table = proctable.read_proc_table()
-        else:
-            table = proctable.read_subtree(self._link.pid)
-        roots: dict[int, int | None] = {}
-        if self._link.pid:
-            roots[self._link.pid] = None  # our child: its pid is ours until we reap it
-        sessions: dict[int, int | None] = {}
-        for worker in self._workers:
-            if worker.pid <= 0:
-                continue
-            if worker.process is None:
-                roots[worker.pid] = None  # held by the watchdog until the run ends
-            elif worker.pidfd is not None or not worker.exited:
-                roots[worker.pid] = worker.pidfd
-                sessions[worker.pid] = worker.pidfd
-        me = os.getpid()
-        pins = dict(self._tracked)
-        owned = proctable.find_run_processes(
-            table,
-            roots=roots,
-            pins=pins,
-            sessions=sessions if forkserver else None,
-            marker=self._marker if forkserver else None,
-            uid=os.getuid(),
-            exclude=proctable.ancestors(me, table) | {me},
-        )
-        for pid, fd in pins.items():
-            if pid not in self._tracked:
-                self._track_owned(pid, fd)
-        return owned
-
-    def _signal_owned(
-        self,
-        signum: int,
-        owned: dict[int, proctable.ProcInfo] | None = None,
-        signalled_groups: set[int] = frozenset(),
-    ) -> bool:
-        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to every live process of
-        ``owned`` (default: a fresh sweep) that has not had it yet (members of
-        ``signalled_groups`` just had it through their group); they stay tracked until they are
-        gone. True if any was found alive."""
-        if owned is None:
-            owned = self._sweep()
-        found = False
-        for pid, info in owned.items():
-            if not proctable.is_alive(info):
-                continue
-            found = True
-            if self._signalled_owned.get(pid) != signum and info[1] not in signalled_groups:
-                sends = (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT)
-                for sent in sends:
-                    if self._default_kill:
-                        proctable.send(pid, self._tracked.get(pid), sent)
-                    else:
-                        with contextlib.suppress(ProcessLookupError):
-                            self._kill(pid, sent)
-            self._signalled_owned[pid] = signum
-        return found
-
-    def _track_owned(self, pid: int, fd: int | None) -> None:
-        self._tracked[pid] = fd
-        if fd is not None:
-            children.track(fd)
-            self._loop.watch(fd, READ, partial(self._untrack, pid), ENDS)
-
-    def _untrack(self, pid: int) -> None:
-        fd = self._tracked.pop(pid, None)
-        if fd is not None and self._loop.is_open:
-            self._loop.unwatch(fd)
-            children.close(fd)
-
-    def _give_up_on_survivors(self) -> None:
-        for worker in self._workers:
-            if not worker.exited:
-                info = proctable.read_proc_stat(worker.pid)
-                worker.state = UNKILLABLE
-                worker.proc_state = info[3] if info is not None else None
-                self._unregister_exit_fd(worker)
-                self._close_pipes_of_dead(worker)
-        for pid in list(self._tracked):
-            self._untrack(pid)
 
     def _read_status(self) -> None:
         """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
@@ -1106,6 +984,11 @@ class Supervisor:
         if self._is_failure is not None and self._is_failure(worker.as_exit(SUCCEEDED)):
             return FAILED
         return SUCCEEDED
+
+    def _stop_watching(self, worker: Worker) -> None:
+        """A worker given up on (unkillable): its exit, payload and result are not awaited."""
+        self._unregister_exit_fd(worker)
+        self._close_pipes_of_dead(worker)
 
     def _unregister_exit_fd(self, worker: Worker) -> None:
         if worker.exit_fd is None:
@@ -1221,24 +1104,9 @@ class Supervisor:
         """SIGKILL every worker tree and owned process now; reap; bounded by ``kill_wait``."""
         self._phase = _KILLING
         self._deadline = time.monotonic() + self.kill_wait
-        owned = self._sweep()
-        self._signal_workers(signal.SIGKILL)
-        self._signal_owned(signal.SIGKILL, owned)
-        opened = self._loop.is_open
-        if opened:
-            self._watch_consoles(watch=False)  # this loop only reaps; consoles wait
-        while opened and time.monotonic() < self._deadline:
-            pending = [w for w in self._workers if not w.exited]
-            if not pending and not self._tracked:
-                break
-            timeout = max(0.0, self._deadline - time.monotonic())
-            if not self._all_tracked_fds():
-                timeout = min(timeout, proctable.FALLBACK_TICK)
-            self._loop.poll(timeout, lanes=(ENDS, OUTPUT))
-            self._poll_workers()
-            if all(w.exited for w in self._workers) and not self._tracked:
-                self._signal_owned(signal.SIGKILL)
-        self._give_up_on_survivors()
+        if self._loop.is_open:
+            self._watch_consoles(watch=False)  # killing only reaps; consoles wait
+        self._teardown.kill_everything(self._deadline, self._poll_workers)
 
     def _emergency_stop(self) -> None:
         if self._result is not None or self._phase == _DONE:
@@ -1269,8 +1137,7 @@ class Supervisor:
             worker.child_fds.clear()
             children.close(worker.pidfd)
             worker.pidfd = None
-        for pid in list(self._tracked):
-            self._untrack(pid)
+        self._teardown.untrack_all()
         self._end_watchdog()
         if self._loop.is_open:
             self._watch_consoles(watch=False)
