@@ -109,7 +109,7 @@ from typing import TYPE_CHECKING, Any
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
 from numarun.process import children, proctable, watchdog
-from numarun.process.loop import CONSOLES, ENDS, OUTPUT, READ, READERS, TRANSFERS, WRITE, Loop
+from numarun.process.loop import ENDS, OUTPUT, READ, READERS, TRANSFERS, Loop
 from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     FAILED,
@@ -124,13 +124,13 @@ from numarun.process.spec import (
     WorkerExit,
     WorkerSpec,
 )
+from numarun.process.streams import Streams
 from numarun.process.teardown import Teardown
 from numarun.process.worker import Worker
 
 if TYPE_CHECKING:
     pass
 
-_READ_SIZE = 256 * 1024
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
 
 
@@ -281,6 +281,7 @@ class Supervisor:
         self._workers: list[Worker] = []
         self._loop = Loop(self._on_signal)
         self._link = watchdog.Link()
+        self._streams = Streams(self._loop, self._workers, self._console_progress)
         self._teardown = Teardown(
             self._loop,
             self._workers,
@@ -295,8 +296,6 @@ class Supervisor:
         self._received_signal: int | None = None
         self._result: RunResult | None = None
         self._programs: dict[int, str] = {}
-        self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
-        self._watched_consoles: set[int] = set()
         self._stop_reason: str | None = None
         self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
 
@@ -788,17 +787,7 @@ class Supervisor:
         if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
             self._loop.watch(worker.exit_fd, READ, partial(self._check_exit, worker), ENDS)
-        for fd, sink in worker.outputs.items():
-            self._loop.watch(fd, READ, partial(self._read_output, worker, fd), OUTPUT)
-            console = getattr(sink, "console", None)
-            if console is not None and all(console is not c for c in self._consoles):
-                self._consoles.append(console)
-        if worker.result_fd is not None:
-            self._loop.watch(worker.result_fd, READ, partial(self._read_result, worker), TRANSFERS)
-        if worker.payload_fd is not None:
-            self._loop.watch(
-                worker.payload_fd, WRITE, partial(self._write_payload, worker), TRANSFERS
-            )
+        self._streams.watch(worker)
 
     def _abort_start(self) -> None:
         """A worker could not start: kill what started, release everything."""
@@ -834,7 +823,7 @@ class Supervisor:
                     if timeout is None
                     else min(timeout, proctable.FALLBACK_TICK)
                 )
-            self._watch_consoles()
+            self._streams.watch_consoles()
             self._loop.poll(timeout)
             if must_poll:
                 self._poll_workers()
@@ -869,31 +858,11 @@ class Supervisor:
                 else:
                     self._teardown.give_up_on_survivors()
                     self._begin_draining()
-        if self._phase == _DRAINING and (
-            not (self._open_streams() or any(c.pending() for c in self._consoles))
-            or now >= self._deadline
-        ):
+        if self._phase == _DRAINING and (not self._streams.flowing() or now >= self._deadline):
             self._phase = _DONE
 
-    def _open_streams(self) -> bool:
-        return any(worker.outputs for worker in self._workers)
-
-    def _watch_consoles(self, *, watch: bool = True) -> None:
-        """Wait for a console (:class:`numarun.process.logs.Console`) to be writable only while
-        output waits for it: tee'd lines are queued there, never written blocking, so a
-        stalled terminal or pipe cannot stop this loop from handling signals and deaths."""
-        for console in self._consoles:
-            fd = console.fileno()
-            if watch and console.pending():
-                if fd not in self._watched_consoles:
-                    self._loop.watch(fd, WRITE, partial(self._flush_console, console), CONSOLES)
-                    self._watched_consoles.add(fd)
-            elif fd in self._watched_consoles:
-                self._loop.unwatch(fd)
-                self._watched_consoles.discard(fd)
-
-    def _flush_console(self, console: Any) -> None:
-        if console.flush() and self._phase == _DRAINING:
+    def _console_progress(self) -> None:
+        if self._phase == _DRAINING:
             # The reader is alive, only slow: give it time, as long as it makes progress.
             self._deadline = max(self._deadline, time.monotonic() + self.kill_wait)
 
@@ -915,8 +884,7 @@ class Supervisor:
         for worker in self._workers:
             if worker.state == UNKILLABLE:
                 # Its pipes may never reach end of file: stop reading them now.
-                for fd in list(worker.outputs):
-                    self._close_output(worker, fd)
+                self._streams.close_outputs(worker)
 
     def _read_status(self) -> None:
         """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
@@ -960,8 +928,8 @@ class Supervisor:
         worker.ended_at = time.time()
         self._unregister_exit_fd(worker)
         if worker.result_fd is not None:
-            self._read_result(worker, until_empty=True)
-        self._close_pipes_of_dead(worker)
+            self._streams.read_result(worker, until_empty=True)
+        self._streams.close_pipes_of_dead(worker)
         state = self._state_of(worker)
         worker.state = state
         ended = worker.as_exit()
@@ -988,79 +956,13 @@ class Supervisor:
     def _stop_watching(self, worker: Worker) -> None:
         """A worker given up on (unkillable): its exit, payload and result are not awaited."""
         self._unregister_exit_fd(worker)
-        self._close_pipes_of_dead(worker)
+        self._streams.close_pipes_of_dead(worker)
 
     def _unregister_exit_fd(self, worker: Worker) -> None:
         if worker.exit_fd is None:
             return
         self._loop.unwatch(worker.exit_fd)
         worker.exit_fd = None
-
-    def _close_pipes_of_dead(self, worker: Worker) -> None:
-        """A dead worker reads no payload and writes no result; its output may go on (a
-        grandchild holding the pipe), so output pipes stay until end of file."""
-        if worker.payload_fd is not None:
-            self._unregister(worker.payload_fd)
-            children.close(worker.payload_fd)
-            worker.payload_fd = None
-            worker.payload_view = None
-        if worker.result_fd is not None:
-            self._unregister(worker.result_fd)
-            children.close(worker.result_fd)
-            worker.result_fd = None
-
-    def _unregister(self, fd: int) -> None:
-        """Stop watching ``fd``; one of a worker that never started was never watched."""
-        self._loop.discard(fd)
-
-    def _read_output(self, worker: Worker, fd: int) -> None:
-        try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            worker.outputs[fd].feed(data)
-        else:
-            self._close_output(worker, fd)
-
-    def _close_output(self, worker: Worker, fd: int) -> None:
-        sink = worker.outputs.pop(fd)
-        self._unregister(fd)
-        children.close(fd)
-        sink.close()
-
-    def _read_result(self, worker: Worker, *, until_empty: bool = False) -> None:
-        assert worker.result_fd is not None
-        while True:
-            try:
-                data = os.read(worker.result_fd, _READ_SIZE)
-            except BlockingIOError:
-                return
-            if not data:
-                self._loop.unwatch(worker.result_fd)
-                children.close(worker.result_fd)
-                worker.result_fd = None
-                return
-            worker.result += data
-            if not until_empty:
-                return
-
-    def _write_payload(self, worker: Worker) -> None:
-        assert worker.payload_fd is not None and worker.payload_view is not None
-        try:
-            written = os.write(worker.payload_fd, worker.payload_view[: children.PIPE_SIZE])
-        except BlockingIOError:
-            return
-        except OSError:
-            written = len(worker.payload_view)  # the reader is gone; drop the rest
-        worker.payload_view = worker.payload_view[written:]
-        if not worker.payload_view:
-            self._loop.unwatch(worker.payload_fd)
-            children.close(worker.payload_fd)
-            worker.payload_fd = None
-            worker.payload_view = None
 
     def _on_signal(self, signum: int) -> None:
         """A signal the loop read from the wakeup socket."""
@@ -1078,13 +980,7 @@ class Supervisor:
     # --- the end -------------------------------------------------------------------------------
 
     def _finish(self) -> RunResult:
-        for worker in self._workers:
-            for fd in list(worker.outputs):
-                self._close_output(worker, fd)
-        for console in self._consoles:
-            console.flush()
-            if console.pending():
-                console.abandon()  # the reader stalled for kill_wait: the run must end
+        self._streams.finish()
         exits = [worker.as_exit() for worker in self._workers]
         first = None
         if self._first_failure is not None:
@@ -1105,7 +1001,7 @@ class Supervisor:
         self._phase = _KILLING
         self._deadline = time.monotonic() + self.kill_wait
         if self._loop.is_open:
-            self._watch_consoles(watch=False)  # killing only reaps; consoles wait
+            self._streams.watch_consoles(watch=False)  # killing only reaps; consoles wait
         self._teardown.kill_everything(self._deadline, self._poll_workers)
 
     def _emergency_stop(self) -> None:
@@ -1127,9 +1023,8 @@ class Supervisor:
         for worker in self._workers:
             self._unregister_exit_fd(worker)
             if self._loop.is_open:
-                self._close_pipes_of_dead(worker)
-            for fd in list(worker.outputs):
-                self._close_output(worker, fd)
+                self._streams.close_pipes_of_dead(worker)
+            self._streams.close_outputs(worker)
             if worker.process is not None:
                 _forget_process(worker)
             for fd in worker.child_fds:
@@ -1140,7 +1035,7 @@ class Supervisor:
         self._teardown.untrack_all()
         self._end_watchdog()
         if self._loop.is_open:
-            self._watch_consoles(watch=False)
+            self._streams.watch_consoles(watch=False)
         self._loop.close()
 
     def _end_watchdog(self) -> None:
