@@ -269,7 +269,6 @@ class Supervisor:
         self._is_failure = is_failure
         self._on_exit = on_exit
         self._on_failure = on_failure
-        self._kill = kill
         self._kill_on_death = use_watchdog
         self._remove_if_killed = remove_if_killed
         self._relay_signal = relay_signal
@@ -453,18 +452,7 @@ class Supervisor:
         """Send ``signum`` to each running worker process (not its process group or
         descendants), or to those of ``local_ranks``; returns the local ranks reached. A
         worker that has exited is never signalled, so a reused pid is never hit."""
-        wanted = None if local_ranks is None else set(local_ranks)
-        reached = []
-        for worker in self._workers:
-            rank = worker.spec.local_rank
-            if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
-                continue
-            try:
-                self._kill(worker.pid, signum)
-            except ProcessLookupError:
-                continue
-            reached.append(rank)
-        return reached
+        return self._teardown.signal_each(signum, local_ranks)
 
     def request_stop(self, reason: str) -> None:
         """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;
@@ -896,14 +884,11 @@ class Supervisor:
             self._watchdog_died()
 
     def _take_status_lines(self) -> None:
-        lines = self._link.lines()
         by_pid = {w.pid: w for w in self._workers if w.process is None}
-        for line in lines:
-            words = line.split()
-            if len(words) == 3 and words[0] == b"X" and int(words[1]) in by_pid:
-                worker = by_pid[int(words[1])]
-                worker.reported = int(words[2])
-                self._check_exit(worker)
+        for pid, code in self._link.exits():
+            if pid in by_pid:
+                by_pid[pid].reported = code
+                self._check_exit(by_pid[pid])
 
     def _watchdog_died(self) -> None:
         """The watchdog ended: when nothing of the run is left (every worker reported), or
@@ -930,7 +915,7 @@ class Supervisor:
         if worker.result_fd is not None:
             self._streams.read_result(worker, until_empty=True)
         self._streams.close_pipes_of_dead(worker)
-        state = self._state_of(worker)
+        state = _state_of(worker, self._is_failure)
         worker.state = state
         ended = worker.as_exit()
         if state == FAILED and self._first_failure is None:
@@ -941,17 +926,6 @@ class Supervisor:
                 self._begin_teardown()
         if self._on_exit is not None:
             self._on_exit(ended)
-
-    def _state_of(self, worker: Worker) -> str:
-        code = worker.exit_code
-        assert code is not None
-        if worker.signalled and (code <= 0 or code >= 128):
-            return TERMINATED
-        if code != 0:
-            return FAILED
-        if self._is_failure is not None and self._is_failure(worker.as_exit(SUCCEEDED)):
-            return FAILED
-        return SUCCEEDED
 
     def _stop_watching(self, worker: Worker) -> None:
         """A worker given up on (unkillable): its exit, payload and result are not awaited."""
@@ -1043,6 +1017,19 @@ class Supervisor:
         if self._link.status_fd is not None:
             self._loop.discard(self._link.status_fd)
         self._link.end()
+
+
+def _state_of(worker: Worker, is_failure: Callable[[WorkerExit], bool] | None) -> str:
+    """The state of a worker that exited: terminated (by our signal), failed or succeeded."""
+    code = worker.exit_code
+    assert code is not None
+    if worker.signalled and (code <= 0 or code >= 128):
+        return TERMINATED
+    if code != 0:
+        return FAILED
+    if is_failure is not None and is_failure(worker.as_exit(SUCCEEDED)):
+        return FAILED
+    return SUCCEEDED
 
 
 def _forget_process(worker: Worker) -> None:

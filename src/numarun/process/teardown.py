@@ -25,8 +25,8 @@ holds, only itself, through its pidfd. Owned processes get each signal once (not
 is the last one they were sent), through their pidfds; those in a process group that was just
 signalled are skipped. Every signal but SIGKILL is followed by SIGCONT to the same targets, so
 that a stopped process acts on it now. With a ``kill`` other than :func:`os.kill` (tests), every
-signal goes through ``kill(pid, signum)``, owned processes included. A worker that exited, or
-was given up on, is never signalled again.
+signal goes through ``kill(pid, signum)``, owned processes included. A worker that exited is
+never signalled again; one given up on gets no more teardown signals.
 
 Giving up. :meth:`Teardown.give_up_on_survivors` marks every worker still alive ``"unkillable"``
 with its ``/proc`` state letter (uninterruptible sleep: ``D``), hands it to ``on_given_up`` (the
@@ -50,7 +50,7 @@ from numarun.process.spec import UNKILLABLE
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Sequence
 
     from numarun.process.loop import Loop
     from numarun.process.watchdog import Link
@@ -128,6 +128,22 @@ class Teardown:
             if all(w.exited for w in self._workers) and not self._tracked:
                 self.signal_owned(signal.SIGKILL)
         self.give_up_on_survivors()
+
+    def signal_each(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
+        """Send ``signum`` to each worker process still running (not its group), or to those
+        of ``local_ranks``; returns the local ranks reached."""
+        wanted = None if local_ranks is None else set(local_ranks)
+        reached = []
+        for worker in self._workers:
+            rank = worker.spec.local_rank
+            if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
+                continue
+            try:
+                self._kill(worker.pid, signum)
+            except ProcessLookupError:
+                continue
+            reached.append(rank)
+        return reached
 
     def signal_workers(self, signum: int) -> set[int]:
         """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to each live worker's process

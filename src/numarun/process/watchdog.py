@@ -39,10 +39,9 @@ removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, 
 parent-death signal while it lives, so it finds their trees intact.
 
 The supervisor's end of both pipes is a :class:`Link`: the watchdog's pid, the command pipe, and
-the status pipe cut into lines (what the lines mean is read where they are used: ``P``, ``R``
-and ``E`` while the workers start, ``X`` as the run goes on). :meth:`Link.end` writes ``done``,
-closes both pipes and reaps the watchdog, SIGKILLing it if it has not exited within two
-seconds.
+the status pipe cut into lines: ``P``, ``R`` and ``E`` are read while the workers start, ``X``
+as the run goes on (:meth:`Link.exits`). :meth:`Link.end` writes ``done``, closes both pipes and
+reaps the watchdog, SIGKILLing it if it has not exited within two seconds.
 
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
@@ -366,7 +365,7 @@ class Link:
             self._pending = b"\n".join(lines) + b"\n" + self._pending
 
     def read(self) -> bytes | None:
-        """Read what the status pipe holds now (never blocks) and keep it for :meth:`lines`;
+        """Read what the status pipe holds now (never blocks) and keep it for :meth:`exits`;
         returns it, b"" at end of file or on an error, None when there was nothing yet."""
         assert self.status_fd is not None
         try:
@@ -378,10 +377,16 @@ class Link:
         self._pending += data
         return data
 
-    def lines(self) -> list[bytes]:
-        """The complete lines read so far and not yet taken; they are taken."""
+    def exits(self) -> list[tuple[int, int]]:
+        """(pid, exit code) of each ``X`` line read so far and not yet taken; every complete
+        line is taken."""
         *lines, self._pending = self._pending.split(b"\n")
-        return lines
+        exits = []
+        for line in lines:
+            words = line.split()
+            if len(words) == 3 and words[0] == b"X":
+                exits.append((int(words[1]), int(words[2])))
+        return exits
 
     def tell(self, line: bytes) -> None:
         """Write ``line`` to the watchdog; a watchdog that is gone is not told."""
