@@ -19,6 +19,7 @@ from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
 from numarun.process import proctable
 from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
+from numarun.process.starting import Starter
 from numarun.process.supervisor import Supervisor
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -363,13 +364,13 @@ def test_teardown_signal_during_start_is_acted_on_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     before = handlers([signal.SIGTERM])
-    real_await = Supervisor._await_started
+    real_await = Starter._await_started
 
-    def await_exec_then_signal(self: Supervisor) -> None:
+    def await_exec_then_signal(self: Starter) -> None:
         real_await(self)
         os.kill(os.getpid(), signal.SIGTERM)  # every worker forked, start() not yet returned
 
-    monkeypatch.setattr(Supervisor, "_await_started", await_exec_then_signal)
+    monkeypatch.setattr(Starter, "_await_started", await_exec_then_signal)
     sup = Supervisor([spec(k, "import time; time.sleep(60)") for k in (0, 1)], grace_period=5)
     result = sup.run()
     assert result.received_signal == signal.SIGTERM

@@ -39,9 +39,10 @@ removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, 
 parent-death signal while it lives, so it finds their trees intact.
 
 The supervisor's end of both pipes is a :class:`Link`: the watchdog's pid, the command pipe, and
-the status pipe cut into lines: ``P``, ``R`` and ``E`` are read while the workers start, ``X``
-as the run goes on (:meth:`Link.exits`). :meth:`Link.end` writes ``done``, closes both pipes and
-reaps the watchdog, SIGKILLing it if it has not exited within two seconds.
+the status pipe cut into lines: ``P``, ``R`` and ``E`` are read while the workers start
+(:mod:`numarun.process.starting`), ``X`` as the run goes on (:meth:`Link.exits`).
+:meth:`Link.end` writes ``done``, closes both pipes and reaps the watchdog, SIGKILLing it if it
+has not exited within two seconds.
 
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
