@@ -23,7 +23,7 @@ fork and its own code is :mod:`numarun.process.children`. :meth:`Starter.start` 
    could be reused) and named to the watchdog (``F <pid> <start time>``), which kills it if the
    supervisor dies.
 4. Registering each worker in the loop: a forkserver worker's sentinel (its end; the others'
-   come from the watchdog) and its pipes (:mod:`numarun.process.streams`).
+   come from the watchdog) and its pipes (``watch_pipes``: :mod:`numarun.process.streams`).
 5. Awaiting every exec (the watchdog's ``R``), or raising the first error it reports; exits
    reported meanwhile are kept for the loop.
 6. Delivering the payloads, to all workers at once, serving only transfers, output and the
@@ -68,7 +68,6 @@ if TYPE_CHECKING:
 
     from numarun.process.loop import Loop
     from numarun.process.spec import WorkerSpec
-    from numarun.process.streams import Streams
 
 _START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
 
@@ -171,8 +170,9 @@ def flush_stdio() -> None:
 
 class Starter:
     """Starts the workers of ``specs`` (sorted by local rank) into ``workers``, the supervisor's
-    list (module docstring). ``on_status()`` is called from the loop when the watchdog's status
-    pipe is readable, ``on_exit(worker)`` when a forkserver worker's sentinel is.
+    list (module docstring). ``watch_pipes(worker)`` puts a started worker's pipes in the loop;
+    ``on_status()`` is called from the loop when the watchdog's status pipe is readable,
+    ``on_exit(worker)`` when a forkserver worker's sentinel is.
 
     ``run_id`` goes into the workers' environment; if the supervisor dies, the watchdog kills
     the run (``kill_on_death``) for at most ``kill_limit`` seconds, looking, when the run has
@@ -185,12 +185,12 @@ class Starter:
         workers: list[Worker],
         loop: Loop,
         link: watchdog.Link,
-        streams: Streams,
         *,
         run_id: str,
         kill_on_death: bool,
         kill_limit: float,
         remove_if_killed: str | None,
+        watch_pipes: Callable[[Worker], None],
         on_status: Callable[[], None],
         on_exit: Callable[[Worker], None],
     ) -> None:
@@ -198,13 +198,13 @@ class Starter:
         self._workers = workers
         self._loop = loop
         self._link = link
-        self._streams = streams
         self._run_id = run_id
         self._marker = f"{RUN_ID_ENV}={run_id}".encode()
         self._forkserver = any(spec.start == "forkserver" for spec in specs)
         self._kill_on_death = kill_on_death
         self._kill_limit = kill_limit
         self._remove_if_killed = remove_if_killed
+        self._watch_pipes = watch_pipes
         self._on_status = on_status
         self._on_exit = on_exit
         self._programs: dict[int, str] = {}
@@ -529,7 +529,7 @@ class Starter:
         if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
             self._loop.watch(worker.exit_fd, READ, partial(self._on_exit, worker), ENDS)
-        self._streams.watch(worker)
+        self._watch_pipes(worker)
 
 
 # --- releasing, and errors ----------------------------------------------------------------------

@@ -92,6 +92,21 @@ The caller's CPU affinity, memory policy, environment and signal handlers are ne
 no files are created (``"forkserver"`` starts :mod:`multiprocessing`'s forkserver once per
 process, with its socket in a temporary directory that multiprocessing removes at exit); every
 fd opened is closed when the run ends.
+
+Inside, :class:`Supervisor` is a facade over its parts, and the run's phases. The parts: the loop
+(:mod:`numarun.process.loop`), the signal scope (:mod:`numarun.process.signals`), the start
+(:mod:`numarun.process.starting`), the workers' pipes (:mod:`numarun.process.streams`), the steps of
+a teardown (:mod:`numarun.process.teardown`), the supervisor's end of the watchdog
+(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.worker`);
+they call back into the supervisor only through the callbacks it hands them. The phases, advanced
+after every batch of events: *new*; *running* from :meth:`Supervisor.start`; *terminating* at the
+first failure, a teardown signal, :meth:`Supervisor.stop`, :meth:`Supervisor.request_stop`, or once
+every worker has ended (success: leftovers are swept); *killing* once the grace period passed or a
+second teardown signal came; *draining* once every worker and owned process is gone (a fresh sweep
+finds none) or, ``kill_wait`` after SIGKILL, the survivors were given up on: output is read until
+end of file, for at most ``kill_wait`` seconds, longer while a slow console takes what waits for it;
+*done*, with the RunResult. A start that fails, and a loop that raises, go straight to killing
+everything and done.
 """
 
 from __future__ import annotations
@@ -121,13 +136,13 @@ from numarun.process.starting import (
 )
 from numarun.process.streams import Streams
 from numarun.process.teardown import Teardown
-from numarun.process.worker import Worker
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from numarun.process.spec import WorkerExit, WorkerSpec
+    from numarun.process.worker import Worker
 
 
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)
@@ -245,11 +260,11 @@ class Supervisor:
             self._workers,
             self._loop,
             self._link,
-            self._streams,
             run_id=self.run_id,
             kill_on_death=self._kill_on_death,
             kill_limit=max(1.0, self.kill_wait),
             remove_if_killed=self._remove_if_killed,
+            watch_pipes=self._streams.watch,
             on_status=self._read_status,
             on_exit=self._check_exit,
         )
