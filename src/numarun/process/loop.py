@@ -61,6 +61,7 @@ if TYPE_CHECKING:
 READ = selectors.EVENT_READ
 WRITE = selectors.EVENT_WRITE
 
+# Lanes (module docstring): what each registration is, so that a poll can serve only some.
 ENDS = "ends"
 OUTPUT = "output"
 TRANSFERS = "transfers"
@@ -104,9 +105,9 @@ class Loop:
         for sock in (self._wakeup_r, self.wakeup):
             sock.setblocking(False)
             children.track(sock.fileno())
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, (SIGNALS, self._read_signals))
+        self._selector.register(self._wakeup_r, READ, (SIGNALS, self._read_signals))
         for fd, callback in self._readers.items():
-            self._selector.register(fd, selectors.EVENT_READ, (READERS, callback))
+            self._selector.register(fd, READ, (READERS, callback))
 
     def close(self) -> None:
         """Forget the readers, close the selector and the sockets; idempotent."""
@@ -199,7 +200,7 @@ class Loop:
             raise UsageError(f"fd {fd} already has a reader; remove it first")
         self._readers[fd] = callback
         if self._selector is not None:
-            self._selector.register(fd, selectors.EVENT_READ, (READERS, callback))
+            self._selector.register(fd, READ, (READERS, callback))
 
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""

@@ -9,31 +9,35 @@ Sweeping. :meth:`Teardown.sweep` reads the process table once (the watchdog's su
 table when the run has ``"forkserver"`` workers, whose marked processes and sessions may be
 anywhere) and finds the owned processes in it with
 :func:`numarun.process.proctable.find_run_processes`, the supervisor and its ancestors left out.
-Roots: the watchdog (our child: its pid is ours until we reap it), each exec or fork worker
-(held by the watchdog until the run ends) and each forkserver worker through its pidfd, while
-it has one or is alive. Each process found is pinned by a pidfd and stays *tracked* until it is
-gone: its pidfd is in the loop (lane :data:`~numarun.process.loop.ENDS`), and one without a
-pidfd is checked by pid (:meth:`Teardown.forget_gone`, which the supervisor calls every
-:data:`~numarun.process.proctable.FALLBACK_TICK` while :meth:`Teardown.all_pinned` is False).
-Every step reads the table before it sends anything: a worker's children lose their parent link
-to it as soon as it dies.
+Roots: the watchdog (our child: its pid is ours until we reap it), each exec or fork worker (held by
+the watchdog until the run ends) and each forkserver worker through its pidfd, while it has one or
+is alive. Each process found is pinned by a pidfd (where one can be opened) and stays *tracked*
+until it is gone: its pidfd is in the loop (lane :data:`~numarun.process.loop.ENDS`), and one
+without a pidfd is checked by pid (:meth:`Teardown.forget_gone`, which the supervisor calls every
+:data:`~numarun.process.proctable.FALLBACK_TICK` while :meth:`Teardown.all_pinned` is False). Every
+step reads the table before it sends anything: a worker's children lose their parent link to it as
+soon as it dies.
 
 Signalling. A live worker gets a signal through its process group (``kill(-pid)``; its group id
 cannot be reused, the watchdog keeps the worker unreaped), or by pid while it is no group leader
 yet (before its ``setsid``) or its group is empty; a forkserver worker, whose group nobody
 holds, only itself, through its pidfd. Owned processes get each signal once (not again while it
-is the last one they were sent), through their pidfds; those in a process group that was just
-signalled are skipped. Every signal but SIGKILL is followed by SIGCONT to the same targets, so
-that a stopped process acts on it now. With a ``kill`` other than :func:`os.kill` (tests), every
-signal goes through ``kill(pid, signum)``, owned processes included. A worker that exited is
-never signalled again; one given up on gets no more teardown signals.
+is the last one they were sent), through their pidfds (by pid where none could be opened);
+those in a process group that was just signalled are skipped. Every signal but SIGKILL is
+followed by SIGCONT to the same targets, so that a stopped process acts on it now, except a
+forkserver worker signalled by pid (no pidfd, or a ``kill`` of the caller's), which gets the
+signal alone. With a ``kill`` other than :func:`os.kill` (tests), every signal goes through
+``kill(pid, signum)``, owned processes included. A worker that exited is never signalled again;
+one given up on gets no more teardown signals.
 
 Giving up. :meth:`Teardown.give_up_on_survivors` marks every worker still alive ``"unkillable"``
 with its ``/proc`` state letter (uninterruptible sleep: ``D``), hands it to ``on_given_up`` (the
 supervisor stops watching its exit and its payload and result pipes) and stops tracking every
 owned process. :meth:`Teardown.kill_everything` is the teardown of a run that cannot go on (a
 failed start, an exception in the loop): SIGKILL to everything at once, then only ends and
-output are served until nothing is left or the deadline passed, then the survivors are given up.
+output are served until nothing is left or the deadline passed (once every worker has ended and
+no owned process is tracked, a fresh sweep SIGKILLs what appeared since), then the survivors are
+given up on.
 """
 
 from __future__ import annotations
