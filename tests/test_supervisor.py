@@ -17,8 +17,9 @@ import pytest
 
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
-from numarun.process import watchdog
+from numarun.process import proctable
 from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
+from numarun.process.starting import Starter
 from numarun.process.supervisor import Supervisor
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -75,7 +76,7 @@ def run(specs: Sequence[WorkerSpec], **kwargs: object) -> RunResult:
 
 def stat_fields(pid: int | str) -> list[bytes] | None:
     """/proc/<pid>/stat after the command name (state, ppid, ...); None once it is gone.
-    Parsed here rather than with numarun.process.watchdog, whose ownership logic these tests
+    Parsed here rather than with numarun.process.proctable, whose ownership logic these tests
     check."""
     try:
         text = Path(f"/proc/{pid}/stat").read_bytes()
@@ -363,13 +364,13 @@ def test_teardown_signal_during_start_is_acted_on_not_fatal(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     before = handlers([signal.SIGTERM])
-    real_await = Supervisor._await_started
+    real_await = Starter._await_started
 
-    def await_exec_then_signal(self: Supervisor) -> None:
+    def await_exec_then_signal(self: Starter) -> None:
         real_await(self)
         os.kill(os.getpid(), signal.SIGTERM)  # every worker forked, start() not yet returned
 
-    monkeypatch.setattr(Supervisor, "_await_started", await_exec_then_signal)
+    monkeypatch.setattr(Starter, "_await_started", await_exec_then_signal)
     sup = Supervisor([spec(k, "import time; time.sleep(60)") for k in (0, 1)], grace_period=5)
     result = sup.run()
     assert result.received_signal == signal.SIGTERM
@@ -598,7 +599,7 @@ def test_unkillable_worker_is_reported_and_wait_returns() -> None:
 
 
 def test_fallback_without_pidfd(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(watchdog, "_pidfds_work", False)
+    monkeypatch.setattr(proctable, "_pidfds_work", False)
     result = run(
         [spec(0, "import time; time.sleep(60)"), spec(1, "import sys; sys.exit(2)")],
         grace_period=5,
@@ -715,7 +716,7 @@ def fake_proc(root: Path, processes: dict[int, tuple[int, int, int, str, int, by
 def test_run_processes_by_descent_then_held_sessions_and_marker_of_our_uid(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(watchdog, "_pidfds_work", False)  # fake pids: nothing to pin
+    monkeypatch.setattr(proctable, "_pidfds_work", False)  # fake pids: nothing to pin
     marker = b"NUMARUN_RUN_ID=run-1"
     fake_proc(
         tmp_path,
@@ -736,15 +737,15 @@ def test_run_processes_by_descent_then_held_sessions_and_marker_of_our_uid(
             50: (1, 50, 50, "S", 0, b"C=1\0"),  # unrelated
         },
     )
-    table = watchdog.read_proc_table(str(tmp_path))
+    table = proctable.read_proc_table(str(tmp_path))
     pins: dict[int, int | None] = {}
     # A run of exec/fork workers: the watchdog's descendants, whatever they did.
-    found = watchdog.find_run_processes(
+    found = proctable.find_run_processes(
         table, roots={11: None, 20: None}, pins=pins, proc=str(tmp_path)
     )
     assert set(found) == {21, 22, 23, 24}
     # Forkserver workers are not below the watchdog: held sessions and our uid's marker.
-    found = watchdog.find_run_processes(
+    found = proctable.find_run_processes(
         table,
         roots={20: None},
         pins={},
@@ -755,8 +756,8 @@ def test_run_processes_by_descent_then_held_sessions_and_marker_of_our_uid(
         proc=str(tmp_path),
     )
     assert set(found) == {21, 22, 30, 40}
-    assert watchdog.ancestors(22, table) == {21, 20, 11, 10, 1}
-    assert not watchdog.is_alive(table[31]) and watchdog.is_alive(table[40])
+    assert proctable.ancestors(22, table) == {21, 20, 11, 10, 1}
+    assert not proctable.is_alive(table[31]) and proctable.is_alive(table[40])
 
 
 def test_a_session_whose_holder_is_gone_is_not_trusted(tmp_path: Path) -> None:
@@ -765,16 +766,18 @@ def test_a_session_whose_holder_is_gone_is_not_trusted(tmp_path: Path) -> None:
     holder = subprocess.Popen([PY, "-c", "pass"])
     holder_fd = os.pidfd_open(holder.pid)
     try:
-        table = watchdog.read_proc_table()
+        table = proctable.read_proc_table()
         sessions = {member.pid: holder_fd}  # as if 'holder' had been that session's worker
         holder.wait()  # reaped: its pid is free, a session of that number could be anyone's
         pins: dict[int, int | None] = {}
-        found = watchdog.find_run_processes(table, roots={}, pins=pins, sessions=sessions)
+        found = proctable.find_run_processes(table, roots={}, pins=pins, sessions=sessions)
         assert member.pid not in found
         live = os.pidfd_open(member.pid)
-        found = watchdog.find_run_processes(table, roots={}, pins=pins, sessions={member.pid: live})
+        found = proctable.find_run_processes(
+            table, roots={}, pins=pins, sessions={member.pid: live}
+        )
         assert member.pid in found
-        watchdog.close_all([live, *pins.values()])
+        proctable.close_all([live, *pins.values()])
     finally:
         os.close(holder_fd)
         member.kill()

@@ -1,5 +1,5 @@
 """What runs in a worker process between fork and the worker's own code, and the fd bookkeeping
-it needs. Used by :mod:`numarun.process.supervisor`, which decides what to start and watches it. The
+it needs. Used by :mod:`numarun.process.starting`, where the supervisor starts its workers. The
 parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which forks them.
 
 ``start="exec"`` (:func:`exec_child`, in a child of :func:`fork`), in this order:

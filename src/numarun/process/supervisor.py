@@ -21,7 +21,8 @@ What each child runs before ``execve`` or ``fork_target`` and in what order (``s
 ``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the watchdog or the forkserver,
 binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome becomes the exit
 status, is :mod:`numarun.process.children`; so is the registry of the fds supervisors hold,
-which forked children close.
+which forked children close. How a start proceeds, step by step, is
+:mod:`numarun.process.starting`.
 
 Workers run with ``NUMARUN_RUN_ID=<run id>`` added to their environment. ``payload`` is written
 by the supervisor to a pipe (exec: fd number in ``NUMARUN_PAYLOAD_FD``; fork/forkserver:
@@ -40,13 +41,13 @@ they ever start stay below it (it is a child subreaper); it reports each worker'
 to the supervisor over a pipe, keeps ended workers unreaped until the run is over, reaps the
 rest, and kills the whole run if the supervisor dies, even by SIGKILL.
 
-Watching is one :mod:`selectors` loop over the watchdog's status pipe, each ``"forkserver"``
-worker's :class:`multiprocessing.Process` sentinel, the workers' output, payload and result
-pipes, the pidfd of each process being torn down, the console while tee'd output waits for it (a
-sink's ``console``, :class:`numarun.process.logs.Console`: nothing in the loop ever blocks on a slow
-terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd`` writes to; timers are
-the select timeout. Where pidfds do not work (Linux before 5.3), processes being torn down are
-checked every 50 ms. It never calls ``waitpid`` on a worker.
+Watching is one :mod:`selectors` loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
+each ``"forkserver"`` worker's :class:`multiprocessing.Process` sentinel, the workers' output,
+payload and result pipes, the pidfd of each process being torn down, the console while tee'd output
+waits for it (a sink's ``console``, :class:`numarun.process.console.Console`: nothing in the loop
+ever blocks on a slow terminal) and, in the main thread, a socket that ``signal.set_wakeup_fd``
+writes to; timers are the select timeout. Where pidfds do not work (Linux before 5.3), processes
+being torn down are checked every 50 ms. It never calls ``waitpid`` on a worker.
 
 Ownership: a process is the run's when it descends from the watchdog (parent links in
 ``/proc``): exactly the workers and every process they started, however it detached. For
@@ -68,7 +69,8 @@ anyway. After a successful run, owned leftovers (daemonized grandchildren) are t
 same way. The supervisor is never a child subreaper and reaps no process but the watchdog, so
 its caller's own children and their orphans are never touched. Limit: with ``"forkserver"``
 workers, a descendant that left the worker's session, never exec'd with the marker and lost its
-parent chain to a live worker cannot be found.
+parent chain to a live worker cannot be found. Each step (sweeping, pinning, signalling, giving
+up): :mod:`numarun.process.teardown`.
 
 If the supervisor dies, even by SIGKILL, the watchdog kills every process of the run (see
 :mod:`numarun.process.watchdog`); if the watchdog dies, the workers get SIGKILL from the kernel
@@ -82,156 +84,65 @@ the next ``wait``); ``forward_signals`` are sent to every live worker and the ru
 previous handlers and wakeup fd are restored when each call returns. Left alone: a teardown
 signal the caller ignores, when it is in ``keep_ignored`` (SIGHUP under ``nohup``: the job
 survives the hangup), and a signal whose handler was not installed from Python
-(``signal.getsignal`` is None). With ``relay_signal`` a signal-caused teardown sends the
+(``signal.getsignal`` is None); how handlers are installed and restored is
+:mod:`numarun.process.signals`. With ``relay_signal`` a signal-caused teardown sends the
 received signal first (SIGINT reaches the workers as SIGINT), SIGKILL after the grace period.
 
 The caller's CPU affinity, memory policy, environment and signal handlers are never changed;
 no files are created (``"forkserver"`` starts :mod:`multiprocessing`'s forkserver once per
 process, with its socket in a temporary directory that multiprocessing removes at exit); every
 fd opened is closed when the run ends.
+
+Inside, :class:`Supervisor` is a facade over its parts, and the run's phases. The parts: the loop
+(:mod:`numarun.process.loop`), the signal scope (:mod:`numarun.process.signals`), the start
+(:mod:`numarun.process.starting`), the workers' pipes (:mod:`numarun.process.streams`), the steps of
+a teardown (:mod:`numarun.process.teardown`), the supervisor's end of the watchdog
+(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.worker`);
+they call back into the supervisor only through the callbacks it hands them. The phases, advanced
+after every batch of events: *new*; *running* from :meth:`Supervisor.start`; *terminating* at the
+first failure, a teardown signal, :meth:`Supervisor.stop`, :meth:`Supervisor.request_stop`, or once
+every worker has ended (success: leftovers are swept); *killing* once the grace period passed or a
+second teardown signal came; *draining* once every worker and owned process is gone (a fresh sweep
+finds none) or, ``kill_wait`` after SIGKILL, the survivors were given up on: output is read until
+end of file, for at most ``kill_wait`` seconds, longer while a slow console takes what waits for it;
+*done*, with the RunResult. A start that fails, and a loop that raises, go straight to killing
+everything and done.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import gc
 import os
-import selectors
 import signal
-import socket
-import sys
-import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
 
-from numarun.errors import BindingError, UsageError
-from numarun.placement import binding
-from numarun.process import children, watchdog
+from numarun.process import watchdog
+from numarun.process.loop import Loop
+from numarun.process.proctable import FALLBACK_TICK
+from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     FAILED,
-    PAYLOAD_FD_ENV,
-    RESULT_FD_ENV,
     RUN_ID_ENV,
-    START_METHODS,
     SUCCEEDED,
     TERMINATED,
     UNKILLABLE,
-    OutputSink,
     RunResult,
-    WorkerExit,
-    WorkerSpec,
-    signal_name,
 )
+from numarun.process.starting import (
+    Starter,
+    check_arguments,
+    flush_stdio,
+    release_worker,
+    start_error,
+)
+from numarun.process.streams import Streams
+from numarun.process.teardown import Teardown
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
-    pass
+    from collections.abc import Callable, Sequence
 
-_READ_SIZE = 256 * 1024
-_FALLBACK_TICK = 0.05  # only without pidfds (see the module docstring)
-_WATCHDOG_WAIT = 2.0
-_START_LIMIT = watchdog.EXEC_LIMIT + 10.0  # the watchdog reports a late exec itself
-
-
-class _Worker:
-    """Mutable bookkeeping for one started worker (the loop's view of it)."""
-
-    def __init__(self, spec: WorkerSpec) -> None:
-        self.spec = spec
-        self.pid = 0
-        self.reported: int | None = None  # the exit code the watchdog reported
-        self.process: Any = None  # multiprocessing.Process for start="forkserver"
-        self.exit_fd: int | None = None  # the forkserver sentinel in the selector
-        self.pidfd: int | None = None  # start="forkserver": pins the worker (see _sweep)
-        self.child_fds: list[int] = []  # the child's ends of its pipes, until it is forked
-        self.streams: dict[str, int] = {}  # "stdout"/"stderr" -> the child's end
-        self.env: dict[str, str] = {}
-        self.payload_child = -1
-        self.result_child = -1
-        self.exit_code: int | None = None
-        self.exited = False
-        self.ended_at: float | None = None
-        self.signalled = False
-        self.payload_fd: int | None = None
-        self.payload_view: memoryview | None = None
-        self.result_fd: int | None = None
-        self.result = bytearray()
-        self.outputs: dict[int, OutputSink] = {}
-        self.state: str | None = None
-        self.proc_state: str | None = None
-
-    def poll(self) -> int | None:
-        """The exit code if the worker has ended, else None; never blocks, never reaps."""
-        if self.exited:
-            return self.exit_code
-        if self.process is not None:
-            return self.process.exitcode
-        return self.reported
-
-
-# --- the supervisor ------------------------------------------------------------------------------
-
-
-def _resolve_program(program: str, env: Mapping[str, str]) -> str | None:
-    """Where ``execve`` would find ``program`` on ``env``'s PATH; None when nowhere."""
-    candidates = (
-        [program]
-        if os.path.dirname(program)
-        else [os.path.join(d or ".", program) for d in os.get_exec_path(dict(env))]
-    )
-    for path in candidates:
-        if os.path.isfile(path) and os.access(path, os.X_OK):
-            return os.path.abspath(path)  # the child may chdir before exec
-    return None
-
-
-def _validate_spec(spec: WorkerSpec) -> str:
-    """Raise UsageError/BindingError (one line) for a spec that cannot start; starts nothing.
-    Returns the program to exec (``start="exec"``), else ''."""
-    who = f"local rank {spec.local_rank}"
-    resolved = ""
-    if spec.start not in START_METHODS:
-        raise UsageError(
-            f"{who}: unknown start method {spec.start!r}; use one of {', '.join(START_METHODS)}"
-        )
-    if spec.start == "exec":
-        if not spec.argv:
-            raise UsageError(f"{who}: start='exec' needs a non-empty argv")
-        program = spec.argv[0]
-        if spec.cwd is not None and os.path.dirname(program):
-            program = os.path.join(spec.cwd, program)  # the child chdirs before exec
-        resolved = _resolve_program(program, spec.env)
-        if resolved is None:
-            raise UsageError(
-                f"{who}: cannot run {spec.argv[0]!r}: not an executable file"
-                + ("" if os.path.dirname(spec.argv[0]) else " on the worker's PATH")
-                + "; give the full path or fix PATH"
-            )
-    elif not callable(spec.fork_target):
-        raise UsageError(f"{who}: start={spec.start!r} needs a callable fork_target")
-    if spec.payload is not None and not isinstance(spec.payload, (bytes, bytearray, memoryview)):
-        raise UsageError(f"{who}: payload must be bytes, not {type(spec.payload).__name__}")
-    if not all(isinstance(fd, int) and fd >= 0 for fd in spec.pass_fds):
-        raise UsageError(f"{who}: pass_fds must be fd numbers >= 0, got {spec.pass_fds!r}")
-    if spec.cwd is not None and not os.path.isdir(spec.cwd):
-        raise UsageError(f"{who}: working directory {spec.cwd!r} does not exist")
-    if spec.cpus is not None:
-        binding.check_cpus(spec.cpus, rank=spec.local_rank)
-    return resolved
-
-
-def _check_signals(teardown: Sequence[int], forward: Sequence[int]) -> None:
-    uncatchable = {signal.SIGKILL, signal.SIGSTOP}
-    for signum in (*teardown, *forward):
-        if signum in uncatchable or signum == signal.SIGCHLD:
-            raise UsageError(f"signal {signum} cannot be handled by the supervisor")
-    both = set(teardown) & set(forward)
-    if both:
-        raise UsageError(
-            f"signal(s) {sorted(both)} are both teardown and forward signals; choose one"
-        )
+    from numarun.process.spec import WorkerExit, WorkerSpec
+    from numarun.process.worker import Worker
 
 
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)
@@ -289,14 +200,7 @@ class Supervisor:
         on_failure: Callable[[WorkerExit], None] | None = None,
         remove_if_killed: str | None = None,
     ) -> None:
-        if not specs:
-            raise UsageError("no workers to start; give at least one WorkerSpec")
-        ranks = [spec.local_rank for spec in specs]
-        if len(set(ranks)) != len(ranks):
-            raise UsageError(f"local ranks must be unique, got {ranks}")
-        if grace_period < 0 or kill_wait < 0:
-            raise UsageError("grace_period and kill_wait must be >= 0 seconds")
-        _check_signals(teardown_signals, forward_signals)
+        check_arguments(specs, grace_period, kill_wait, teardown_signals, forward_signals)
         self.grace_period = float(grace_period)
         self.kill_wait = float(kill_wait)
         self._specs = sorted(specs, key=lambda spec: spec.local_rank)
@@ -305,37 +209,32 @@ class Supervisor:
         self._is_failure = is_failure
         self._on_exit = on_exit
         self._on_failure = on_failure
-        self._kill = kill
         self._kill_on_death = use_watchdog
         self._remove_if_killed = remove_if_killed
-        self._default_kill = kill is os.kill  # then processes are signalled through pidfds
         self._relay_signal = relay_signal
         self._keep_ignored = self._teardown_signals if keep_ignored is None else tuple(keep_ignored)
         self._stop_signal = signal.SIGTERM  # what a teardown sends first (see relay_signal)
         self.run_id = f"{os.getpid()}-{os.urandom(6).hex()}"
-        self._marker = f"{RUN_ID_ENV}={self.run_id}".encode()
         self._phase = _NEW
-        self._workers: list[_Worker] = []
-        self._selector: selectors.BaseSelector | None = None
-        self._wakeup_r: socket.socket | None = None
-        self._wakeup_w: socket.socket | None = None
-        self._watchdog_pid = 0
-        self._command_fd: int | None = None  # to the watchdog: "done"
-        self._status_fd: int | None = None  # from the watchdog: pids, execs, exits
-        self._status_pending = b""
-        self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
+        self._workers: list[Worker] = []
+        self._loop = Loop(self._on_signal)
+        self._link = watchdog.Link()
+        self._streams = Streams(self._loop, self._workers, self._console_progress)
+        self._teardown = Teardown(
+            self._loop,
+            self._workers,
+            self._link,
+            kill=kill,
+            forkserver=any(spec.start == "forkserver" for spec in self._specs),
+            marker=f"{RUN_ID_ENV}={self.run_id}".encode(),
+            on_given_up=self._stop_watching,
+        )
         self._deadline = 0.0
-        self._first_failure: _Worker | None = None
+        self._first_failure: Worker | None = None
         self._received_signal: int | None = None
         self._result: RunResult | None = None
-        self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
-        self._programs: dict[int, str] = {}
-        self._consoles: list[Any] = []  # what tee'd sinks show on (see _watch_consoles)
-        self._watched_consoles: set[int] = set()
-        self._timers: list[_Timer] = []
-        self._readers: dict[int, Callable[[], None]] = {}
         self._stop_reason: str | None = None
-        self._held_scope: _SignalScope | None = None  # see start(hold_signals=True)
+        self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
 
     # --- public --------------------------------------------------------------------------------
 
@@ -356,33 +255,33 @@ class Supervisor:
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.start() may be called once; make a new Supervisor")
-        self._programs = {spec.local_rank: _validate_spec(spec) for spec in self._specs}
+        starter = Starter(
+            self._specs,
+            self._workers,
+            self._loop,
+            self._link,
+            run_id=self.run_id,
+            kill_on_death=self._kill_on_death,
+            kill_limit=max(1.0, self.kill_wait),
+            remove_if_killed=self._remove_if_killed,
+            watch_pipes=self._streams.watch,
+            on_status=self._read_status,
+            on_exit=self._check_exit,
+        )
+        starter.check()
         self._phase = _RUNNING
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                if stream is not None:
-                    stream.flush()  # forked children would print the buffered text again
-            except (OSError, ValueError):
-                pass
-        self._open_loop()
+        flush_stdio()
+        self._loop.open()
         # A teardown signal that arrives while workers start is noted here and acted on by
         # the next wait(); it neither kills us half-way nor gets lost.
         scope = self._signal_scope()
         scope.__enter__()
         try:
-            for spec in self._specs:
-                self._workers.append(self._prepare_worker(spec))
-            self._start_watchdog()
-            for worker in self._workers:
-                if worker.spec.start == "forkserver":
-                    self._forkserver_worker(worker)
-                self._register_worker(worker)
-            self._await_started()
-            self._deliver_payloads()
+            starter.start()
         except BaseException as exc:
             scope.__exit__(None, None, None)
             self._abort_start()
-            raise _start_error(exc) from exc
+            raise start_error(exc) from exc
         if hold_signals:
             self._held_scope = scope
         else:
@@ -405,7 +304,7 @@ class Supervisor:
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.run() may be called once; make a new Supervisor")
-        self._open_loop()
+        self._loop.open()
         with self._signal_scope():
             self.start()
             if on_started is not None:
@@ -436,7 +335,7 @@ class Supervisor:
         try:
             with self._signal_scope():
                 self._take_status_lines()  # exits the watchdog reported while start() waited
-                finished = self._loop(deadline)
+                finished = self._run_until(deadline)
         except BaseException:
             self._emergency_stop()
             raise
@@ -476,41 +375,22 @@ class Supervisor:
         """Call ``callback()`` from the loop every ``interval`` seconds (> 0), first after one
         interval, while the workers run (not during start or teardown). Call before or after
         :meth:`start`; there is no way to cancel a timer but ending the run."""
-        if not interval > 0:
-            raise UsageError(f"call_every needs an interval > 0 seconds, got {interval!r}")
-        self._timers.append(_Timer(float(interval), callback, time.monotonic() + interval))
+        self._loop.call_every(interval, callback)
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the loop whenever ``fd`` (the caller's; never closed here)
         is readable, until :meth:`remove_reader` or the end of the run."""
-        if fd in self._readers:
-            raise UsageError(f"fd {fd} already has a reader; remove it first")
-        self._readers[fd] = callback
-        if self._selector is not None:
-            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
+        self._loop.add_reader(fd, callback)
 
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
-        if self._readers.pop(fd, None) is not None and self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(fd)
+        self._loop.remove_reader(fd)
 
     def send_signal(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
         """Send ``signum`` to each running worker process (not its process group or
         descendants), or to those of ``local_ranks``; returns the local ranks reached. A
         worker that has exited is never signalled, so a reused pid is never hit."""
-        wanted = None if local_ranks is None else set(local_ranks)
-        reached = []
-        for worker in self._workers:
-            rank = worker.spec.local_rank
-            if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
-                continue
-            try:
-                self._kill(worker.pid, signum)
-            except ProcessLookupError:
-                continue
-            reached.append(rank)
-        return reached
+        return self._teardown.signal_each(signum, local_ranks)
 
     def request_stop(self, reason: str) -> None:
         """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;
@@ -522,366 +402,13 @@ class Supervisor:
 
     # --- starting ------------------------------------------------------------------------------
 
-    def _open_loop(self) -> None:
-        """The selector and the signal wakeup socket; idempotent (run() opens them early)."""
-        if self._selector is not None:
-            return
-        self._selector = selectors.DefaultSelector()
-        children.track(self._selector.fileno())
-        self._wakeup_r, self._wakeup_w = socket.socketpair()
-        for sock in (self._wakeup_r, self._wakeup_w):
-            sock.setblocking(False)
-            children.track(sock.fileno())
-        self._selector.register(self._wakeup_r, selectors.EVENT_READ, ("signal", None))
-        for fd, callback in self._readers.items():
-            self._selector.register(fd, selectors.EVENT_READ, ("reader", callback))
-
-    def _signal_scope(self) -> _SignalScope:
-        return _SignalScope(
-            self._wakeup_w,
+    def _signal_scope(self) -> SignalScope:
+        return SignalScope(
+            self._loop.wakeup,
             self._teardown_signals,
             self._forward_signals,
             keep_ignored=self._keep_ignored,
         )
-
-    def _prepare_worker(self, spec: WorkerSpec) -> _Worker:
-        """The worker's pipes and environment; nothing started yet."""
-        worker = _Worker(spec)
-        worker.env = dict(spec.env)
-        worker.env[RUN_ID_ENV] = self.run_id
-        try:
-            if spec.payload is not None:
-                worker.payload_fd, worker.payload_child = children.parent_pipe(parent_reads=False)
-                children.enlarge_pipe(worker.payload_fd)
-                worker.payload_view = memoryview(spec.payload).cast("B")
-                worker.child_fds.append(worker.payload_child)
-            if spec.want_result:
-                worker.result_fd, worker.result_child = children.parent_pipe(parent_reads=True)
-                children.enlarge_pipe(worker.result_fd)
-                worker.child_fds.append(worker.result_child)
-            for name, sink in (("stdout", spec.stdout), ("stderr", spec.stderr)):
-                if sink is not None:
-                    parent_end, child_end = children.parent_pipe(parent_reads=True)
-                    worker.outputs[parent_end] = sink
-                    worker.streams[name] = child_end
-                    worker.child_fds.append(child_end)
-        except BaseException:
-            for fd in (worker.payload_fd, worker.result_fd, *worker.outputs, *worker.child_fds):
-                children.close(fd)
-            raise
-        if spec.start == "exec":
-            if spec.payload is not None:
-                worker.env[PAYLOAD_FD_ENV] = str(worker.payload_child)
-            if spec.want_result:
-                worker.env[RESULT_FD_ENV] = str(worker.result_child)
-        return worker
-
-    def _start_watchdog(self) -> None:
-        """Fork the watchdog, which forks every exec and fork worker; read their pids."""
-        command_w, command_r = children.parent_pipe(parent_reads=False)
-        status_r, status_w = children.parent_pipe(parent_reads=True)
-        os.set_blocking(command_w, True)
-        try:
-            pid = children.fork()
-            if pid == 0:
-                self._become_watchdog(command_r, status_w)
-        except BaseException:
-            for fd in (command_r, command_w, status_r, status_w):
-                children.close(fd)
-            self._close_child_ends()
-            raise
-        children.close(command_r)
-        children.close(status_w)  # so that a watchdog that dies gives us end of file
-        self._watchdog_pid = pid
-        self._command_fd, self._status_fd = command_w, status_r
-        assert self._selector is not None
-        self._selector.register(status_r, selectors.EVENT_READ, ("status", None))
-        forked = [w for w in self._workers if w.spec.start != "forkserver"]
-        try:
-            # Waiting first lets the watchdog run at once where the CPUs are busy; our copies
-            # of the workers' ends of their pipes can be closed afterwards.
-            words = self._status_line(time.monotonic() + _START_LIMIT).split()
-        finally:
-            self._close_child_ends()
-        if not words or words[0] != b"P" or len(words) - 1 != len(forked):
-            raise UsageError("the watchdog process ended while starting workers")
-        for worker, word in zip(forked, words[1:], strict=True):
-            worker.pid = int(word)
-            worker.exited = worker.pid == 0  # not forked: the "E" line that follows says why
-
-    def _close_child_ends(self) -> None:
-        """Our copies of the exec and fork workers' ends of their pipes (the watchdog has its
-        own, and hands them on)."""
-        for worker in self._workers:
-            if worker.spec.start != "forkserver":
-                for fd in worker.child_fds:
-                    children.close(fd)
-                worker.child_fds.clear()
-
-    def _become_watchdog(self, command_fd: int, status_fd: int) -> None:
-        """In the forked watchdog: become a subreaper, fork the workers, serve; never returns.
-
-        Only plain os calls here: another thread of the caller may have held a lock (the fd
-        registry's, an import's) at fork time, and it will never be released in this copy.
-        """
-        try:
-            with contextlib.suppress(ValueError):
-                signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
-            # Without these two the watchdog still works, with less coverage: orphans would go
-            # to init, and the shell's kill -9 -PGID would kill the watchdog too.
-            with contextlib.suppress(OSError):
-                binding.set_child_subreaper(True)
-            # The workers at once: every step before them delays the job's start. The
-            # supervisor's ends of our pipes are tracked fds, which forked workers close, and
-            # exec'd ones close every fd; they are closed here below.
-            pids, checks, failure = self._fork_workers(os.getpid())
-            # Not before the workers, whose "fork" kind would inherit it: a collection would
-            # write to every object of the caller's heap, copying each page of it into this
-            # process (copy-on-write); the little the watchdog allocates can wait.
-            gc.disable()
-            with contextlib.suppress(OSError):
-                os.setpgid(0, 0)
-            # The watchdog holds nothing of the caller's: no file, socket or terminal.
-            keep = sorted({command_fd, status_fd, *checks})
-            for low, high in zip([-1, *keep], [*keep, 1 << 20], strict=True):
-                if high > low + 1:
-                    os.closerange(low + 1, high)
-            with contextlib.suppress(OSError):
-                null = os.open(os.devnull, os.O_RDWR)
-                for target in (0, 1, 2):
-                    if target not in keep and target != null:
-                        os.dup2(null, target)
-                if null > 2:
-                    os.close(null)
-            os.write(status_fd, b"P %s\n" % b" ".join(b"%d" % pid for pid in pids))
-            if failure:
-                os.write(status_fd, failure)
-                watchdog.close_all(checks)
-                checks = {}
-            watchdog.Watchdog(
-                command_fd,
-                status_fd,
-                [pid for pid in pids if pid],
-                checks,
-                kill_on_death=self._kill_on_death,
-                kill_limit=max(1.0, self.kill_wait),
-                marker=self._marker if self._has_forkserver() else None,
-                uid=os.getuid(),
-                remove_dir=self._remove_if_killed,
-            ).serve()
-        finally:
-            os._exit(1)
-
-    def _fork_workers(self, me: int) -> tuple[list[int], dict[int, int], bytes]:
-        """In the watchdog: fork every exec and fork worker. Returns their pids in order (0: not
-        started), each exec worker's error pipe -> its index, and the ``E`` line of a failure."""
-        order = [w for w in self._workers if w.spec.start != "forkserver"]
-        # "fork" workers first: they keep fds that are not in the registry, and none of the
-        # exec workers' error pipes exists yet.
-        fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
-        pids = [0] * len(order)
-        checks: dict[int, int] = {}
-        for index in fork_first:
-            try:
-                pids[index], check_fd = self._fork_worker(order[index], me)
-            except OSError as exc:
-                reason = (exc.strerror or str(exc)).encode(errors="replace")
-                return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
-            if check_fd is not None:
-                checks[check_fd] = index
-        return pids, checks, b""
-
-    def _has_forkserver(self) -> bool:
-        return any(spec.start == "forkserver" for spec in self._specs)
-
-    def _fork_worker(self, worker: _Worker, parent_pid: int) -> tuple[int, int | None]:
-        """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe)."""
-        spec = worker.spec
-        if spec.start == "fork":
-            keep = {
-                fd
-                for fd in (
-                    worker.payload_child,
-                    worker.result_child,
-                    *worker.streams.values(),
-                    *spec.pass_fds,
-                )
-            }
-            keep.discard(-1)
-            pid = children.fork()
-            if pid == 0:
-                children.fork_child(
-                    keep,
-                    parent_pid,
-                    spec,
-                    worker.env,
-                    worker.payload_child,
-                    worker.result_child,
-                    worker.streams.get("stdout"),
-                    worker.streams.get("stderr"),
-                    _SignalScope.restore_callers_handlers,
-                )
-            return pid, None
-        check_r, check_w = os.pipe()
-        try:
-            pid = children.fork()
-            if pid == 0:
-                children.exec_child(
-                    check_w,
-                    parent_pid,
-                    spec,
-                    self._programs[spec.local_rank],
-                    worker.env,
-                    [
-                        *(fd for fd in worker.child_fds if fd not in worker.streams.values()),
-                        *spec.pass_fds,
-                    ],
-                    worker.streams.get("stdout"),
-                    worker.streams.get("stderr"),
-                )
-        except BaseException:
-            os.close(check_r)
-            raise
-        finally:
-            os.close(check_w)
-        return pid, check_r
-
-    def _status_line(self, deadline: float) -> bytes:
-        """The next line from the watchdog, blocking until ``deadline``; b"" at end of file."""
-        import select
-
-        assert self._status_fd is not None
-        while b"\n" not in self._status_pending:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise UsageError("the watchdog process did not answer while starting workers")
-            ready, _, _ = select.select([self._status_fd], [], [], remaining)
-            if not ready:
-                continue
-            try:
-                data = os.read(self._status_fd, 4096)
-            except BlockingIOError:
-                continue
-            if not data:
-                return b""
-            self._status_pending += data
-        line, _, self._status_pending = self._status_pending.partition(b"\n")
-        return line
-
-    def _deliver_payloads(self) -> None:
-        """Write every payload now, to all children at once, so that workers run whether or not
-        anyone waits; what a child has not read within ``_START_LIMIT`` stays with the loop.
-        What the workers send meanwhile (results, output, the caller's readers) is read as the
-        loop reads it, so a worker that answers while it reads cannot stall us; exits and
-        signals wait for the loop."""
-        assert self._selector is not None
-        deadline = time.monotonic() + _START_LIMIT
-        while any(w.payload_fd is not None for w in self._workers):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return
-            for key, mask in self._selector.select(left):
-                if key.data[0] in ("payload", "result", "output", "reader"):
-                    self._dispatch(key, mask)
-
-    def _await_started(self) -> None:
-        """Wait until every exec worker exec'd (the watchdog's ``R``); raise the first error as
-        UsageError (exec) or BindingError (binding), one line. Exits reported meanwhile are
-        kept for the loop."""
-        forked = [w for w in self._workers if w.spec.start != "forkserver"]
-        deadline = time.monotonic() + _START_LIMIT
-        held: list[bytes] = []
-        try:
-            while True:
-                line = self._status_line(deadline)
-                if not line:
-                    raise UsageError("the watchdog process ended while workers were starting")
-                if line == b"R":
-                    return
-                if line.startswith(b"E "):
-                    _, index, report = line.split(b" ", 2)
-                    worker = forked[int(index)]
-                    raise _child_error(worker.spec, report.decode(errors="replace"))
-                held.append(line)
-        finally:
-            if held:
-                self._status_pending = b"\n".join(held) + b"\n" + self._status_pending
-
-    def _forkserver_worker(self, worker: _Worker) -> None:
-        import multiprocessing
-        import pickle
-        from multiprocessing import forkserver
-
-        spec = worker.spec
-        context = multiprocessing.get_context("forkserver")
-        forkserver.ensure_running()
-        server_pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
-
-        def inherited(fd: int | None) -> children.InheritedFd | int | None:
-            if fd is None:
-                return None
-            return -1 if fd < 0 else children.InheritedFd(fd)
-
-        process = context.Process(
-            target=children.forkserver_child,
-            args=(
-                spec.fork_target,
-                server_pid,
-                tuple(spec.cpus) if spec.cpus is not None else None,
-                spec.mem,
-                worker.env,
-                spec.cwd,
-                inherited(worker.payload_child),
-                inherited(worker.result_child),
-                inherited(worker.streams.get("stdout")),
-                inherited(worker.streams.get("stderr")),
-                tuple(children.InheritedFd(fd) for fd in spec.pass_fds),
-            ),
-            name=f"numarun-rank{spec.local_rank}",
-        )
-        try:
-            process.start()
-        except (pickle.PicklingError, TypeError, AttributeError) as exc:
-            # Lambdas and local functions: PicklingError or AttributeError; live objects
-            # (locks, sockets) held by a partial: TypeError.
-            raise UsageError(
-                f"local rank {spec.local_rank}: start='forkserver' needs a picklable "
-                f"module-level fork_target ({exc})"
-            ) from exc
-        finally:
-            for fd in worker.child_fds:
-                children.close(fd)
-            worker.child_fds.clear()
-        # The supervisor waits for it and closes it: multiprocessing's exit handler must not
-        # join it too (it would find it closed).
-        _forget_child(process)
-        worker.process = process
-        worker.pid = process.pid
-        # Pinned at once: the fork server reaps it when it ends, and its pid could be reused.
-        with contextlib.suppress(ProcessLookupError):
-            worker.pidfd = watchdog.open_pidfd(worker.pid)
-            if worker.pidfd is not None:
-                children.track(worker.pidfd)
-        # Not the watchdog's child: it must be told, to kill it if we die.
-        started = watchdog.start_time(worker.pid)
-        if started is not None and self._command_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._command_fd, b"F %d %d\n" % (worker.pid, started))
-
-    def _register_worker(self, worker: _Worker) -> None:
-        assert self._selector is not None
-        if worker.process is not None:  # the others' exits come from the watchdog
-            worker.exit_fd = worker.process.sentinel
-            self._selector.register(worker.exit_fd, selectors.EVENT_READ, ("exit", worker))
-        for fd, sink in worker.outputs.items():
-            self._selector.register(fd, selectors.EVENT_READ, ("output", worker))
-            console = getattr(sink, "console", None)
-            if console is not None and all(console is not c for c in self._consoles):
-                self._consoles.append(console)
-        if worker.result_fd is not None:
-            self._selector.register(worker.result_fd, selectors.EVENT_READ, ("result", worker))
-        if worker.payload_fd is not None:
-            self._selector.register(worker.payload_fd, selectors.EVENT_WRITE, ("payload", worker))
 
     def _abort_start(self) -> None:
         """A worker could not start: kill what started, release everything."""
@@ -894,10 +421,9 @@ class Supervisor:
 
     # --- the loop ------------------------------------------------------------------------------
 
-    def _loop(self, deadline: float | None) -> bool:
+    def _run_until(self, deadline: float | None) -> bool:
         """Dispatch events and advance phases until done (True) or ``deadline`` (False).
         Events already waiting are dispatched even when ``deadline`` has passed (``wait(0)``)."""
-        assert self._selector is not None
         passes = 0
         while True:
             self._advance()
@@ -911,69 +437,29 @@ class Supervisor:
                 t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
             ]
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
-            must_poll = not self._all_tracked_fds()
+            must_poll = not self._teardown.all_pinned()
             if must_poll:
-                timeout = _FALLBACK_TICK if timeout is None else min(timeout, _FALLBACK_TICK)
-            self._watch_consoles()
-            for key, mask in self._selector.select(timeout):
-                self._dispatch(key, mask)
+                timeout = FALLBACK_TICK if timeout is None else min(timeout, FALLBACK_TICK)
+            self._streams.watch_consoles()
+            self._loop.poll(timeout)
             if must_poll:
                 self._poll_workers()
-            self._run_due_timers()
+            self._loop.run_due(self._running)
+
+    def _running(self) -> bool:
+        return self._phase == _RUNNING
 
     def _next_timer(self) -> float | None:
-        if self._phase != _RUNNING or not self._timers:
-            return None
-        return min(timer.due for timer in self._timers)
-
-    def _run_due_timers(self) -> None:
-        now = time.monotonic()
-        for timer in self._timers:
-            if self._phase != _RUNNING:
-                return
-            if timer.due <= now:
-                # The next call is one interval after this one ends: a slow callback never
-                # makes calls pile up.
-                timer.callback()
-                timer.due = time.monotonic() + timer.interval
+        return self._loop.next_due() if self._phase == _RUNNING else None
 
     def _phase_deadline(self) -> float | None:
         return self._deadline if self._phase in (_TERMINATING, _KILLING, _DRAINING) else None
-
-    def _all_tracked_fds(self) -> bool:
-        return all(fd is not None for fd in self._tracked.values())
-
-    def _dispatch(self, key: selectors.SelectorKey, mask: int) -> None:
-        assert self._selector is not None
-        if self._selector.get_map().get(key.fd) is not key:
-            return  # unregistered by an earlier event of the same batch (its fd may be reused)
-        kind, worker = key.data
-        if kind == "exit":
-            self._check_exit(worker)
-        elif kind == "status":
-            self._read_status()
-        elif kind == "output":
-            self._read_output(worker, key.fd)
-        elif kind == "result":
-            self._read_result(worker)
-        elif kind == "payload":
-            self._write_payload(worker)
-        elif kind == "owned":
-            self._untrack(worker)
-        elif kind == "console":
-            self._flush_console(worker)
-        elif kind == "reader":
-            worker()
-        else:
-            self._read_signals()
 
     def _poll_workers(self) -> None:
         for worker in self._workers:
             if not worker.exited:
                 self._check_exit(worker)
-        for pid, fd in list(self._tracked.items()):
-            if fd is None and not watchdog.is_alive(watchdog.read_proc_stat(pid)):
-                self._untrack(pid)
+        self._teardown.forget_gone()
 
     def _advance(self) -> None:
         """Phase transitions; called after every batch of events."""
@@ -982,42 +468,21 @@ class Supervisor:
         if self._phase == _RUNNING and all_exited:
             self._begin_teardown()  # success: leftovers (daemonized grandchildren) go too
         if self._phase in (_TERMINATING, _KILLING):
-            if all_exited and not self._tracked:
+            if all_exited and not self._teardown.tracking:
                 signum = self._stop_signal if self._phase == _TERMINATING else signal.SIGKILL
-                if not self._signal_owned(signum):
+                if not self._teardown.signal_owned(signum):
                     self._begin_draining()
             elif now >= self._deadline:
                 if self._phase == _TERMINATING:
                     self._escalate()
                 else:
-                    self._give_up_on_survivors()
+                    self._teardown.give_up_on_survivors()
                     self._begin_draining()
-        if self._phase == _DRAINING and (
-            not (self._open_streams() or any(c.pending() for c in self._consoles))
-            or now >= self._deadline
-        ):
+        if self._phase == _DRAINING and (not self._streams.flowing() or now >= self._deadline):
             self._phase = _DONE
 
-    def _open_streams(self) -> bool:
-        return any(worker.outputs for worker in self._workers)
-
-    def _watch_consoles(self, *, watch: bool = True) -> None:
-        """Wait for a console (:class:`numarun.process.logs.Console`) to be writable only while
-        output waits for it: tee'd lines are queued there, never written blocking, so a
-        stalled terminal or pipe cannot stop this loop from handling signals and deaths."""
-        assert self._selector is not None
-        for console in self._consoles:
-            fd = console.fileno()
-            if watch and console.pending():
-                if fd not in self._watched_consoles:
-                    self._selector.register(fd, selectors.EVENT_WRITE, ("console", console))
-                    self._watched_consoles.add(fd)
-            elif fd in self._watched_consoles:
-                self._selector.unregister(fd)
-                self._watched_consoles.discard(fd)
-
-    def _flush_console(self, console: Any) -> None:
-        if console.flush() and self._phase == _DRAINING:
+    def _console_progress(self) -> None:
+        if self._phase == _DRAINING:
             # The reader is alive, only slow: give it time, as long as it makes progress.
             self._deadline = max(self._deadline, time.monotonic() + self.kill_wait)
 
@@ -1026,19 +491,12 @@ class Supervisor:
         self._deadline = time.monotonic() + self.grace_period
         if received is not None and self._relay_signal:
             self._stop_signal = received
-        # The process table is read before any signal: parent links to a worker are lost as
-        # soon as it dies (its children go up to the watchdog, still ours, but a forkserver
-        # worker's would look like strangers).
-        owned = self._sweep()
-        groups = self._signal_workers(self._stop_signal)
-        self._signal_owned(self._stop_signal, owned, signalled_groups=groups)
+        self._teardown.signal_run(self._stop_signal)
 
     def _escalate(self) -> None:
         self._phase = _KILLING
         self._deadline = time.monotonic() + self.kill_wait
-        owned = self._sweep()
-        self._signal_workers(signal.SIGKILL)
-        self._signal_owned(signal.SIGKILL, owned)
+        self._teardown.kill_run()
 
     def _begin_draining(self) -> None:
         self._phase = _DRAINING
@@ -1046,158 +504,31 @@ class Supervisor:
         for worker in self._workers:
             if worker.state == UNKILLABLE:
                 # Its pipes may never reach end of file: stop reading them now.
-                for fd in list(worker.outputs):
-                    self._close_output(worker, fd)
-
-    def _signal_workers(self, signum: int) -> set[int]:
-        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to each live worker's process
-        group (a forkserver worker: to the worker only); returns the groups reached."""
-        groups: set[int] = set()
-        for worker in self._workers:
-            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0:
-                continue
-            worker.signalled = True
-            if worker.process is not None:
-                # The fork server reaps it: its group id is not held, its pidfd pins it.
-                if self._default_kill and worker.pidfd is not None:
-                    watchdog.send(worker.pid, worker.pidfd, signum)
-                    if signum != signal.SIGKILL:
-                        watchdog.send(worker.pid, worker.pidfd, signal.SIGCONT)
-                    continue
-                with contextlib.suppress(ProcessLookupError):
-                    self._kill(worker.pid, signum)
-                continue
-            # The watchdog keeps the worker unreaped until the run ends: its group is its own.
-            for sent in (signum, signal.SIGCONT) if signum != signal.SIGKILL else (signum,):
-                try:
-                    self._kill(-worker.pid, sent)
-                    groups.add(worker.pid)
-                except ProcessLookupError:
-                    # Not yet a group leader (before its setsid) or its group is empty.
-                    with contextlib.suppress(ProcessLookupError):
-                        self._kill(worker.pid, sent)
-        return groups
-
-    def _sweep(self) -> dict[int, watchdog.ProcInfo]:
-        """The run's live processes other than the workers, pinned (in ``_tracked``), from one
-        read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
-        forkserver = self._has_forkserver()
-        if forkserver or not self._watchdog_pid:  # marked processes and sessions: anywhere
-            table = watchdog.read_proc_table()
-        else:
-            table = watchdog.read_subtree(self._watchdog_pid)
-        roots: dict[int, int | None] = {}
-        if self._watchdog_pid:
-            roots[self._watchdog_pid] = None  # our child: its pid is ours until we reap it
-        sessions: dict[int, int | None] = {}
-        for worker in self._workers:
-            if worker.pid <= 0:
-                continue
-            if worker.process is None:
-                roots[worker.pid] = None  # held by the watchdog until the run ends
-            elif worker.pidfd is not None or not worker.exited:
-                roots[worker.pid] = worker.pidfd
-                sessions[worker.pid] = worker.pidfd
-        me = os.getpid()
-        pins = dict(self._tracked)
-        owned = watchdog.find_run_processes(
-            table,
-            roots=roots,
-            pins=pins,
-            sessions=sessions if forkserver else None,
-            marker=self._marker if forkserver else None,
-            uid=os.getuid(),
-            exclude=watchdog.ancestors(me, table) | {me},
-        )
-        for pid, fd in pins.items():
-            if pid not in self._tracked:
-                self._track_owned(pid, fd)
-        return owned
-
-    def _signal_owned(
-        self,
-        signum: int,
-        owned: dict[int, watchdog.ProcInfo] | None = None,
-        signalled_groups: set[int] = frozenset(),
-    ) -> bool:
-        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to every live process of
-        ``owned`` (default: a fresh sweep) that has not had it yet (members of
-        ``signalled_groups`` just had it through their group); they stay tracked until they are
-        gone. True if any was found alive."""
-        if owned is None:
-            owned = self._sweep()
-        found = False
-        for pid, info in owned.items():
-            if not watchdog.is_alive(info):
-                continue
-            found = True
-            if self._signalled_owned.get(pid) != signum and info[1] not in signalled_groups:
-                sends = (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT)
-                for sent in sends:
-                    if self._default_kill:
-                        watchdog.send(pid, self._tracked.get(pid), sent)
-                    else:
-                        with contextlib.suppress(ProcessLookupError):
-                            self._kill(pid, sent)
-            self._signalled_owned[pid] = signum
-        return found
-
-    def _track_owned(self, pid: int, fd: int | None) -> None:
-        assert self._selector is not None
-        self._tracked[pid] = fd
-        if fd is not None:
-            children.track(fd)
-            self._selector.register(fd, selectors.EVENT_READ, ("owned", pid))
-
-    def _untrack(self, pid: int) -> None:
-        fd = self._tracked.pop(pid, None)
-        if fd is not None and self._selector is not None:
-            self._selector.unregister(fd)
-            children.close(fd)
-
-    def _give_up_on_survivors(self) -> None:
-        for worker in self._workers:
-            if not worker.exited:
-                info = watchdog.read_proc_stat(worker.pid)
-                worker.state = UNKILLABLE
-                worker.proc_state = info[3] if info is not None else None
-                self._unregister_exit_fd(worker)
-                self._close_pipes_of_dead(worker)
-        for pid in list(self._tracked):
-            self._untrack(pid)
+                self._streams.close_outputs(worker)
 
     def _read_status(self) -> None:
         """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
-        assert self._status_fd is not None
-        try:
-            data = os.read(self._status_fd, 4096)
-        except BlockingIOError:
+        data = self._link.read()
+        if data is None:
             return
-        except OSError:
-            data = b""
-        self._status_pending += data
         self._take_status_lines()
         if not data:
             self._watchdog_died()
 
     def _take_status_lines(self) -> None:
-        *lines, self._status_pending = self._status_pending.split(b"\n")
         by_pid = {w.pid: w for w in self._workers if w.process is None}
-        for line in lines:
-            words = line.split()
-            if len(words) == 3 and words[0] == b"X" and int(words[1]) in by_pid:
-                worker = by_pid[int(words[1])]
-                worker.reported = int(words[2])
-                self._check_exit(worker)
+        for pid, code in self._link.exits():
+            if pid in by_pid:
+                by_pid[pid].reported = code
+                self._check_exit(by_pid[pid])
 
     def _watchdog_died(self) -> None:
         """The watchdog ended: when nothing of the run is left (every worker reported), or
         killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
         and what they started went up to init, out of reach."""
-        assert self._selector is not None and self._status_fd is not None
-        self._selector.unregister(self._status_fd)
-        children.close(self._status_fd)
-        self._status_fd = None
+        assert self._link.status_fd is not None
+        self._loop.unwatch(self._link.status_fd)
+        self._link.close_status()
         for worker in self._workers:
             if worker.process is None and not worker.exited and worker.pid > 0:
                 worker.reported = -signal.SIGKILL
@@ -1205,7 +536,7 @@ class Supervisor:
 
     # --- events --------------------------------------------------------------------------------
 
-    def _check_exit(self, worker: _Worker) -> None:
+    def _check_exit(self, worker: Worker) -> None:
         code = worker.poll()
         if code is None:
             return
@@ -1214,11 +545,11 @@ class Supervisor:
         worker.ended_at = time.time()
         self._unregister_exit_fd(worker)
         if worker.result_fd is not None:
-            self._read_result(worker, until_empty=True)
-        self._close_pipes_of_dead(worker)
-        state = self._state_of(worker)
+            self._streams.read_result(worker, until_empty=True)
+        self._streams.close_pipes_of_dead(worker)
+        state = _state_of(worker, self._is_failure)
         worker.state = state
-        ended = self._exit_of(worker)
+        ended = worker.as_exit()
         if state == FAILED and self._first_failure is None:
             self._first_failure = worker
             if self._phase == _RUNNING:
@@ -1228,139 +559,35 @@ class Supervisor:
         if self._on_exit is not None:
             self._on_exit(ended)
 
-    def _state_of(self, worker: _Worker) -> str:
-        code = worker.exit_code
-        assert code is not None
-        if worker.signalled and (code <= 0 or code >= 128):
-            return TERMINATED
-        if code != 0:
-            return FAILED
-        if self._is_failure is not None and self._is_failure(
-            self._exit_of(worker, state=SUCCEEDED)
-        ):
-            return FAILED
-        return SUCCEEDED
+    def _stop_watching(self, worker: Worker) -> None:
+        """A worker given up on (unkillable): its exit, payload and result are not awaited."""
+        self._unregister_exit_fd(worker)
+        self._streams.close_pipes_of_dead(worker)
 
-    def _exit_of(self, worker: _Worker, state: str | None = None) -> WorkerExit:
-        state = state or worker.state or UNKILLABLE
-        ended = WorkerExit(
-            local_rank=worker.spec.local_rank,
-            rank=worker.spec.rank,
-            pid=worker.pid,
-            exit_code=worker.exit_code if state != UNKILLABLE else None,
-            signal_name=signal_name(worker.exit_code) if state != UNKILLABLE else None,
-            state=state,
-            ended_at=worker.ended_at if state != UNKILLABLE else None,
-            result=bytes(worker.result),
-            proc_state=worker.proc_state if state == UNKILLABLE else None,
-        )
-        return ended
-
-    def _unregister_exit_fd(self, worker: _Worker) -> None:
+    def _unregister_exit_fd(self, worker: Worker) -> None:
         if worker.exit_fd is None:
             return
-        assert self._selector is not None
-        self._selector.unregister(worker.exit_fd)
+        self._loop.unwatch(worker.exit_fd)
         worker.exit_fd = None
 
-    def _close_pipes_of_dead(self, worker: _Worker) -> None:
-        """A dead worker reads no payload and writes no result; its output may go on (a
-        grandchild holding the pipe), so output pipes stay until end of file."""
-        if worker.payload_fd is not None:
-            self._unregister(worker.payload_fd)
-            children.close(worker.payload_fd)
-            worker.payload_fd = None
-            worker.payload_view = None
-        if worker.result_fd is not None:
-            self._unregister(worker.result_fd)
-            children.close(worker.result_fd)
-            worker.result_fd = None
-
-    def _unregister(self, fd: int) -> None:
-        """Stop watching ``fd``; one of a worker that never started was never watched."""
-        if self._selector is not None:
-            with contextlib.suppress(KeyError):
-                self._selector.unregister(fd)
-
-    def _read_output(self, worker: _Worker, fd: int) -> None:
-        try:
-            data = os.read(fd, _READ_SIZE)
-        except BlockingIOError:
-            return
-        except OSError:
-            data = b""
-        if data:
-            worker.outputs[fd].feed(data)
-        else:
-            self._close_output(worker, fd)
-
-    def _close_output(self, worker: _Worker, fd: int) -> None:
-        sink = worker.outputs.pop(fd)
-        self._unregister(fd)
-        children.close(fd)
-        sink.close()
-
-    def _read_result(self, worker: _Worker, *, until_empty: bool = False) -> None:
-        assert worker.result_fd is not None and self._selector is not None
-        while True:
-            try:
-                data = os.read(worker.result_fd, _READ_SIZE)
-            except BlockingIOError:
-                return
-            if not data:
-                self._selector.unregister(worker.result_fd)
-                children.close(worker.result_fd)
-                worker.result_fd = None
-                return
-            worker.result += data
-            if not until_empty:
-                return
-
-    def _write_payload(self, worker: _Worker) -> None:
-        assert worker.payload_fd is not None and worker.payload_view is not None
-        try:
-            written = os.write(worker.payload_fd, worker.payload_view[: children.PIPE_SIZE])
-        except BlockingIOError:
-            return
-        except OSError:
-            written = len(worker.payload_view)  # the reader is gone; drop the rest
-        worker.payload_view = worker.payload_view[written:]
-        if not worker.payload_view:
-            assert self._selector is not None
-            self._selector.unregister(worker.payload_fd)
-            children.close(worker.payload_fd)
-            worker.payload_fd = None
-            worker.payload_view = None
-
-    def _read_signals(self) -> None:
-        assert self._wakeup_r is not None
-        try:
-            data = self._wakeup_r.recv(4096)
-        except BlockingIOError:
-            return
-        for signum in data:
-            if signum in self._teardown_signals:
-                if self._phase == _RUNNING:
-                    self._received_signal = signum
-                    self._begin_teardown(signum)
-                elif self._phase == _TERMINATING:
-                    self._escalate()  # asked twice: skip the rest of the grace period
-            elif signum in self._forward_signals:
-                self.send_signal(signum)
-            elif signum == signal.SIGCHLD:
-                self._poll_workers()
+    def _on_signal(self, signum: int) -> None:
+        """A signal the loop read from the wakeup socket."""
+        if signum in self._teardown_signals:
+            if self._phase == _RUNNING:
+                self._received_signal = signum
+                self._begin_teardown(signum)
+            elif self._phase == _TERMINATING:
+                self._escalate()  # asked twice: skip the rest of the grace period
+        elif signum in self._forward_signals:
+            self.send_signal(signum)
+        elif signum == signal.SIGCHLD:
+            self._poll_workers()
 
     # --- the end -------------------------------------------------------------------------------
 
     def _finish(self) -> RunResult:
-        for worker in self._workers:
-            for fd in list(worker.outputs):
-                self._close_output(worker, fd)
-        for console in self._consoles:
-            console.flush()
-            if console.pending():
-                console.abandon()  # the reader stalled for kill_wait: the run must end
-        exits = [self._exit_of(worker) for worker in self._workers]
+        self._streams.finish()
+        exits = [worker.as_exit() for worker in self._workers]
         first = None
         if self._first_failure is not None:
             first = exits[self._workers.index(self._first_failure)]
@@ -1379,35 +606,9 @@ class Supervisor:
         """SIGKILL every worker tree and owned process now; reap; bounded by ``kill_wait``."""
         self._phase = _KILLING
         self._deadline = time.monotonic() + self.kill_wait
-        owned = self._sweep()
-        self._signal_workers(signal.SIGKILL)
-        self._signal_owned(signal.SIGKILL, owned)
-        selector = self._selector
-        if selector is not None:
-            self._watch_consoles(watch=False)  # this loop only reaps; consoles wait
-        while selector is not None and time.monotonic() < self._deadline:
-            pending = [w for w in self._workers if not w.exited]
-            if not pending and not self._tracked:
-                break
-            timeout = max(0.0, self._deadline - time.monotonic())
-            if not self._all_tracked_fds():
-                timeout = min(timeout, _FALLBACK_TICK)
-            for key, _mask in selector.select(timeout):
-                if selector.get_map().get(key.fd) is not key:
-                    continue
-                kind, item = key.data
-                if kind == "exit":
-                    self._check_exit(item)
-                elif kind == "status":
-                    self._read_status()
-                elif kind == "owned":
-                    self._untrack(item)
-                elif kind == "output":
-                    self._read_output(item, key.fd)
-            self._poll_workers()
-            if all(w.exited for w in self._workers) and not self._tracked:
-                self._signal_owned(signal.SIGKILL)
-        self._give_up_on_survivors()
+        if self._loop.is_open:
+            self._streams.watch_consoles(watch=False)  # killing only reaps; consoles wait
+        self._teardown.kill_everything(self._deadline, self._poll_workers)
 
     def _emergency_stop(self) -> None:
         if self._result is not None or self._phase == _DONE:
@@ -1427,209 +628,28 @@ class Supervisor:
         self.release_signals()
         for worker in self._workers:
             self._unregister_exit_fd(worker)
-            if self._selector is not None:
-                self._close_pipes_of_dead(worker)
-            for fd in list(worker.outputs):
-                self._close_output(worker, fd)
-            if worker.process is not None:
-                _forget_process(worker)
-            for fd in worker.child_fds:
-                children.close(fd)
-            worker.child_fds.clear()
-            children.close(worker.pidfd)
-            worker.pidfd = None
-        for pid in list(self._tracked):
-            self._untrack(pid)
-        self._end_watchdog()
-        if self._selector is not None:
-            self._watch_consoles(watch=False)
-            for fd in list(self._readers):
-                self.remove_reader(fd)
-            children.close_untracked(self._selector.fileno())
-            self._selector.close()
-            self._selector = None
-        for sock in (self._wakeup_r, self._wakeup_w):
-            if sock is not None:
-                children.close_untracked(sock.fileno())
-                sock.close()
-        self._wakeup_r = self._wakeup_w = None
-
-    def _end_watchdog(self) -> None:
-        """Tell the watchdog the run is over (it reaps the workers and exits) and reap it,
-        killing it after ``_WATCHDOG_WAIT`` seconds."""
-        if self._command_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self._command_fd, b"done\n")
-            children.close(self._command_fd)
-            self._command_fd = None
-        if self._status_fd is not None:
-            if self._selector is not None:
-                with contextlib.suppress(KeyError, ValueError):
-                    self._selector.unregister(self._status_fd)
-            children.close(self._status_fd)
-            self._status_fd = None
-        pid, self._watchdog_pid = self._watchdog_pid, 0
-        if pid:
-            _reap_bounded(pid, _WATCHDOG_WAIT)
+            if self._loop.is_open:
+                self._streams.close_pipes_of_dead(worker)
+            self._streams.close_outputs(worker)
+            release_worker(worker)
+        self._teardown.untrack_all()
+        # The watchdog reaps the workers and exits; we reap it.
+        if self._link.status_fd is not None:
+            self._loop.discard(self._link.status_fd)
+        self._link.end()
+        if self._loop.is_open:
+            self._streams.watch_consoles(watch=False)
+        self._loop.close()
 
 
-@dataclass
-class _Timer:
-    """One :meth:`Supervisor.call_every` registration; ``due`` is a ``time.monotonic()``."""
-
-    interval: float
-    callback: Callable[[], None]
-    due: float
-
-
-def _forget_process(worker: _Worker) -> None:
-    """Release a forkserver worker's Process; an unkillable one is dropped from
-    multiprocessing's list of children, whose exit handler would otherwise join it forever."""
-    process, worker.process = worker.process, None
-    if worker.exited:
-        process.close()
-        return
-    _forget_child(process)
-
-
-def _forget_child(process: Any) -> None:
-    """Drop ``process`` from multiprocessing's list of children, which its exit handler joins."""
-    try:
-        from multiprocessing import process as mp_process
-
-        mp_process._children.discard(process)
-    except (ImportError, AttributeError):
-        pass
-
-
-def _reap_bounded(pid: int, limit: float) -> None:
-    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
-    import select
-
-    try:
-        pidfd = watchdog.open_pidfd(pid)
-    except ProcessLookupError:
-        return
-    try:
-        if pidfd is not None:
-            select.select([pidfd], [], [], limit)
-        else:
-            deadline = time.monotonic() + limit
-            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
-                time.sleep(_FALLBACK_TICK)
-        if os.waitpid(pid, os.WNOHANG)[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass  # reaped above, or by a caller's waitpid(-1)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
-
-
-class _SignalScope:
-    """Installs the supervisor's signal handling in the main thread (elsewhere it does nothing)
-    and restores the previous handlers and wakeup fd on exit. Scopes nest: an inner one
-    restores the outer one's handlers. A teardown signal the caller ignores stays ignored when
-    it is in ``keep_ignored`` (default: every teardown signal); the others are handled anyway,
-    and exec'd workers then start with their default action, not the caller's SIG_IGN."""
-
-    def __init__(
-        self,
-        wakeup: socket.socket | None,
-        teardown: Sequence[int],
-        forward: Sequence[int],
-        keep_ignored: Sequence[int] | None = None,
-    ) -> None:
-        self._wakeup = wakeup
-        self._keep_ignored = tuple(teardown if keep_ignored is None else keep_ignored)
-        self._signals = [*teardown, *forward]
-        self._previous: dict[int, Any] = {}
-        self._previous_wakeup: int | None = None
-
-    _active: ClassVar[list[_SignalScope]] = []  # the scopes now entered, outermost first
-
-    @classmethod
-    def restore_callers_handlers(cls) -> None:
-        """In a forked worker: put back the handlers the caller had before any scope."""
-        callers: dict[int, Any] = {}
-        for scope in reversed(cls._active):  # outer scopes know the caller's own handlers
-            callers.update(scope._previous)
-        for signum, handler in callers.items():
-            signal.signal(signum, handler)
-
-    def __enter__(self) -> _SignalScope:
-        if self._wakeup is None or threading.current_thread() is not threading.main_thread():
-            return self
-        _SignalScope._active.append(self)
-        signals = list(self._signals)
-        self._previous_wakeup = signal.set_wakeup_fd(
-            self._wakeup.fileno(), warn_on_full_buffer=False
-        )
-        for signum in signals:
-            previous = signal.getsignal(signum)
-            if previous is None:
-                continue  # installed outside Python: we could not restore it exactly
-            if previous == signal.SIG_IGN and signum in self._keep_ignored:
-                continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
-            self._previous[signum] = previous
-            signal.signal(signum, _note_signal)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        if self in _SignalScope._active:
-            _SignalScope._active.remove(self)
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        if self._previous_wakeup is not None:
-            signal.set_wakeup_fd(self._previous_wakeup)
-
-
-def _note_signal(signum: int, frame: object) -> None:
-    """Python-level handler: the C handler already wrote ``signum`` to the wakeup fd."""
-
-
-def _start_error(exc: BaseException) -> BaseException:
-    """The one-line error for a worker that could not start."""
-    if isinstance(exc, OSError) and not isinstance(exc, (UsageError, BindingError)):
-        return UsageError(f"cannot start a worker: {exc.strerror or exc}{_limit_hint(exc.errno)}")
-    return exc
-
-
-def _limit_hint(code: int | None) -> str:
-    """What to do when processes or fds ran out (EMFILE, ENFILE, EAGAIN from fork)."""
-    if code in (errno.EMFILE, errno.ENFILE):
-        try:
-            import resource
-
-            limit = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
-        except (ImportError, OSError, ValueError):
-            return "; raise the open-file limit (ulimit -n) or run fewer ranks"
-        return f"; the open-file limit is {limit}: raise it (ulimit -n) or run fewer ranks"
-    if code == errno.EAGAIN:
-        return "; the process limit (ulimit -u) or the machine's is reached"
-    return ""
-
-
-def _child_error(spec: WorkerSpec, report: str) -> BaseException:
-    """The one-line error for a child's ``stage:errno:message`` report (stages ``setup``,
-    ``bind`` and ``exec`` from the child, ``fork`` and ``late`` from the watchdog)."""
-    stage, _, rest = report.partition(":")
-    code, _, detail = rest.partition(":")
-    who = f"local rank {spec.local_rank}"
-    if stage == "bind":
-        return BindingError(
-            f"{who}: binding failed in the child ({detail}); check the CPU list and memory "
-            "policy with `numarun plan`"
-        )
-    if stage == "exec":
-        return UsageError(f"{who}: cannot start {spec.argv[0] if spec.argv else '?'}: {detail}")
-    if stage == "fork":
-        hint = _limit_hint(int(code)) if code.isdigit() else ""
-        return UsageError(f"{who}: could not start a process ({detail}){hint}")
-    if stage == "late":
-        return UsageError(
-            f"{who} did not reach exec within {watchdog.EXEC_LIMIT:.0f} s after fork "
-            "(a lock held by another thread at fork time?)"
-        )
-    return UsageError(f"{who}: could not prepare the worker process ({detail})")
+def _state_of(worker: Worker, is_failure: Callable[[WorkerExit], bool] | None) -> str:
+    """The state of a worker that exited: terminated (by our signal), failed or succeeded."""
+    code = worker.exit_code
+    assert code is not None
+    if worker.signalled and (code <= 0 or code >= 128):
+        return TERMINATED
+    if code != 0:
+        return FAILED
+    if is_failure is not None and is_failure(worker.as_exit(SUCCEEDED)):
+        return FAILED
+    return SUCCEEDED

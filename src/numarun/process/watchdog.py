@@ -1,6 +1,6 @@
 """The watchdog: parent of a run's workers, reaper of everything they leave, and their killer if
-the supervisor dies; and the /proc reading and pid pinning both it and the supervisor use to find
-a run's processes without ever signalling another.
+the supervisor dies. What it reads of ``/proc`` to find a run's processes, and the pidfds that
+keep it from ever signalling another, are :mod:`numarun.process.proctable`.
 
 Why a process of its own: a process whose parent dies is adopted by the nearest *child
 subreaper* among its ancestors (else by init). The supervisor forks the watchdog (a copy of
@@ -38,6 +38,12 @@ the supervisor's real uid whose ``/proc/<pid>/environ`` holds ``NUMARUN_RUN_ID=<
 removes ``remove_dir`` if given; then exits 0. Its workers, whose parent it is, get no
 parent-death signal while it lives, so it finds their trees intact.
 
+The supervisor's end of both pipes is a :class:`Link`: the watchdog's pid, the command pipe, and
+the status pipe cut into lines: ``P``, ``R`` and ``E`` are read while the workers start
+(:mod:`numarun.process.starting`), ``X`` as the run goes on (:meth:`Link.exits`).
+:meth:`Link.end` writes ``done``, closes both pipes and reaps the watchdog, SIGKILLing it if it
+has not exited within two seconds.
+
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
 itself killed, the workers get SIGKILL from the kernel (``PR_SET_PDEATHSIG``, set in each
@@ -45,314 +51,35 @@ worker) and their descendants are adopted by whatever is above it: the one case 
 loses track of a run's processes. It shares its memory pages with the supervisor's process
 (copy-on-write): they count in its resident size as ``ps`` shows it, not twice in the machine's
 memory.
-
-Pinning: a pid read from /proc may belong to another process by the time it is signalled, if
-the first one exited and was reaped meanwhile. :func:`find_run_processes` therefore opens a
-pidfd on each candidate first and only then checks, on the process the pidfd refers to, why it
-belongs to the run; signals then go through the pidfd (:func:`send`). Where pidfds do not work
-(Linux before 5.3), candidates are checked and signalled by pid.
 """
 
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import select
 import signal
 import sys
 import time
-from collections.abc import Iterable, Mapping
+
+from numarun.process import children
+from numarun.process.proctable import (
+    FALLBACK_TICK,
+    ancestors,
+    children_of_self,
+    close_all,
+    find_run_processes,
+    has_exited,
+    is_alive,
+    open_pidfd,
+    read_proc_table,
+    read_subtree,
+    send,
+    start_time,
+)
 
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
-
-# (ppid, pgid, sid, state letter) of one process, from /proc/<pid>/stat.
-ProcInfo = tuple[int, int, int, str]
-
-_pidfds_work = hasattr(os, "pidfd_open")
-_children_files = os.path.exists(f"/proc/self/task/{os.getpid()}/children")
-
-
-# --- /proc ---------------------------------------------------------------------------------------
-
-
-def read_proc_table(proc: str = "/proc") -> dict[int, ProcInfo]:
-    """Every process now in ``proc``: pid -> (ppid, pgid, sid, state letter).
-
-    Processes that vanish while the table is read are left out; never raises for them.
-    """
-    table: dict[int, ProcInfo] = {}
-    for name in os.listdir(proc):
-        if not name.isdigit():
-            continue
-        info = read_proc_stat(int(name), proc)
-        if info is not None:
-            table[int(name)] = info
-    return table
-
-
-def read_proc_stat(pid: int, proc: str = "/proc") -> ProcInfo | None:
-    """(ppid, pgid, sid, state letter) of ``pid``; None when it does not exist (any more)."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as stat:
-            text = stat.read()
-    except OSError:
-        return None
-    # The command name is in parentheses and may itself hold ')' and spaces.
-    fields = text[text.rfind(b")") + 2 :].split()
-    if len(fields) < 4:
-        return None
-    return int(fields[1]), int(fields[2]), int(fields[3]), fields[0].decode("ascii", "replace")
-
-
-def start_time(pid: int, proc: str = "/proc") -> int | None:
-    """When ``pid`` started, in clock ticks since boot (``/proc/<pid>/stat`` field 22); with
-    the pid it names one process for good. None when it does not exist."""
-    try:
-        with open(f"{proc}/{pid}/stat", "rb") as stat:
-            text = stat.read()
-        return int(text[text.rfind(b")") + 2 :].split()[19])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def real_uid(pid: int, proc: str = "/proc") -> int | None:
-    """The real uid of ``pid`` (``Uid:`` in ``/proc/<pid>/status``); None when unreadable."""
-    try:
-        with open(f"{proc}/{pid}/status", "rb") as status:
-            for line in status:
-                if line.startswith(b"Uid:"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def environ_has(pid: int, marker: bytes, proc: str = "/proc") -> bool:
-    """Whether ``marker`` (``NAME=value``) is one entry of ``pid``'s initial environment.
-
-    ``/proc/<pid>/environ`` shows the environment the process was exec'd with (forked children
-    share it); False when unreadable (another user's process, a zombie, gone).
-    """
-    try:
-        with open(f"{proc}/{pid}/environ", "rb") as environ:
-            data = environ.read()
-    except OSError:
-        return False
-    return data.startswith(marker + b"\0") or (b"\0" + marker + b"\0") in data or data == marker
-
-
-def ancestors(pid: int, table: Mapping[int, ProcInfo]) -> set[int]:
-    """``pid``'s parent, grandparent, ... up to the root, as found in ``table``."""
-    found: set[int] = set()
-    current = table[pid][0] if pid in table else 0
-    while current > 0 and current not in found:
-        found.add(current)
-        current = table[current][0] if current in table else 0
-    return found
-
-
-def is_alive(info: ProcInfo | None) -> bool:
-    """Whether a process with this /proc state can still run (not gone, zombie or dead)."""
-    return info is not None and info[3] not in "ZXx"
-
-
-def children_of_self() -> list[int]:
-    """The calling process's children (its main thread's; the watchdog has no other)."""
-    me = os.getpid()
-    try:
-        with open(f"/proc/{me}/task/{me}/children", "rb") as listing:
-            return [int(pid) for pid in listing.read().split()]
-    except OSError:  # a kernel without CONFIG_PROC_CHILDREN
-        return [pid for pid, info in read_proc_table().items() if info[0] == me]
-
-
-def read_subtree(root: int, proc: str = "/proc") -> dict[int, ProcInfo]:
-    """``root`` and the processes below it, as :func:`read_proc_table` gives them, found
-    through each thread's ``/proc/<pid>/task/<tid>/children``: the cost follows the size of the
-    run, not the machine's. The whole table where the kernel has no such files
-    (``CONFIG_PROC_CHILDREN``)."""
-    if not _children_files:
-        return read_proc_table(proc)
-    table: dict[int, ProcInfo] = {}
-    queue = [root]
-    while queue:
-        pid = queue.pop()
-        info = read_proc_stat(pid, proc)
-        if info is None or pid in table:
-            continue
-        table[pid] = info
-        try:
-            threads = os.listdir(f"{proc}/{pid}/task")
-        except OSError:
-            continue
-        for tid in threads:
-            try:
-                with open(f"{proc}/{pid}/task/{tid}/children", "rb") as listing:
-                    queue.extend(int(child) for child in listing.read().split())
-            except OSError:
-                pass  # the thread ended meanwhile
-    return table
-
-
-# --- pidfds --------------------------------------------------------------------------------------
-
-
-def open_pidfd(pid: int) -> int | None:
-    """A pidfd (close-on-exec) for ``pid``; None where pidfds do not work or no fd is left.
-
-    Raises ProcessLookupError when ``pid`` does not exist.
-    """
-    global _pidfds_work
-    if not _pidfds_work:
-        return None
-    try:
-        return os.pidfd_open(pid)
-    except ProcessLookupError:
-        raise
-    except OSError as exc:
-        if exc.errno in (errno.ENOSYS, errno.EPERM):
-            _pidfds_work = False
-        return None  # EMFILE and the like: this one process is checked by pid
-
-
-def has_exited(fd: int | None) -> bool:
-    """Whether the process behind pidfd ``fd`` has exited (zombie or reaped); False for None."""
-    if fd is None:
-        return False
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
-
-
-def is_held(fd: int | None) -> bool:
-    """Whether the process behind pidfd ``fd`` still holds its pid (alive or an unreaped
-    zombie), so that the pid, and a session or group of that number, cannot be reused."""
-    if fd is None:
-        return True
-    try:
-        signal.pidfd_send_signal(fd, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True  # EPERM: it exists
-    return True
-
-
-def send(pid: int, fd: int | None, signum: int) -> bool:
-    """Send ``signum`` to the process behind pidfd ``fd`` (by pid when ``fd`` is None); False
-    when it no longer exists."""
-    try:
-        if fd is not None:
-            signal.pidfd_send_signal(fd, signum)
-        else:
-            os.kill(pid, signum)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-def close_all(fds: Iterable[int | None]) -> None:
-    for fd in fds:
-        if fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-
-
-# --- finding a run's processes -------------------------------------------------------------------
-
-
-def find_run_processes(
-    table: Mapping[int, ProcInfo],
-    *,
-    roots: Mapping[int, int | None],
-    pins: dict[int, int | None],
-    sessions: Mapping[int, int | None] | None = None,
-    marker: bytes | None = None,
-    uid: int | None = None,
-    exclude: Iterable[int] = (),
-    proc: str = "/proc",
-) -> dict[int, ProcInfo]:
-    """The live processes of a run in ``table``, each pinned and checked after pinning.
-
-    A process belongs to the run when its parent is one of ``roots`` or another process found
-    here; when its session id is a key of ``sessions`` whose process still holds its pid; or,
-    with ``marker`` (``NUMARUN_RUN_ID=...``), when its environment holds the marker and its
-    real uid is ``uid``: a marker can be copied into any process, so another user's never
-    counts. ``roots`` and ``sessions`` map a pid to a pidfd for it, or to None for a pid that
-    cannot be reused while this runs (a child or held zombie of the caller's); roots themselves
-    are never returned. Pids in ``exclude`` are never returned or searched through.
-
-    ``pins`` maps pids already found to their pidfds (None: no pidfd). New finds are added;
-    the caller closes them. A pinned process is re-read through /proc after its pidfd was
-    opened and kept only if it still belongs, and if the parent or session holder it was found
-    through was still there after that read, so a pid reused meanwhile is never returned.
-    Zombies and processes that exited are left out. Returns pid -> its /proc/<pid>/stat info.
-    """
-    excluded = set(exclude)
-    held_sessions = {sid: fd for sid, fd in (sessions or {}).items()}
-    by_parent: dict[int, list[int]] = {}
-    for pid, info in table.items():
-        by_parent.setdefault(info[0], []).append(pid)
-    found: dict[int, ProcInfo] = {}
-    queue = [(child, parent) for parent in roots for child in by_parent.get(parent, ())]
-    for pid, info in table.items():
-        if pid in excluded or pid in roots or not is_alive(info):
-            continue
-        if info[2] in held_sessions or (
-            marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
-        ):
-            queue.append((pid, 0))
-    while queue:
-        pid, parent = queue.pop()
-        if pid in found or pid in excluded or pid in roots or not is_alive(table.get(pid)):
-            continue
-        info = _pin(pid, parent, roots, pins, held_sessions, marker, uid, proc)
-        if info is not None:
-            found[pid] = info
-            queue.extend((child, pid) for child in by_parent.get(pid, ()))
-    return found
-
-
-def _pin(
-    pid: int,
-    parent: int,
-    roots: Mapping[int, int | None],
-    pins: dict[int, int | None],
-    sessions: Mapping[int, int | None],
-    marker: bytes | None,
-    uid: int | None,
-    proc: str,
-) -> ProcInfo | None:
-    """``pid``'s /proc info if, pinned, it belongs (see :func:`find_run_processes`), else None.
-    ``parent`` is the process it was found through, 0 for a session or marker match."""
-    if pid in pins:  # found before: it stays the run's as long as it lives
-        if has_exited(pins[pid]):
-            return None
-        return read_proc_stat(pid, proc)
-    try:
-        fd = open_pidfd(pid)
-    except ProcessLookupError:
-        return None
-    info = read_proc_stat(pid, proc)
-    belongs = False
-    if info is not None and is_alive(info):
-        if parent:
-            through = roots[parent] if parent in roots else pins.get(parent)
-            belongs = info[0] == parent and not has_exited(through)
-        elif info[2] in sessions:
-            belongs = is_held(sessions[info[2]])
-        else:
-            belongs = (
-                marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
-            )
-    if not belongs or has_exited(fd):
-        close_all([fd])
-        return None
-    pins[pid] = fd
-    return info
-
-
-# --- the watchdog process ------------------------------------------------------------------------
+_END_WAIT = 2.0  # seconds the supervisor waits for the watchdog to exit after "done"
 
 
 class Watchdog:
@@ -534,8 +261,8 @@ class Watchdog:
                         victims[pid] = fd
                 for pid, fd in victims.items():
                     sent += send(pid, fd, signal.SIGKILL)
-                children = _reap_all()
-                if (not victims and not children) or time.monotonic() >= deadline:
+                has_children = _reap_all()
+                if (not victims and not has_children) or time.monotonic() >= deadline:
                     return sent
                 waiting = [fd for fd in victims.values() if fd is not None]
                 if self.wake_r >= 0:
@@ -592,6 +319,124 @@ def remove_tree(path: str) -> None:
             pass
     with contextlib.suppress(OSError):
         os.rmdir(path)
+
+
+# --- the supervisor's end ------------------------------------------------------------------------
+
+
+class Link:
+    """The supervisor's end of the watchdog (module docstring): its pid, the command pipe, the
+    status pipe. Made empty; :meth:`attach` once the watchdog is forked. All fds are tracked in
+    the registry of :mod:`numarun.process.children`."""
+
+    def __init__(self) -> None:
+        self.pid = 0  # the watchdog, our child until end() reaps it
+        self.command_fd: int | None = None  # to the watchdog: "F ...", "done"
+        self.status_fd: int | None = None  # from the watchdog: pids, execs, exits
+        self._pending = b""  # read from status_fd, not yet taken as lines
+
+    def attach(self, pid: int, command_fd: int, status_fd: int) -> None:
+        self.pid, self.command_fd, self.status_fd = pid, command_fd, status_fd
+
+    def line(self, deadline: float) -> bytes | None:
+        """The next status line, blocking until ``deadline`` (a ``time.monotonic()``): None
+        when it passed first, b"" at end of file. Only while the workers start: the loop
+        reads the pipe afterwards (:meth:`read`)."""
+        assert self.status_fd is not None
+        while b"\n" not in self._pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return None
+            ready, _, _ = select.select([self.status_fd], [], [], remaining)
+            if not ready:
+                continue
+            try:
+                data = os.read(self.status_fd, 4096)
+            except BlockingIOError:
+                continue
+            if not data:
+                return b""
+            self._pending += data
+        line, _, self._pending = self._pending.partition(b"\n")
+        return line
+
+    def hold(self, lines: list[bytes]) -> None:
+        """Put ``lines``, read by :meth:`line` ahead of their time, back before the rest."""
+        if lines:
+            self._pending = b"\n".join(lines) + b"\n" + self._pending
+
+    def read(self) -> bytes | None:
+        """Read what the status pipe holds now (never blocks) and keep it for :meth:`exits`;
+        returns it, b"" at end of file or on an error, None when there was nothing yet."""
+        assert self.status_fd is not None
+        try:
+            data = os.read(self.status_fd, 4096)
+        except BlockingIOError:
+            return None
+        except OSError:
+            data = b""
+        self._pending += data
+        return data
+
+    def exits(self) -> list[tuple[int, int]]:
+        """(pid, exit code) of each ``X`` line read so far and not yet taken; every complete
+        line is taken."""
+        *lines, self._pending = self._pending.split(b"\n")
+        exits = []
+        for line in lines:
+            words = line.split()
+            if len(words) == 3 and words[0] == b"X":
+                exits.append((int(words[1]), int(words[2])))
+        return exits
+
+    def tell(self, line: bytes) -> None:
+        """Write ``line`` to the watchdog; a watchdog that is gone is not told."""
+        if self.command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.command_fd, line)
+
+    def close_status(self) -> None:
+        """The watchdog ended (end of file): close our end of the status pipe."""
+        children.close(self.status_fd)
+        self.status_fd = None
+
+    def end(self) -> None:
+        """Tell the watchdog the run is over (it reaps the workers and exits), close both pipes
+        and reap it, killing it after ``_END_WAIT`` seconds. Idempotent."""
+        if self.command_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(self.command_fd, b"done\n")
+            children.close(self.command_fd)
+            self.command_fd = None
+        if self.status_fd is not None:
+            children.close(self.status_fd)
+            self.status_fd = None
+        pid, self.pid = self.pid, 0
+        if pid:
+            _reap_bounded(pid, _END_WAIT)
+
+
+def _reap_bounded(pid: int, limit: float) -> None:
+    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
+    try:
+        pidfd = open_pidfd(pid)
+    except ProcessLookupError:
+        return
+    try:
+        if pidfd is not None:
+            select.select([pidfd], [], [], limit)
+        else:
+            deadline = time.monotonic() + limit
+            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
+                time.sleep(FALLBACK_TICK)
+        if os.waitpid(pid, os.WNOHANG)[0] == 0:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+    except ChildProcessError:
+        pass  # reaped above, or by a caller's waitpid(-1)
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 if __name__ == "__main__":

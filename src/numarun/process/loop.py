@@ -1,0 +1,209 @@
+"""The supervisor's event loop, apart from what it serves: one selector, the signal wakeup
+socket, timers and the callers' readers.
+
+As asyncio keeps its loop (``base_events``) apart from its selector transports and trio its run
+loop (``_run.py``) apart from its epoll I/O, this module knows fds, callbacks and times, and
+nothing of workers: the supervisor and its parts register what they watch, each with a callback.
+
+Registrations. :meth:`Loop.watch` registers an fd for :data:`READ` or :data:`WRITE` (those of
+:mod:`selectors`) with a callback, which :meth:`Loop.poll` calls with no argument whenever the fd is
+ready: level-triggered, so an event not served stays ready for the next poll. Each registration
+carries a *lane*, a label the loop never interprets except that ``poll(timeout, lanes)`` serves only
+the events of those lanes and leaves the others ready. The lanes in use: :data:`ENDS` (a process
+ended: a forkserver worker's sentinel, the watchdog's status pipe, the pidfd of a process being torn
+down), :data:`OUTPUT` (the workers' stdout/stderr pipes), :data:`TRANSFERS` (payload and result
+pipes), :data:`CONSOLES` (a console written to when it is writable), :data:`READERS` (the callers')
+and :data:`SIGNALS` (the wakeup socket). The supervisor serves every lane while it watches a run,
+only transfers, output and readers while it delivers payloads, and only ends and output while it
+kills everything.
+
+A poll waits at most ``timeout`` seconds (None: until an event), then calls the callbacks of the
+ready events in the order the selector returned them, except one whose registration an earlier
+callback of the same batch removed or replaced (its fd may already be another's). An exception
+from a callback propagates from :meth:`Loop.poll`; the batch's other events are not served
+then (they stay ready).
+
+Signals. :meth:`Loop.open` makes a socket pair; its write end, :attr:`Loop.wakeup`, is the fd
+``signal.set_wakeup_fd`` writes to (:mod:`numarun.process.signals`), and a poll that finds its
+read end ready calls ``on_signal(signum)`` for each signal number read, in order.
+
+Timers. :meth:`Loop.call_every` adds a timer, due one interval after it is added; they cannot be
+cancelled. :meth:`Loop.next_due` is the earliest due time (a ``time.monotonic()``), for the
+caller's select timeout; :meth:`Loop.run_due` calls each due timer in the order they were added,
+while ``go_on()`` holds (checked before each: a timer may end the run), and makes its next call
+due one interval after this one ends, so a slow callback never makes calls pile up.
+
+Readers. :meth:`Loop.add_reader` watches an fd of the caller's (never closed here) in the lane
+:data:`READERS`, from :meth:`Loop.open` on when added before it, until :meth:`Loop.remove_reader`
+or :meth:`Loop.close`, which forgets them all.
+
+fds. The selector's fd and both sockets are in the fd registry of
+:mod:`numarun.process.children` while open, so that ``"fork"`` workers close them.
+:meth:`Loop.open` and :meth:`Loop.close` are idempotent; a loop that was closed is not opened
+again by the supervisor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import time
+from dataclasses import dataclass
+
+from numarun.errors import UsageError
+from numarun.process import children
+
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Callable, Container
+
+READ = selectors.EVENT_READ
+WRITE = selectors.EVENT_WRITE
+
+# Lanes (module docstring): what each registration is, so that a poll can serve only some.
+ENDS = "ends"
+OUTPUT = "output"
+TRANSFERS = "transfers"
+CONSOLES = "consoles"
+READERS = "readers"
+SIGNALS = "signals"
+
+
+@dataclass
+class _Timer:
+    """One :meth:`Loop.call_every` registration; ``due`` is a ``time.monotonic()``."""
+
+    interval: float
+    callback: Callable[[], None]
+    due: float
+
+
+class Loop:
+    """One selector with its registrations, the signal wakeup socket, timers and readers
+    (module docstring). ``on_signal(signum)`` is called from :meth:`poll` for each signal."""
+
+    def __init__(self, on_signal: Callable[[int], None]) -> None:
+        self._on_signal = on_signal
+        self._selector: selectors.BaseSelector | None = None
+        self._wakeup_r: socket.socket | None = None
+        self.wakeup: socket.socket | None = None  # for signal.set_wakeup_fd, while open
+        self._timers: list[_Timer] = []
+        self._readers: dict[int, Callable[[], None]] = {}
+
+    @property
+    def is_open(self) -> bool:
+        return self._selector is not None
+
+    def open(self) -> None:
+        """The selector and the signal wakeup socket; idempotent."""
+        if self._selector is not None:
+            return
+        self._selector = selectors.DefaultSelector()
+        children.track(self._selector.fileno())
+        self._wakeup_r, self.wakeup = socket.socketpair()
+        for sock in (self._wakeup_r, self.wakeup):
+            sock.setblocking(False)
+            children.track(sock.fileno())
+        self._selector.register(self._wakeup_r, READ, (SIGNALS, self._read_signals))
+        for fd, callback in self._readers.items():
+            self._selector.register(fd, READ, (READERS, callback))
+
+    def close(self) -> None:
+        """Forget the readers, close the selector and the sockets; idempotent."""
+        if self._selector is not None:
+            for fd in list(self._readers):
+                self.remove_reader(fd)
+            children.close_untracked(self._selector.fileno())
+            self._selector.close()
+            self._selector = None
+        for sock in (self._wakeup_r, self.wakeup):
+            if sock is not None:
+                children.close_untracked(sock.fileno())
+                sock.close()
+        self._wakeup_r = self.wakeup = None
+
+    # --- registrations -------------------------------------------------------------------------
+
+    def watch(self, fd: int, events: int, callback: Callable[[], None], lane: str) -> None:
+        """Call ``callback()`` from :meth:`poll` while ``fd`` is ready for ``events`` (:data:`READ`
+        or :data:`WRITE`) in ``lane``. The loop must be open."""
+        assert self._selector is not None
+        self._selector.register(fd, events, (lane, callback))
+
+    def unwatch(self, fd: int) -> None:
+        """Stop watching ``fd``, which must be watched (KeyError otherwise); nothing happens
+        once the loop is closed."""
+        if self._selector is not None:
+            self._selector.unregister(fd)
+
+    def discard(self, fd: int) -> None:
+        """Stop watching ``fd`` if it is watched."""
+        if self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+
+    def poll(self, timeout: float | None, lanes: Container[str] | None = None) -> None:
+        """Wait up to ``timeout`` seconds for events, then serve those of ``lanes`` (default:
+        all), in order (module docstring)."""
+        assert self._selector is not None
+        for key, _mask in self._selector.select(timeout):
+            assert self._selector is not None
+            if self._selector.get_map().get(key.fd) is not key:
+                continue  # unregistered by an earlier callback of this batch: its fd may be reused
+            lane, callback = key.data
+            if lanes is None or lane in lanes:
+                callback()
+
+    def _read_signals(self) -> None:
+        assert self._wakeup_r is not None
+        try:
+            data = self._wakeup_r.recv(4096)
+        except BlockingIOError:
+            return
+        for signum in data:
+            self._on_signal(signum)
+
+    # --- timers --------------------------------------------------------------------------------
+
+    def call_every(self, interval: float, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` from :meth:`run_due` every ``interval`` seconds (> 0, else
+        UsageError), first one interval from now."""
+        if not interval > 0:
+            raise UsageError(f"call_every needs an interval > 0 seconds, got {interval!r}")
+        self._timers.append(_Timer(float(interval), callback, time.monotonic() + interval))
+
+    def next_due(self) -> float | None:
+        """When the next timer is due (``time.monotonic()``); None without timers."""
+        if not self._timers:
+            return None
+        return min(timer.due for timer in self._timers)
+
+    def run_due(self, go_on: Callable[[], bool]) -> None:
+        """Call every timer that is due, while ``go_on()`` holds."""
+        now = time.monotonic()
+        for timer in self._timers:
+            if not go_on():
+                return
+            if timer.due <= now:
+                # The next call is one interval after this one ends: a slow callback never
+                # makes calls pile up.
+                timer.callback()
+                timer.due = time.monotonic() + timer.interval
+
+    # --- the callers' readers ------------------------------------------------------------------
+
+    def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever ``fd`` (the caller's) is readable; UsageError when
+        ``fd`` already has a reader."""
+        if fd in self._readers:
+            raise UsageError(f"fd {fd} already has a reader; remove it first")
+        self._readers[fd] = callback
+        if self._selector is not None:
+            self._selector.register(fd, READ, (READERS, callback))
+
+    def remove_reader(self, fd: int) -> None:
+        """Stop watching ``fd``; nothing happens when it is not watched."""
+        if self._readers.pop(fd, None) is not None and self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)

@@ -1,0 +1,277 @@
+"""Tearing a run down: finding its processes, pinning them, signalling, escalating, giving up.
+
+The supervisor (:mod:`numarun.process.supervisor`) decides when a teardown begins, when it
+escalates to SIGKILL and when it gives up, with which deadlines; :class:`Teardown` does each
+step, on the workers' records and the *owned* processes: the run's live processes other than
+the workers (which processes those are: the supervisor's docstring, "Ownership").
+
+Sweeping. :meth:`Teardown.sweep` reads the process table once (the watchdog's subtree; the whole
+table when the run has ``"forkserver"`` workers, whose marked processes and sessions may be
+anywhere) and finds the owned processes in it with
+:func:`numarun.process.proctable.find_run_processes`, the supervisor and its ancestors left out.
+Roots: the watchdog (our child: its pid is ours until we reap it), each exec or fork worker (held by
+the watchdog until the run ends) and each forkserver worker through its pidfd, while it has one or
+is alive. Each process found is pinned by a pidfd (where one can be opened) and stays *tracked*
+until it is gone: its pidfd is in the loop (lane :data:`~numarun.process.loop.ENDS`), and one
+without a pidfd is checked by pid (:meth:`Teardown.forget_gone`, which the supervisor calls every
+:data:`~numarun.process.proctable.FALLBACK_TICK` while :meth:`Teardown.all_pinned` is False). Every
+step reads the table before it sends anything: a worker's children lose their parent link to it as
+soon as it dies.
+
+Signalling. A live worker gets a signal through its process group (``kill(-pid)``; its group id
+cannot be reused, the watchdog keeps the worker unreaped), or by pid while it is no group leader
+yet (before its ``setsid``) or its group is empty; a forkserver worker, whose group nobody
+holds, only itself, through its pidfd. Owned processes get each signal once (not again while it
+is the last one they were sent), through their pidfds (by pid where none could be opened);
+those in a process group that was just signalled are skipped. Every signal but SIGKILL is
+followed by SIGCONT to the same targets, so that a stopped process acts on it now, except a
+forkserver worker signalled by pid (no pidfd, or a ``kill`` of the caller's), which gets the
+signal alone. With a ``kill`` other than :func:`os.kill` (tests), every signal goes through
+``kill(pid, signum)``, owned processes included. A worker that exited is never signalled again;
+one given up on gets no more teardown signals.
+
+Giving up. :meth:`Teardown.give_up_on_survivors` marks every worker still alive ``"unkillable"``
+with its ``/proc`` state letter (uninterruptible sleep: ``D``), hands it to ``on_given_up`` (the
+supervisor stops watching its exit and its payload and result pipes) and stops tracking every
+owned process. :meth:`Teardown.kill_everything` is the teardown of a run that cannot go on (a
+failed start, an exception in the loop): SIGKILL to everything at once, then only ends and
+output are served until nothing is left or the deadline passed (once every worker has ended and
+no owned process is tracked, a fresh sweep SIGKILLs what appeared since), then the survivors are
+given up on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from functools import partial
+
+from numarun.process import children, proctable
+from numarun.process.loop import ENDS, OUTPUT, READ
+from numarun.process.spec import UNKILLABLE
+
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+    from numarun.process.loop import Loop
+    from numarun.process.watchdog import Link
+    from numarun.process.worker import Worker
+
+
+class Teardown:
+    """The steps of a teardown over ``workers`` (the supervisor's list, filled as they start)
+    and the owned processes (module docstring). ``marker`` is the run's ``NUMARUN_RUN_ID=...``
+    environment entry, looked for when ``forkserver`` (the run has forkserver workers)."""
+
+    def __init__(
+        self,
+        loop: Loop,
+        workers: list[Worker],
+        link: Link,
+        *,
+        kill: Callable[[int, int], None],
+        forkserver: bool,
+        marker: bytes,
+        on_given_up: Callable[[Worker], None],
+    ) -> None:
+        self._loop = loop
+        self._workers = workers
+        self._link = link
+        self._kill = kill
+        self._default_kill = kill is os.kill  # then processes are signalled through pidfds
+        self._forkserver = forkserver
+        self._marker = marker
+        self._on_given_up = on_given_up
+        self._tracked: dict[int, int | None] = {}  # owned pid -> pidfd (None: no pidfd)
+        self._signalled_owned: dict[int, int] = {}  # owned pid -> last signal sent
+
+    @property
+    def tracking(self) -> bool:
+        """Whether owned processes found alive are not known to be gone yet."""
+        return bool(self._tracked)
+
+    def all_pinned(self) -> bool:
+        """Whether every tracked process has a pidfd (else they must be polled)."""
+        return all(fd is not None for fd in self._tracked.values())
+
+    # --- the steps -----------------------------------------------------------------------------
+
+    def signal_run(self, signum: int) -> None:
+        """The first step: ``signum`` to the workers' groups and every owned process."""
+        # The process table is read before any signal: parent links to a worker are lost as
+        # soon as it dies (its children go up to the watchdog, still ours, but a forkserver
+        # worker's would look like strangers).
+        owned = self.sweep()
+        groups = self.signal_workers(signum)
+        self.signal_owned(signum, owned, signalled_groups=groups)
+
+    def kill_run(self) -> None:
+        """SIGKILL to the workers' groups and every owned process."""
+        owned = self.sweep()
+        self.signal_workers(signal.SIGKILL)
+        self.signal_owned(signal.SIGKILL, owned)
+
+    def kill_everything(self, deadline: float, poll_workers: Callable[[], None]) -> None:
+        """SIGKILL every worker tree and owned process now, then serve ends and output until
+        nothing is left or ``deadline`` (a ``time.monotonic()``), calling ``poll_workers()``
+        after each batch; give up on the survivors."""
+        self.kill_run()
+        opened = self._loop.is_open
+        while opened and time.monotonic() < deadline:
+            pending = [w for w in self._workers if not w.exited]
+            if not pending and not self._tracked:
+                break
+            timeout = max(0.0, deadline - time.monotonic())
+            if not self.all_pinned():
+                timeout = min(timeout, proctable.FALLBACK_TICK)
+            self._loop.poll(timeout, lanes=(ENDS, OUTPUT))
+            poll_workers()
+            if all(w.exited for w in self._workers) and not self._tracked:
+                self.signal_owned(signal.SIGKILL)
+        self.give_up_on_survivors()
+
+    def signal_each(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
+        """Send ``signum`` to each worker process still running (not its group), or to those
+        of ``local_ranks``; returns the local ranks reached."""
+        wanted = None if local_ranks is None else set(local_ranks)
+        reached = []
+        for worker in self._workers:
+            rank = worker.spec.local_rank
+            if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
+                continue
+            try:
+                self._kill(worker.pid, signum)
+            except ProcessLookupError:
+                continue
+            reached.append(rank)
+        return reached
+
+    def signal_workers(self, signum: int) -> set[int]:
+        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to each live worker's process
+        group (a forkserver worker: to the worker only); returns the groups reached."""
+        groups: set[int] = set()
+        for worker in self._workers:
+            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0:
+                continue
+            worker.signalled = True
+            if worker.process is not None:
+                # The fork server reaps it: its group id is not held, its pidfd pins it.
+                if self._default_kill and worker.pidfd is not None:
+                    proctable.send(worker.pid, worker.pidfd, signum)
+                    if signum != signal.SIGKILL:
+                        proctable.send(worker.pid, worker.pidfd, signal.SIGCONT)
+                    continue
+                with contextlib.suppress(ProcessLookupError):
+                    self._kill(worker.pid, signum)
+                continue
+            # The watchdog keeps the worker unreaped until the run ends: its group is its own.
+            for sent in (signum, signal.SIGCONT) if signum != signal.SIGKILL else (signum,):
+                try:
+                    self._kill(-worker.pid, sent)
+                    groups.add(worker.pid)
+                except ProcessLookupError:
+                    # Not yet a group leader (before its setsid) or its group is empty.
+                    with contextlib.suppress(ProcessLookupError):
+                        self._kill(worker.pid, sent)
+        return groups
+
+    def sweep(self) -> dict[int, proctable.ProcInfo]:
+        """The run's live processes other than the workers, pinned (and tracked), from one
+        read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
+        forkserver = self._forkserver
+        if forkserver or not self._link.pid:  # marked processes and sessions: anywhere
+            table = proctable.read_proc_table()
+        else:
+            table = proctable.read_subtree(self._link.pid)
+        roots: dict[int, int | None] = {}
+        if self._link.pid:
+            roots[self._link.pid] = None  # our child: its pid is ours until we reap it
+        sessions: dict[int, int | None] = {}
+        for worker in self._workers:
+            if worker.pid <= 0:
+                continue
+            if worker.process is None:
+                roots[worker.pid] = None  # held by the watchdog until the run ends
+            elif worker.pidfd is not None or not worker.exited:
+                roots[worker.pid] = worker.pidfd
+                sessions[worker.pid] = worker.pidfd
+        me = os.getpid()
+        pins = dict(self._tracked)
+        owned = proctable.find_run_processes(
+            table,
+            roots=roots,
+            pins=pins,
+            sessions=sessions if forkserver else None,
+            marker=self._marker if forkserver else None,
+            uid=os.getuid(),
+            exclude=proctable.ancestors(me, table) | {me},
+        )
+        for pid, fd in pins.items():
+            if pid not in self._tracked:
+                self._track(pid, fd)
+        return owned
+
+    def signal_owned(
+        self,
+        signum: int,
+        owned: dict[int, proctable.ProcInfo] | None = None,
+        signalled_groups: set[int] = frozenset(),
+    ) -> bool:
+        """Send ``signum`` (then SIGCONT, unless it is SIGKILL) to every live process of
+        ``owned`` (default: a fresh sweep) that has not had it yet (members of
+        ``signalled_groups`` just had it through their group); they stay tracked until they are
+        gone. True if any was found alive."""
+        if owned is None:
+            owned = self.sweep()
+        found = False
+        for pid, info in owned.items():
+            if not proctable.is_alive(info):
+                continue
+            found = True
+            if self._signalled_owned.get(pid) != signum and info[1] not in signalled_groups:
+                sends = (signum,) if signum == signal.SIGKILL else (signum, signal.SIGCONT)
+                for sent in sends:
+                    if self._default_kill:
+                        proctable.send(pid, self._tracked.get(pid), sent)
+                    else:
+                        with contextlib.suppress(ProcessLookupError):
+                            self._kill(pid, sent)
+            self._signalled_owned[pid] = signum
+        return found
+
+    def give_up_on_survivors(self) -> None:
+        """Every worker still alive is unkillable; stop tracking owned processes."""
+        for worker in self._workers:
+            if not worker.exited:
+                info = proctable.read_proc_stat(worker.pid)
+                worker.state = UNKILLABLE
+                worker.proc_state = info[3] if info is not None else None
+                self._on_given_up(worker)
+        self.untrack_all()
+
+    # --- tracking ------------------------------------------------------------------------------
+
+    def forget_gone(self) -> None:
+        """Stop tracking the processes without a pidfd that are gone (polled, not watched)."""
+        for pid, fd in list(self._tracked.items()):
+            if fd is None and not proctable.is_alive(proctable.read_proc_stat(pid)):
+                self._untrack(pid)
+
+    def untrack_all(self) -> None:
+        for pid in list(self._tracked):
+            self._untrack(pid)
+
+    def _track(self, pid: int, fd: int | None) -> None:
+        self._tracked[pid] = fd
+        if fd is not None:
+            children.track(fd)
+            self._loop.watch(fd, READ, partial(self._untrack, pid), ENDS)
+
+    def _untrack(self, pid: int) -> None:
+        fd = self._tracked.pop(pid, None)
+        if fd is not None and self._loop.is_open:
+            self._loop.unwatch(fd)
+            children.close(fd)
