@@ -70,12 +70,20 @@ def survivors(pids: Iterable[int], limit: float = GONE_LIMIT) -> list[int]:
     try:
         deadline = time.monotonic() + limit
         pending = dict(pidfds)
-        while pending and time.monotonic() < deadline:
-            ready, _, _ = select.select(list(pending.values()), [], [], 0.05)
+        while pending:  # at least one look, also with limit 0
+            wait = min(0.05, max(0.0, deadline - time.monotonic()))
+            ready, _, _ = select.select(list(pending.values()), [], [], wait)
             pending = {pid: fd for pid, fd in pending.items() if fd not in ready}
-        for fd in pending.values():
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-        return sorted(pending)
+            if time.monotonic() >= deadline:
+                break
+        survived = []
+        for pid, fd in pending.items():
+            try:
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+            except ProcessLookupError:
+                continue  # it ended between the last look and now: not a survivor
+            survived.append(pid)
+        return sorted(survived)
     finally:
         for fd in pidfds.values():
             os.close(fd)
