@@ -1,4 +1,4 @@
-"""Tests for numarun.launch.failures (error files, root cause, summary) and
+"""Tests for numarun.launch.errorfile, numarun.launch.failures (root cause, summary) and
 numarun.launch.bootstrap."""
 
 from __future__ import annotations
@@ -12,15 +12,13 @@ from pathlib import Path
 
 import pytest
 
+from numarun.launch.errorfile import WorkerError, read_error_file, write_error_file
 from numarun.launch.failures import (
     RankReport,
-    WorkerError,
     describe_exit,
     format_summary,
     rank_report,
-    read_error_file,
     root_cause,
-    write_error_file,
 )
 
 # ---------------------------------------------------------------- reading error files
@@ -142,7 +140,7 @@ def test_write_error_file_into_a_missing_directory_raises_oserror(tmp_path: Path
 _TORCH_ROUND_TRIP = """
 import json, sys
 from torch.distributed.elastic.multiprocessing.errors import ProcessFailure, record
-from numarun.launch.failures import write_error_file
+from numarun.launch.errorfile import write_error_file
 
 @record
 def main():

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_env
-from numarun.launch import failures
+from numarun.launch import errorfile
 
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
@@ -70,7 +70,7 @@ def test_error_file_never_follows_a_link_planted_at_its_temporary_name(tmp_path:
     try:
         raise ValueError("boom")
     except ValueError as exc:
-        failures.write_error_file(target, exc)
+        errorfile.write_error_file(target, exc)
     assert victim.read_text() == "precious"
     assert json.loads(target.read_text())["message"]["message"] == "ValueError: boom"
     assert sorted(path.name for path in tmp_path.iterdir()) == sorted(

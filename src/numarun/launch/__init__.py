@@ -23,8 +23,10 @@
 - ``rendezvous``: node facts from Slurm / Open MPI; what a round of a torch rendezvous gives.
 - ``elastic``: this node in a torch rendezvous (c10d, etcd) through torch's own handler;
   imported only for a torch backend, so the static path never imports torch.
-- ``failures``: torchrun's error-file JSON and the end-of-run summary; off the start-up path
-  (imported in the background once the workers are under way).
+- ``errorfile``: torchrun's error-file JSON, read and written (a failing worker's bootstrap
+  imports only this).
+- ``failures``: the end-of-run summary; off the start-up path (imported in the background once
+  the workers are under way).
 - ``bootstrap``: what runs first inside a Python worker (stack dumps armed, the error file
   written for a worker without ``@record``), then the user's script or module.
 

@@ -217,7 +217,7 @@ def _record(exc: BaseException) -> None:
     if not path or os.path.exists(path):
         return  # no error file wanted, or the user's @record wrote it first
     try:
-        from numarun.launch.failures import write_error_file
+        from numarun.launch.errorfile import write_error_file
 
         write_error_file(path, exc)
     except Exception as err:  # a full disk must not hide the user's traceback
