@@ -57,11 +57,13 @@ import signal
 import sys
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any
 
 from numarun.placement import binding
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
+    from typing import Any
+
     from numarun.placement.binding import MemPolicy
     from numarun.process.spec import WorkerSpec
 

@@ -10,10 +10,14 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
+    from typing import Protocol
+
     from numarun.placement.binding import MemPolicy
+else:
+    Protocol = object  # OutputSink is a protocol for type checkers, a plain class at run time
 
 RUN_ID_ENV = "NUMARUN_RUN_ID"  # in every worker's environment: the run it belongs to
 PAYLOAD_FD_ENV = "NUMARUN_PAYLOAD_FD"
