@@ -4,8 +4,6 @@ The spawn API is exported lazily (PEP 562), so ``import numarun`` costs next to 
 names below load :mod:`numarun.spawning.api` on first use.
 """
 
-from numarun._version import __version__
-
 _SPAWN_EXPORTS = (
     "ProcessContext",
     "ProcessException",
@@ -30,6 +28,7 @@ __all__ = [
 # typing is not imported at run time; this constant is what type checkers look for.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from numarun._version import __version__
     from numarun.spawning.api import (
         ProcessContext,
         ProcessException,
@@ -42,6 +41,10 @@ if TYPE_CHECKING:
 
 
 def __getattr__(name: str) -> object:
+    if name == "__version__":  # lazily too: every worker imports this package first
+        from numarun._version import __version__
+
+        return __version__
     if name not in _SPAWN_EXPORTS:
         raise AttributeError(f"module 'numarun' has no attribute {name!r}")
     import importlib
@@ -53,4 +56,4 @@ def __getattr__(name: str) -> object:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_SPAWN_EXPORTS))
+    return sorted(set(globals()) | set(_SPAWN_EXPORTS) | {"__version__"})
