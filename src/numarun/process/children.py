@@ -12,8 +12,11 @@ parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which 
 4. binding: the CPU affinity and memory policy, when the spec has any (both survive
    ``execve``);
 5. the stdout/stderr pipes, for streams that have a sink, are dup'ed onto fds 1 and 2;
-6. fds other than 0-2, the error pipe and the payload/result pipes are closed, and
-   SIGPIPE/SIGXFSZ reset to their defaults, as :mod:`subprocess` does;
+6. fds other than 0-2, the error pipe and the payload/result pipes are closed; every signal
+   ignored here is reset to its default action (Python's SIGPIPE and SIGXFSZ, as
+   :mod:`subprocess` does, and any the caller ignores, SIGCHLD included) except the teardown
+   signals the supervisor keeps ignored on purpose (``keep_ignored``: SIGHUP under
+   ``nohup``), and the signal mask is emptied: both survive ``execve``;
 7. ``chdir`` to the spec's ``cwd``, if any;
 8. ``execve`` of the program the supervisor resolved on the worker's ``PATH``, with the worker's
    environment.
@@ -27,7 +30,9 @@ the registry below except the worker's own pipes and ``pass_fds`` is closed and 
 emptied (what the child opens later may reuse those numbers, and must stay open in the children
 it forks in turn); the wakeup fd is unset and the
 caller's own signal handlers are put back; then the forked preamble: ``setsid()``,
-``PR_SET_PDEATHSIG(SIGKILL)``, the parent check (exit 1), binding, the stdout/stderr pipes
+``PR_SET_PDEATHSIG(SIGKILL)``, SIGCHLD at its default action (a caller that ignores it would
+have the kernel reap the worker's own children), the parent check (exit 1), binding, the
+stdout/stderr pipes
 dup'ed onto fds 1 and 2 with ``sys.stdout``/``sys.stderr`` reopened on them, ``os.environ``
 replaced by the worker's environment (in the child only), ``chdir``; then
 ``fork_target(payload_fd, result_fd)``. Its return value is the exit status (None: 0, an int:
@@ -147,8 +152,12 @@ def exec_child(
     pass_fds: Sequence[int],
     stdout_fd: int | None,
     stderr_fd: int | None,
+    reset_signals: Sequence[int] = (signal.SIGPIPE, signal.SIGXFSZ),
 ) -> None:
     """Body of a ``start="exec"`` child between fork and exec; never returns.
+
+    ``reset_signals``: the ignored signals set back to their default action before exec
+    (:func:`ignored_signals` but those the caller keeps ignored on purpose).
 
     On failure it writes ``stage:errno:message`` to ``error_fd`` (close-on-exec, so the parent
     reads end of file when exec succeeds) and exits 127.
@@ -173,9 +182,14 @@ def exec_child(
         for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
             if high > low + 1:
                 os.closerange(low + 1, high)
-        # Python ignores SIGPIPE and SIGXFSZ; ignored dispositions would survive exec.
-        for signum in (signal.SIGPIPE, signal.SIGXFSZ):
-            signal.signal(signum, signal.SIG_DFL)
+        # Ignored dispositions survive exec (Python's own SIGPIPE and SIGXFSZ, a caller's
+        # SIGCHLD): the worker starts with default actions, but for those kept on purpose.
+        # The mask survives exec too: a caller's thread that blocks SIGTERM must not make
+        # the workers deaf to teardown.
+        for signum in reset_signals:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         if spec.cwd is not None:
             os.chdir(spec.cwd)
         stage = "exec"
@@ -187,6 +201,21 @@ def exec_child(
             os.write(error_fd, f"{stage}:{code}:{detail}".encode(errors="replace")[:4000])
     finally:
         os._exit(127)
+
+
+def ignored_signals() -> list[int]:
+    """The signals this process ignores, as the kernel has them (``SigIgn`` in
+    ``/proc/self/status``: also those ignored from C, which ``signal.getsignal`` does not
+    know); Python's own SIGPIPE and SIGXFSZ where that file cannot be read."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"SigIgn:"):
+                    mask = int(line.split()[1], 16)
+                    return [bit + 1 for bit in range(64) if mask >> bit & 1]
+    except (OSError, ValueError, IndexError):
+        pass
+    return [signal.SIGPIPE, signal.SIGXFSZ]
 
 
 def _run_target(target: Callable[[int, int], Any], payload_fd: int, result_fd: int) -> int:
@@ -241,6 +270,9 @@ def _setup_forked_child(
     """The preamble of fork/forkserver children, then their environment and stdio."""
     os.setsid()
     binding.set_parent_death_signal(signal.SIGKILL)
+    # A caller (or the fork server) ignoring SIGCHLD: the kernel would reap the worker's own
+    # children, and subprocess would report exit status 0 for every one of them.
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     if parent_pid is not None and os.getppid() != parent_pid:
         os._exit(_NOT_OURS_EXIT)
     if cpus is not None or mem is not None:

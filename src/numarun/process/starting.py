@@ -177,7 +177,9 @@ class Starter:
     ``run_id`` goes into the workers' environment; if the supervisor dies, the watchdog kills
     the run (``kill_on_death``) for at most ``kill_limit`` seconds, looking, when the run has
     forkserver workers, for processes whose environment holds ``NUMARUN_RUN_ID=<run id>``, and
-    removes ``remove_if_killed`` (see :class:`numarun.process.supervisor.Supervisor`)."""
+    removes ``remove_if_killed`` (see :class:`numarun.process.supervisor.Supervisor`). A signal
+    of ``keep_ignored`` that the caller ignores stays ignored in ``"exec"`` workers; every other
+    ignored disposition is reset to the default action before exec."""
 
     def __init__(
         self,
@@ -190,6 +192,7 @@ class Starter:
         kill_on_death: bool,
         kill_limit: float,
         remove_if_killed: str | None,
+        keep_ignored: Sequence[int],
         watch_pipes: Callable[[Worker], None],
         on_status: Callable[[], None],
         on_exit: Callable[[Worker], None],
@@ -204,6 +207,7 @@ class Starter:
         self._kill_on_death = kill_on_death
         self._kill_limit = kill_limit
         self._remove_if_killed = remove_if_killed
+        self._keep_ignored = frozenset(keep_ignored)
         self._watch_pipes = watch_pipes
         self._on_status = on_status
         self._on_exit = on_exit
@@ -305,6 +309,9 @@ class Starter:
         registry's, an import's) at fork time, and it will never be released in this copy.
         """
         try:
+            # First: a caller that ignores SIGCHLD would have the kernel reap our workers at
+            # once (no exit status, no zombie holding the pid), and SIG_IGN would reach them.
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
             with contextlib.suppress(ValueError):
                 signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
             # Without these two the watchdog still works, with less coverage: orphans would go
@@ -361,9 +368,12 @@ class Starter:
         fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
         pids = [0] * len(order)
         checks: dict[int, int] = {}
+        # What an exec worker must not inherit: every disposition ignored here but those kept
+        # on purpose (SIGHUP under nohup); handled signals are reset by exec itself.
+        reset = [s for s in children.ignored_signals() if s not in self._keep_ignored]
         for index in fork_first:
             try:
-                pids[index], check_fd = self._fork_worker(order[index], me)
+                pids[index], check_fd = self._fork_worker(order[index], me, reset)
             except OSError as exc:
                 reason = (exc.strerror or str(exc)).encode(errors="replace")
                 return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
@@ -371,8 +381,11 @@ class Starter:
                 checks[check_fd] = index
         return pids, checks, b""
 
-    def _fork_worker(self, worker: Worker, parent_pid: int) -> tuple[int, int | None]:
-        """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe)."""
+    def _fork_worker(
+        self, worker: Worker, parent_pid: int, reset: Sequence[int]
+    ) -> tuple[int, int | None]:
+        """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe).
+        ``reset``: the ignored signals an exec worker gets at their default action."""
         spec = worker.spec
         if spec.start == "fork":
             keep = {
@@ -415,6 +428,7 @@ class Starter:
                     ],
                     worker.streams.get("stdout"),
                     worker.streams.get("stderr"),
+                    reset,
                 )
         except BaseException:
             os.close(check_r)

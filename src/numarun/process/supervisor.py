@@ -264,6 +264,7 @@ class Supervisor:
             kill_on_death=self._kill_on_death,
             kill_limit=max(1.0, self.kill_wait),
             remove_if_killed=self._remove_if_killed,
+            keep_ignored=self._keep_ignored,
             watch_pipes=self._streams.watch,
             on_status=self._read_status,
             on_exit=self._check_exit,
