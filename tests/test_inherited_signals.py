@@ -71,8 +71,7 @@ def test_a_workers_own_child_reports_its_exit_status_under_a_caller_ignoring_sig
     SIG_IGN makes the kernel reap the child, and subprocess then reports 0)."""
     script = tmp_path / "child.py"
     script.write_text(
-        "import subprocess, sys\n"
-        "sys.exit(subprocess.run(['sh', '-c', 'exit 5']).returncode)\n"
+        "import subprocess, sys\nsys.exit(subprocess.run(['sh', '-c', 'exit 5']).returncode)\n"
     )
     done = subprocess.run(
         [sys.executable, "-m", "numarun", "--nproc-per-node", "2", str(script)],
@@ -112,3 +111,52 @@ def test_exec_workers_start_with_default_actions_but_the_kept_ignored_signals() 
         timeout=LIMIT,
     )
     assert _json_line(done) == {"ignored": [signal.SIGHUP], "blocked": []}
+
+
+# --- issue 20 item 4: the signal scope is entered and left whole ---------------------------------
+
+
+def _scope(scenario: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, str(WORKERS / "sg_scope.py"), scenario],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=LIMIT,
+    )
+    line = _json_line(done)
+    assert isinstance(line, dict)
+    return line
+
+
+def test_a_signal_arriving_while_the_scope_is_entered_is_noted_by_it() -> None:
+    """SIGINT sent just before the scope installs its first handler: it waits until the scope
+    is whole and reaches the supervisor through the wakeup socket, instead of raising
+    KeyboardInterrupt out of a half-entered scope."""
+    line = _scope("signal-entering")
+    assert line["raised"] is None, line
+    assert line["noted"] == [signal.SIGINT], line
+    assert line["inside"] == {
+        "handlers": {"SIGINT": "scope", "SIGTERM": "scope", "SIGHUP": "scope"},
+        "wakeup": "scope",
+        "active": 1,
+    }, line
+    assert line["after"] == line["before"], line
+
+
+def test_an_exception_while_the_scope_is_entered_undoes_every_step() -> None:
+    """A KeyboardInterrupt raised half-way (after SIGINT's handler was installed): it
+    propagates, and the caller's handlers and wakeup fd are all back, no scope left active."""
+    line = _scope("raise-entering")
+    assert line["raised"] == "KeyboardInterrupt", line
+    assert line["inside"] is None, line
+    assert line["after"] == line["before"], line
+
+
+def test_a_signal_arriving_while_the_scope_is_left_goes_to_the_callers_handler() -> None:
+    """SIGINT sent half-way through leaving: every handler and the wakeup fd are put back
+    first, then the caller's own handler (Python's) raises KeyboardInterrupt."""
+    line = _scope("signal-leaving")
+    assert line["raised"] == "KeyboardInterrupt", line
+    assert line["after"] == line["before"], line
+    assert line["noted"] == [], line

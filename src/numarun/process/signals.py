@@ -17,9 +17,15 @@ A :class:`SignalScope` is entered by :meth:`Supervisor.start`, :meth:`Supervisor
   An ignored signal not in ``keep_ignored`` is handled anyway, and exec'd workers then start
   with its default action, not the caller's ``SIG_IGN``.
 
-On exit it restores the handlers it replaced and the previous wakeup fd. Scopes nest: an inner
-one restores the outer one's handlers. Outside the main thread, or without a socket, entering
-and leaving do nothing (Python delivers signals to the main thread only).
+On exit it restores the handlers it replaced and the previous wakeup fd. Entering and leaving
+are all or nothing: the scope's signals are blocked in the calling thread meanwhile
+(``pthread_sigmask``), so that one arriving then is delivered once the scope is whole (entering:
+to the supervisor, through the socket) or gone (leaving: to the caller's handlers); an
+exception raised meanwhile by a handler (a signal delivered to another thread, whose Python
+handler still runs in the main thread) undoes every step taken before it propagates, and
+leaving completes every step whatever such a handler raises, then raises its exception. Scopes
+nest: an inner one restores the outer one's handlers. Outside the main thread, or without a
+socket, entering and leaving do nothing (Python delivers signals to the main thread only).
 
 :meth:`SignalScope.restore_callers_handlers` is for a ``"fork"`` worker, which starts as a copy
 of a process with scopes entered: it puts back the handlers the caller had before any scope.
@@ -29,11 +35,12 @@ from __future__ import annotations
 
 import signal
 import threading
+from functools import partial
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
     import socket
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
     from typing import Any, ClassVar
 
 
@@ -53,6 +60,7 @@ class SignalScope:
         self._signals = [*teardown, *forward]
         self._previous: dict[int, Any] = {}
         self._previous_wakeup: int | None = None
+        self._wakeup_pending = False  # set_wakeup_fd() called, its answer maybe not kept
 
     _active: ClassVar[list[SignalScope]] = []  # the scopes now entered, outermost first
 
@@ -68,12 +76,39 @@ class SignalScope:
     def __enter__(self) -> SignalScope:
         if self._wakeup is None or threading.current_thread() is not threading.main_thread():
             return self
+        # Entering is all or nothing. The scope's signals are blocked in this thread meanwhile,
+        # so one that arrives now waits and then finds the scope whole; a handler that still
+        # raises in between (a KeyboardInterrupt tripped on another thread) undoes every step.
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals)
+        try:
+            try:
+                self._install()
+            except BaseException as exc:
+                # The exception that stopped the entry is the one raised; another that a
+                # handler raises during the rollback is its context.
+                error = self._restore(raise_error=False)
+                if error is not None and error is not exc:
+                    exc.__context__ = error
+                raise
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self not in SignalScope._active:
+            return  # never entered (another thread, no socket), or left already
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals)
+        try:
+            self._restore()
+        finally:
+            # What arrived meanwhile goes to the caller's handlers, now back in place.
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+
+    def _install(self) -> None:
+        # Each step is recorded before it is taken, so that an exception raised between the
+        # two (a handler of a signal that arrived on another thread) never hides one.
         SignalScope._active.append(self)
-        signals = list(self._signals)
-        self._previous_wakeup = signal.set_wakeup_fd(
-            self._wakeup.fileno(), warn_on_full_buffer=False
-        )
-        for signum in signals:
+        for signum in self._signals:
             previous = signal.getsignal(signum)
             if previous is None:
                 continue  # installed outside Python: we could not restore it exactly
@@ -81,15 +116,64 @@ class SignalScope:
                 continue  # ignored by the caller (SIGHUP under nohup): the job must survive it
             self._previous[signum] = previous
             signal.signal(signum, _note_signal)
-        return self
+        self._wakeup_pending = True
+        self._previous_wakeup = signal.set_wakeup_fd(
+            self._wakeup.fileno(),  # type: ignore[union-attr]
+            warn_on_full_buffer=False,
+        )
 
-    def __exit__(self, *exc_info: object) -> None:
+    def _restore(self, *, raise_error: bool = True) -> BaseException | None:
+        """Put back every handler replaced, then the previous wakeup fd, whatever a handler
+        raises meanwhile (each step is retried); the first such exception is raised at the end
+        (returned, with ``raise_error=False``)."""
+        steps: list[Callable[[], object]] = [
+            partial(signal.signal, signum, previous)
+            for signum, previous in reversed(self._previous.items())
+        ]
+        steps.append(self._restore_wakeup)
+        error = _run_all(steps)
+        self._previous.clear()
         if self in SignalScope._active:
             SignalScope._active.remove(self)
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
+        if error is not None and raise_error:
+            raise error
+        return error
+
+    def _restore_wakeup(self) -> None:
         if self._previous_wakeup is not None:
             signal.set_wakeup_fd(self._previous_wakeup)
+        elif self._wakeup_pending and self._wakeup is not None:
+            # set_wakeup_fd() may have acted, its answer lost to an exception: ours is unset,
+            # anything else stays.
+            current = signal.set_wakeup_fd(-1)
+            if current != self._wakeup.fileno():
+                signal.set_wakeup_fd(current)
+        self._previous_wakeup = None
+        self._wakeup_pending = False
+
+
+def _run_all(steps: list[Callable[[], object]]) -> BaseException | None:
+    """Run each step in order; one interrupted by an exception (a signal handler raising) is
+    tried again, up to a few times. Returns the first exception, None if none."""
+    error: BaseException | None = None
+    tries = 0
+    while steps:
+        try:
+            while steps:
+                steps[0]()
+                steps.pop(0)
+                tries = 0
+        except BaseException as exc:  # kept, raised once everything is back
+            if error is None:
+                error = exc
+            tries += 1
+            if tries > _RETRIES and steps:
+                steps.pop(0)  # it fails by itself, not because of a signal
+                tries = 0
+    return error
+
+
+_RETRIES = 4
 
 
 def _note_signal(signum: int, frame: object) -> None:
