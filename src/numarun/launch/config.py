@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from numarun.errors import UsageError
 from numarun.launch.nodes import parse_nodes
 from numarun.launch.options import build_parser, parse_int, parse_seconds, split_argv
+from numarun.process import capacity
 
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
 # torchrun's --signals-to-handle default: each stops the job, reaching the workers first.
@@ -351,6 +352,10 @@ def _nproc(
             f"{len(rank_cpus)} --rank-cpus given for --nproc-per-node {nproc}: "
             "give exactly one per local rank"
         )
+    if nproc > capacity.ALWAYS_FINE:
+        problem = capacity.worker_count_problem(nproc)
+        if problem is not None:
+            raise UsageError(f"--nproc-per-node {nproc}: {problem}")
     return nproc
 
 

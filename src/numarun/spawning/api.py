@@ -272,6 +272,10 @@ def _check_arguments(
         )
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
         raise InvalidArgument(f"nprocs must be an integer >= 1, got {nprocs!r}")
+    from numarun.process.capacity import worker_count_problem
+
+    if (problem := worker_count_problem(nprocs)) is not None:
+        raise InvalidArgument(f"nprocs={nprocs}: {problem}")
     if start_method is None:
         import multiprocessing
 
