@@ -198,20 +198,23 @@ needs_root = pytest.mark.skipif(
 def test_another_users_process_with_the_marker_is_never_signalled(start: str) -> None:
     """As root: a process of uid 65534 carrying NUMARUN_RUN_ID=<this run> survives the
     teardown untouched. In a forkserver run, where the marker does count, a process of root's
-    carrying it is torn down with the run (so it is the uid that spares the other)."""
+    carrying it is torn down with the run (so it is the uid that spares the other). Both start
+    once the run has: a process older than the run cannot be one of its own, and is never
+    looked at."""
     target = td_funcs.sleep_target if start == "forkserver" else None
     argv = None if target else [PY, "-c", "import time; time.sleep(120)"]
     sup = Supervisor(
         [
             WorkerSpec(0, 0, ENV, argv=argv, start=start, fork_target=target),
-            WorkerSpec(1, 1, ENV, argv=[PY, "-c", "import time; time.sleep(0.5); exit(3)"]),
+            WorkerSpec(1, 1, ENV, argv=[PY, "-c", "import time; time.sleep(3); exit(3)"]),
         ],
         grace_period=2.0,
     )
-    stranger = outsider(sup.run_id, 65534)
-    ours = outsider(sup.run_id, 0) if start == "forkserver" else None
+    stranger = ours = None
     try:
         sup.start()
+        stranger = outsider(sup.run_id, 65534)
+        ours = outsider(sup.run_id, 0) if start == "forkserver" else None
         result = sup.wait()
         assert result is not None and result.workers[1].exit_code == 3
         assert outsider_report(stranger) == (True, b"")

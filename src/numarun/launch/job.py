@@ -3,7 +3,7 @@
 :class:`Job` runs torchrun's semantics (its docstring states them): a failed attempt is followed
 by another while ``--max-restarts`` allows; a node joining or leaving a torch rendezvous re-forms
 the group without using a restart; a teardown signal ends the job, also between attempts, where
-no supervisor runs (:class:`_SignalGuard`); every attempt keeps its own directory
+no supervisor runs (:class:`SignalGuard`); every attempt keeps its own directory
 (``attempt_<restart count>``, ``.N`` after the N-th re-forming); the end report names each
 attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here,
 and once its workers are under way the failure report's modules are imported in the background
@@ -13,6 +13,7 @@ and once its workers are under way the failure report's modules are imported in 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import sys
@@ -49,8 +50,8 @@ if TYPE_CHECKING:
     from numarun.stacks.dumps import JobStacks
 
 
-class _Interrupted(BaseException):
-    """A teardown signal arrived between attempts (see :class:`_SignalGuard`)."""
+class Interrupted(BaseException):
+    """A teardown signal arrived while no supervisor ran (see :class:`SignalGuard`)."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -58,16 +59,17 @@ class _Interrupted(BaseException):
 
 
 def _raise_interrupted(signum: int, frame: object) -> None:
-    raise _Interrupted(signum)
+    raise Interrupted(signum)
 
 
-class _SignalGuard:
-    """While no supervisor runs (a rendezvous, the exit barrier, the gap between attempts),
-    a teardown signal ends the launch at once: its handler raises :class:`_Interrupted` in
-    the main thread, wherever it waits (:func:`numarun.launch.elastic.run_blocking` keeps torch's
-    blocking calls off that thread). The supervisor's own handling replaces this while workers
-    run. A signal the caller ignores stays ignored when it is in ``keep_ignored`` (SIGHUP under
-    ``nohup``). Main thread only; elsewhere it does nothing. Restores the previous handlers."""
+class SignalGuard:
+    """While no supervisor runs (the workers' files being set up, a rendezvous, the exit
+    barrier, the gap between attempts), a teardown signal ends the launch at once: its handler
+    raises :class:`Interrupted` in the main thread, wherever it waits
+    (:func:`numarun.launch.elastic.run_blocking` keeps torch's blocking calls off that thread).
+    The supervisor's own handling replaces this while workers run. A signal the caller ignores
+    stays ignored when it is in ``keep_ignored`` (SIGHUP under ``nohup``). Main thread only;
+    elsewhere it does nothing. Restores the previous handlers."""
 
     def __init__(
         self, signals: Sequence[int], keep_ignored: Sequence[int] = (signal.SIGHUP,)
@@ -76,7 +78,7 @@ class _SignalGuard:
         self._keep_ignored = tuple(keep_ignored)
         self._previous: dict[int, object] = {}
 
-    def __enter__(self) -> _SignalGuard:
+    def __enter__(self) -> SignalGuard:
         import threading
 
         if threading.current_thread() is not threading.main_thread():
@@ -153,12 +155,16 @@ class Job:
         rendezvous ends the job; print the report; return the exit status."""
         config = self.config
         if not config.elastic and not config.max_restarts:
-            # One attempt, as numarun has always run it: no guard, nothing imported.
-            return self.report(self.run_attempt(None, port, "attempt_0", first_dir, 0))
+            # One attempt, as numarun has always run it: nothing imported. (The launcher's
+            # SignalGuard covers it until the supervisor's own handling takes over.)
+            self.waiting_for = "setting up the workers"
+            attempt = self.run_attempt(None, port, "attempt_0", first_dir, 0)
+            self.waiting_for = "reporting the run's end"
+            return self.report(attempt)
         try:
-            with _SignalGuard(config.teardown_signals):
+            with SignalGuard(config.teardown_signals):
                 return self._loop(first_dir, port)
-        except _Interrupted as stop:
+        except Interrupted as stop:
             sys.stderr.write(
                 f"numarun: stopped on {signal_text(stop.signum)} while {self.waiting_for}; "
                 "no worker was running\n"
@@ -329,8 +335,8 @@ class Job:
             gc.freeze()
             try:
                 result = supervisor.run(on_started=lambda: _on_started(stacks))
-            except NumarunError:
-                raise  # a worker could not start: one line
+            except (NumarunError, Interrupted):
+                raise  # a worker could not start (one line), or a signal came before any did
             except BaseException:
                 self.started = True
                 raise
@@ -422,6 +428,8 @@ def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]) -> JobSt
             hang_timeout=config.hang_timeout,
         )  # fmt: skip
     except (NumarunError, OSError) as error:
+        if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
+            raise setup_error(error, config) from None  # the workers cannot start either
         if config.hang_timeout is not None:
             raise UsageError(f"--hang-timeout needs numarun's stack dumps: {error}") from None
         print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
@@ -431,7 +439,11 @@ def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]) -> JobSt
 
 def _on_started(stacks: JobStacks | None) -> None:
     if stacks is not None:
-        stacks.listen()
+        try:
+            stacks.listen()
+        except OSError as error:  # out of fds, say: the job runs on without the socket
+            print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
+                  file=sys.stderr)  # fmt: skip
     _prefetch_failure_report()
 
 

@@ -28,6 +28,7 @@ for it, the log and failure modules only for redirected output or a failed run.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from collections.abc import Mapping, Sequence
@@ -59,8 +60,24 @@ def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
         return error.exit_code
+    except OSError as error:
+        if error.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        # Out of fds anywhere on the way (a socket for the port, a log file): one line too.
+        print(f"numarun: error: {_out_of_fds(error)}", file=sys.stderr)
+        return 2
     except SystemExit as stop:  # --help
         return stop.code if isinstance(stop.code, int) else 0
+
+
+def _out_of_fds(error: OSError) -> str:
+    try:
+        import resource
+
+        limit = f"the open-file limit is {resource.getrlimit(resource.RLIMIT_NOFILE)[0]}"
+    except (ImportError, OSError, ValueError):
+        limit = "the open-file limit is reached"
+    return f"out of file descriptors ({error.strerror}): {limit}; raise it (ulimit -n)"
 
 
 def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
@@ -270,7 +287,8 @@ def _launch(
     failure, or output shown nowhere (see :mod:`numarun.launch.logdir`)."""
     import shutil
 
-    from numarun.launch.job import Job
+    from numarun.launch.job import Interrupted, Job, SignalGuard
+    from numarun.launch.report import signal_text
 
     mem_policies = workers.mem_policies(config, plan)
     outputs = workers.output_levels(config)
@@ -280,7 +298,11 @@ def _launch(
     log_base = config.log_dir if config.log_dir is not None else logdir.temp_log_dir()
     job: Job | None = None
     code = 2
+    # From the first directory on, a teardown signal ends the launch with 128+N and leaves
+    # nothing: thousands of ranks take seconds to set up before the supervisor takes over.
+    guard = SignalGuard(config.teardown_signals)
     try:
+        guard.__enter__()
         first_dir = logdir.make_attempt_dir(
             log_base, config.run_id, config.nproc_per_node, fresh=temporary
         )
@@ -301,9 +323,24 @@ def _launch(
         )
         code = job.run(first_dir, port)
         return code
+    except Interrupted as stop:
+        doing = job.waiting_for if job is not None else "setting up the workers"
+        sys.stderr.write(
+            f"numarun: stopped on {signal_text(stop.signum)} while {doing}; "
+            "no worker was running\n"
+        )
+        code = 128 + stop.signum
+        return code
     finally:
+        guard.__exit__(None, None, None)
         nothing_ran = job is None or not job.started
         if temporary and (
             holds == logdir.ERRORS or nothing_ran or (holds == logdir.COPIES and code == 0)
         ):
             shutil.rmtree(log_base, ignore_errors=True)
+            if os.path.lexists(log_base):
+                # rmtree holds two fds per level: out of fds (the start failed for want of
+                # them), this way holds one at a time.
+                from numarun.process.watchdog import remove_tree
+
+                remove_tree(log_base)

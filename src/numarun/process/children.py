@@ -4,6 +4,12 @@ parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which 
 
 ``start="exec"`` (:func:`exec_child`, in a child of :func:`fork`), in this order:
 
+0. with every signal still blocked (the watchdog forks with them blocked), the signals with a
+   handler (the supervisor's, copied with the process: they would swallow a teardown signal
+   sent before exec) and every ignored disposition but the teardown signals the supervisor
+   keeps ignored on purpose (``keep_ignored``: SIGHUP under ``nohup``) are set to their default
+   action, then the signal mask is emptied: ignored dispositions and the mask survive
+   ``execve``, and what arrived meanwhile acts now;
 1. ``setsid()``: own session and process group, so terminal signals reach the supervisor and
    not the workers;
 2. ``PR_SET_PDEATHSIG(SIGKILL)``;
@@ -12,11 +18,7 @@ parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which 
 4. binding: the CPU affinity and memory policy, when the spec has any (both survive
    ``execve``);
 5. the stdout/stderr pipes, for streams that have a sink, are dup'ed onto fds 1 and 2;
-6. fds other than 0-2, the error pipe and the payload/result pipes are closed; every signal
-   ignored here is reset to its default action (Python's SIGPIPE and SIGXFSZ, as
-   :mod:`subprocess` does, and any the caller ignores, SIGCHLD included) except the teardown
-   signals the supervisor keeps ignored on purpose (``keep_ignored``: SIGHUP under
-   ``nohup``), and the signal mask is emptied: both survive ``execve``;
+6. fds other than 0-2, the error pipe and the payload/result pipes are closed;
 7. ``chdir`` to the spec's ``cwd``, if any;
 8. ``execve`` of the program the supervisor resolved on the worker's ``PATH``, with the worker's
    environment.
@@ -28,13 +30,13 @@ the exec succeeded, else the report, which :meth:`Supervisor.start` raises.
 ``start="fork"`` (:func:`fork_child`, in a child of :func:`fork`), in this order: every fd in
 the registry below except the worker's own pipes and ``pass_fds`` is closed and the registry is
 emptied (what the child opens later may reuse those numbers, and must stay open in the children
-it forks in turn); the wakeup fd is unset and the
-caller's own signal handlers are put back; then the forked preamble: ``setsid()``,
+it forks in turn); the wakeup fd is unset, the caller's own signal handlers are put back and
+then the caller's signal mask (it is forked with every signal blocked, so that a signal sent
+before finds the caller's handlers); then the forked preamble: ``setsid()``,
 ``PR_SET_PDEATHSIG(SIGKILL)``, SIGCHLD at its default action (a caller that ignores it would
 have the kernel reap the worker's own children), the parent check (exit 1), binding, the
-stdout/stderr pipes
-dup'ed onto fds 1 and 2 with ``sys.stdout``/``sys.stderr`` reopened on them, ``os.environ``
-replaced by the worker's environment (in the child only), ``chdir``; then
+stdout/stderr pipes dup'ed onto fds 1 and 2 with ``sys.stdout``/``sys.stderr`` reopened on
+them, ``os.environ`` replaced by the worker's environment (in the child only), ``chdir``; then
 ``fork_target(payload_fd, result_fd)``. Its return value is the exit status (None: 0, an int:
 that int & 0xFF, anything else: 1); ``SystemExit(n)`` exits ``n`` as Python does; any other
 exception prints its traceback on fd 2 and exits 1. The child never returns into the caller's
@@ -132,15 +134,34 @@ def enlarge_pipe(fd: int) -> None:
 
 def fork() -> int:
     """os.fork() without Python 3.12's DeprecationWarning about forking a multi-threaded
-    process: the child runs only this module's preamble (no locks, no imports) before exec or
-    the fork target, which is the documented contract of start="exec" / "fork"."""
-    if threading.active_count() == 1:
-        return os.fork()
+    process: the child runs only plain os calls (no locks, no imports) before exec or the fork
+    target, which is the documented contract of start="exec" / "fork".
+
+    Python counts the process's threads as the kernel does, native ones included (a BLAS pool,
+    faulthandler's), so whether it warns cannot be told from ``threading``. Instead one filter
+    is added to :mod:`warnings`, once, that matches only this warning raised from this module
+    (``warnings.catch_warnings`` would swap the whole process's filters around the fork, under
+    every other thread's feet). Where a caller's own filters replace it later, the warning is
+    shown, or with ``error`` swallowed by Python itself: os.fork() never fails over it."""
+    if sys.version_info >= (3, 12) and not _fork_warning_filtered:
+        _filter_fork_warning()
+    return os.fork()
+
+
+_fork_warning_filtered = False
+
+
+def _filter_fork_warning() -> None:
+    global _fork_warning_filtered
     import warnings
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return os.fork()
+    warnings.filterwarnings(
+        "ignore",
+        message=r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)",
+        category=DeprecationWarning,
+        module=r"numarun\.process\.children\Z",
+    )
+    _fork_warning_filtered = True
 
 
 def exec_child(
@@ -156,14 +177,24 @@ def exec_child(
 ) -> None:
     """Body of a ``start="exec"`` child between fork and exec; never returns.
 
-    ``reset_signals``: the ignored signals set back to their default action before exec
-    (:func:`ignored_signals` but those the caller keeps ignored on purpose).
+    ``reset_signals``: the signals set back to their default action first thing (those with
+    a handler, and :func:`ignored_signals` but those the caller keeps ignored on purpose); the
+    child is forked with every signal blocked, and unblocks them all once they are reset.
 
     On failure it writes ``stage:errno:message`` to ``error_fd`` (close-on-exec, so the parent
     reads end of file when exec succeeds) and exits 127.
     """
     stage = "setup"
     try:
+        # First, with every signal still blocked by the watchdog: the supervisor's handlers
+        # (copied with the process) would swallow a teardown signal sent before exec, and an
+        # ignored disposition would outlive exec, but for those kept on purpose. Then the
+        # mask is emptied (a caller's thread that blocks SIGTERM must not make the workers
+        # deaf to teardown): what came meanwhile acts now, with its default action.
+        for signum in reset_signals:
+            with contextlib.suppress(OSError, ValueError):
+                signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         os.setsid()
         binding.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != parent_pid:
@@ -182,14 +213,6 @@ def exec_child(
         for low, high in zip(keep, [*keep[1:], 1 << 20], strict=True):
             if high > low + 1:
                 os.closerange(low + 1, high)
-        # Ignored dispositions survive exec (Python's own SIGPIPE and SIGXFSZ, a caller's
-        # SIGCHLD): the worker starts with default actions, but for those kept on purpose.
-        # The mask survives exec too: a caller's thread that blocks SIGTERM must not make
-        # the workers deaf to teardown.
-        for signum in reset_signals:
-            with contextlib.suppress(OSError, ValueError):
-                signal.signal(signum, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_SETMASK, ())
         if spec.cwd is not None:
             os.chdir(spec.cwd)
         stage = "exec"
@@ -311,12 +334,14 @@ def fork_child(
     stdout_fd: int | None,
     stderr_fd: int | None,
     restore_callers_handlers: Callable[[], None],
+    signal_mask: set[int] | None = None,
 ) -> None:
     """Body of a ``start="fork"`` child; never returns.
 
     ``restore_callers_handlers`` puts back the signal handlers the caller had before the
     supervisor installed its own (the supervisor passes it in, so this module never imports
-    the supervisor).
+    the supervisor); the child is forked with every signal blocked, and ``signal_mask`` (the
+    caller's) is put back once they are.
     """
     global _open_fds_lock
     status = 1
@@ -332,6 +357,8 @@ def fork_child(
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)
         restore_callers_handlers()  # a forked worker runs under the caller's
+        if signal_mask is not None:
+            signal.pthread_sigmask(signal.SIG_SETMASK, signal_mask)
         _setup_forked_child(
             parent_pid=parent_pid,
             cpus=spec.cpus,

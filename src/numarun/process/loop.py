@@ -96,12 +96,17 @@ class Loop:
         return self._selector is not None
 
     def open(self) -> None:
-        """The selector and the signal wakeup socket; idempotent."""
+        """The selector and the signal wakeup socket; idempotent. Raises OSError (out of fds)
+        with nothing left open."""
         if self._selector is not None:
             return
         self._selector = selectors.DefaultSelector()
         children.track(self._selector.fileno())
-        self._wakeup_r, self.wakeup = socket.socketpair()
+        try:
+            self._wakeup_r, self.wakeup = socket.socketpair()
+        except BaseException:
+            self.close()
+            raise
         for sock in (self._wakeup_r, self.wakeup):
             sock.setblocking(False)
             children.track(sock.fileno())
@@ -154,6 +159,25 @@ class Loop:
             lane, callback = key.data
             if lanes is None or lane in lanes:
                 callback()
+
+    @property
+    def signal_fd(self) -> int | None:
+        """The read end of the wakeup socket (readable when a signal came), while open."""
+        return None if self._wakeup_r is None else self._wakeup_r.fileno()
+
+    def take_signals(self) -> list[int]:
+        """The signal numbers the wakeup socket holds now, read, in order, without calling
+        ``on_signal`` (outside :meth:`poll`: while the workers start, say); never blocks."""
+        taken: list[int] = []
+        while self._wakeup_r is not None:
+            try:
+                data = self._wakeup_r.recv(4096)
+            except (BlockingIOError, InterruptedError):
+                break
+            if not data:
+                break
+            taken += data
+        return taken
 
     def _read_signals(self) -> None:
         assert self._wakeup_r is not None

@@ -9,7 +9,9 @@ The process table: :func:`read_proc_table` reads every ``/proc/<pid>/stat`` (wha
 ``"forkserver"`` workers needs: marked processes and sessions may be anywhere);
 :func:`read_subtree` reads only a process and those below it, through each thread's
 ``/proc/<pid>/task/<tid>/children`` (the cost follows the size of the run, not the machine's).
-Processes that vanish while either reads are left out; neither raises for them.
+Processes that vanish while either reads are left out; neither raises for them, but both
+raise OSError when the caller is out of fds (EMFILE, ENFILE): a process must never look gone
+because it could not be read.
 
 Pinning: a pid read from /proc may belong to another process by the time it is signalled, if
 the first one exited and was reaped meanwhile. :func:`find_run_processes` therefore opens a
@@ -29,6 +31,7 @@ import signal
 from collections.abc import Iterable, Mapping
 
 FALLBACK_TICK = 0.05  # seconds between checks of a process that has no pidfd
+_NO_FD = (errno.EMFILE, errno.ENFILE)  # out of fds: a read failed, not a process gone
 
 # (ppid, pgid, sid, state letter) of one process, from /proc/<pid>/stat.
 ProcInfo = tuple[int, int, int, str]
@@ -56,11 +59,14 @@ def read_proc_table(proc: str = "/proc") -> dict[int, ProcInfo]:
 
 
 def read_proc_stat(pid: int, proc: str = "/proc") -> ProcInfo | None:
-    """(ppid, pgid, sid, state letter) of ``pid``; None when it does not exist (any more)."""
+    """(ppid, pgid, sid, state letter) of ``pid``; None when it does not exist (any more).
+    Out of fds (EMFILE, ENFILE) raises: a process must not look gone for want of an fd."""
     try:
         with open(f"{proc}/{pid}/stat", "rb") as stat:
             text = stat.read()
-    except OSError:
+    except OSError as exc:
+        if exc.errno in _NO_FD:
+            raise
         return None
     # The command name is in parentheses and may itself hold ')' and spaces.
     fields = text[text.rfind(b")") + 2 :].split()
@@ -106,6 +112,31 @@ def environ_has(pid: int, marker: bytes, proc: str = "/proc") -> bool:
     return data.startswith(marker + b"\0") or (b"\0" + marker + b"\0") in data or data == marker
 
 
+def carries_marker(
+    pid: int,
+    info: ProcInfo,
+    marker: bytes,
+    uid: int | None,
+    since: int | None = None,
+    proc: str = "/proc",
+) -> bool:
+    """Whether ``pid`` (``info``: its /proc stat) is a process of real uid ``uid``, started at
+    or after ``since`` (when given), whose initial environment holds ``marker``.
+
+    The cheap checks come first, and a process in uninterruptible sleep (``D``) is never
+    looked at: reading ``/proc/<pid>/environ`` takes that process's memory-map lock, and blocks
+    in the kernel, unkillably, behind one of its threads stuck in the kernel with it held. What
+    the environment is read of is then only this user's processes started since the run.
+    """
+    if info[3] == "D" or real_uid(pid, proc) != uid:
+        return False
+    if since is not None:
+        started = start_time(pid, proc)
+        if started is None or started < since:
+            return False
+    return environ_has(pid, marker, proc)
+
+
 def ancestors(pid: int, table: Mapping[int, ProcInfo]) -> set[int]:
     """``pid``'s parent, grandparent, ... up to the root, as found in ``table``."""
     found: set[int] = set()
@@ -148,14 +179,18 @@ def read_subtree(root: int, proc: str = "/proc") -> dict[int, ProcInfo]:
         table[pid] = info
         try:
             threads = os.listdir(f"{proc}/{pid}/task")
-        except OSError:
+        except OSError as exc:
+            if exc.errno in _NO_FD:
+                raise
             continue
         for tid in threads:
             try:
                 with open(f"{proc}/{pid}/task/{tid}/children", "rb") as listing:
                     queue.extend(int(child) for child in listing.read().split())
-            except OSError:
-                pass  # the thread ended meanwhile
+            except OSError as exc:
+                if exc.errno in _NO_FD:
+                    raise
+                # the thread ended meanwhile
     return table
 
 
@@ -180,12 +215,20 @@ def open_pidfd(pid: int) -> int | None:
         return None  # EMFILE and the like: this one process is checked by pid
 
 
+def readable(fd: int, timeout: float = 0.0) -> bool:
+    """Whether ``fd`` is readable (a pidfd: its process exited; a pipe: data or end of file)
+    within ``timeout`` seconds. ``poll``, not ``select``: a run of a thousand workers holds fd
+    numbers above ``select``'s limit (1023)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return bool(poller.poll(max(0.0, timeout) * 1000.0))
+
+
 def has_exited(fd: int | None) -> bool:
     """Whether the process behind pidfd ``fd`` has exited (zombie or reaped); False for None."""
     if fd is None:
         return False
-    ready, _, _ = select.select([fd], [], [], 0)
-    return bool(ready)
+    return readable(fd)
 
 
 def is_held(fd: int | None) -> bool:
@@ -233,6 +276,7 @@ def find_run_processes(
     sessions: Mapping[int, int | None] | None = None,
     marker: bytes | None = None,
     uid: int | None = None,
+    since: int | None = None,
     exclude: Iterable[int] = (),
     proc: str = "/proc",
 ) -> dict[int, ProcInfo]:
@@ -242,9 +286,12 @@ def find_run_processes(
     here; when its session id is a key of ``sessions`` whose process still holds its pid; or,
     with ``marker`` (``NUMARUN_RUN_ID=...``), when its environment holds the marker and its
     real uid is ``uid``: a marker can be copied into any process, so another user's never
-    counts. ``roots`` and ``sessions`` map a pid to a pidfd for it, or to None for a pid that
-    cannot be reused while this runs (a child or held zombie of the caller's); roots themselves
-    are never returned. Pids in ``exclude`` are never returned or searched through.
+    counts; with ``since`` (clock ticks since boot, as :func:`start_time`), only processes
+    started at or after it are looked at for the marker (:func:`carries_marker`: a process in
+    uninterruptible sleep is never read). ``roots`` and ``sessions`` map a pid to a pidfd for
+    it, or to None for a pid that cannot be reused while this runs (a child or held zombie of
+    the caller's); roots themselves are never returned. Pids in ``exclude`` are never returned
+    or searched through.
 
     ``pins`` maps pids already found to their pidfds (None: no pidfd). New finds are added;
     the caller closes them. A pinned process is re-read through /proc after its pidfd was
@@ -263,14 +310,14 @@ def find_run_processes(
         if pid in excluded or pid in roots or not is_alive(info):
             continue
         if info[2] in held_sessions or (
-            marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
+            marker is not None and carries_marker(pid, info, marker, uid, since, proc)
         ):
             queue.append((pid, 0))
     while queue:
         pid, parent = queue.pop()
         if pid in found or pid in excluded or pid in roots or not is_alive(table.get(pid)):
             continue
-        info = _pin(pid, parent, roots, pins, held_sessions, marker, uid, proc)
+        info = _pin(pid, parent, roots, pins, held_sessions, marker, uid, since, proc)
         if info is not None:
             found[pid] = info
             queue.extend((child, pid) for child in by_parent.get(pid, ()))
@@ -285,6 +332,7 @@ def _pin(
     sessions: Mapping[int, int | None],
     marker: bytes | None,
     uid: int | None,
+    since: int | None,
     proc: str,
 ) -> ProcInfo | None:
     """``pid``'s /proc info if, pinned, it belongs (see :func:`find_run_processes`), else None.
@@ -306,9 +354,7 @@ def _pin(
         elif info[2] in sessions:
             belongs = is_held(sessions[info[2]])
         else:
-            belongs = (
-                marker is not None and environ_has(pid, marker, proc) and real_uid(pid, proc) == uid
-            )
+            belongs = marker is not None and carries_marker(pid, info, marker, uid, since, proc)
     if not belongs or has_exited(fd):
         close_all([fd])
         return None

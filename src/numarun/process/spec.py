@@ -28,6 +28,7 @@ SUCCEEDED = "succeeded"
 FAILED = "failed"
 TERMINATED = "terminated"
 UNKILLABLE = "unkillable"
+NOT_STARTED = "not started"  # a teardown signal stopped the start before this worker's turn
 
 
 class OutputSink(Protocol):
@@ -75,8 +76,9 @@ class WorkerExit:
     worker that, after our SIGTERM, exited with a status in 1..127), ``"terminated"`` (ended
     by our teardown: killed by a signal, status 0 or >= 128 after we signalled it),
     ``"unkillable"`` (alive ``kill_wait`` seconds after SIGKILL; ``proc_state`` is its
-    ``/proc/<pid>/stat`` state letter, e.g. ``"D"``). ``ended_at`` is ``time.time()`` when the
-    death was observed (None for unkillable workers).
+    ``/proc/<pid>/stat`` state letter, e.g. ``"D"``), ``"not started"`` (a teardown signal
+    stopped the start before its turn: pid 0, no exit code). ``ended_at`` is ``time.time()``
+    when the death was observed (None for unkillable and never started workers).
     """
 
     local_rank: int

@@ -19,9 +19,11 @@ fork and its own code is :mod:`numarun.process.children`. :meth:`Starter.start` 
    fork) and serves (:class:`numarun.process.watchdog.Watchdog`). The supervisor waits for the
    ``P`` line, then closes its copies of the children's ends of their pipes.
 3. The ``"forkserver"`` workers, one by one, from :mod:`multiprocessing`'s fork server (started
-   once per process): each is pinned by a pidfd at once (the fork server reaps it, its pid
-   could be reused) and named to the watchdog (``F <pid> <start time>``), which kills it if the
-   supervisor dies.
+   once per process): each is pinned by a pidfd at once and proven to be the child the fork
+   server made (:func:`_pin_forkserver_child`: the fork server reaps it, its pid could be
+   reused), then named to the watchdog (``F <pid> <start time>``), which kills it if the
+   supervisor dies. One that cannot be proven (it ended at once) is *lost*: its exit status
+   still comes through its sentinel, but it is never signalled or searched by pid.
 4. Registering each worker in the loop: a forkserver worker's sentinel (its end; the others'
    come from the watchdog) and its pipes (``watch_pipes``: :mod:`numarun.process.streams`).
 5. Awaiting every exec (the watchdog's ``R``), or raising the first error it reports; exits
@@ -48,6 +50,7 @@ import contextlib
 import errno
 import gc
 import os
+import select
 import signal
 import sys
 import time
@@ -58,7 +61,13 @@ from numarun.placement import binding
 from numarun.process import children, proctable, watchdog
 from numarun.process.loop import ENDS, OUTPUT, READ, READERS, TRANSFERS
 from numarun.process.signals import SignalScope
-from numarun.process.spec import PAYLOAD_FD_ENV, RESULT_FD_ENV, RUN_ID_ENV, START_METHODS
+from numarun.process.spec import (
+    NOT_STARTED,
+    PAYLOAD_FD_ENV,
+    RESULT_FD_ENV,
+    RUN_ID_ENV,
+    START_METHODS,
+)
 from numarun.process.worker import Worker
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
@@ -196,6 +205,8 @@ class Starter:
         watch_pipes: Callable[[Worker], None],
         on_status: Callable[[], None],
         on_exit: Callable[[Worker], None],
+        teardown_signals: Sequence[int] = (),
+        early_signals: list[int] | None = None,
     ) -> None:
         self._specs = specs
         self._workers = workers
@@ -211,7 +222,11 @@ class Starter:
         self._watch_pipes = watch_pipes
         self._on_status = on_status
         self._on_exit = on_exit
+        self._teardown_signals = frozenset(teardown_signals)
+        # Signals read while the workers start, for the supervisor's next wait().
+        self.early_signals = [] if early_signals is None else early_signals
         self._programs: dict[int, str] = {}
+        self.stopped = False  # a teardown signal stopped the start: some workers not started
 
     def check(self) -> None:
         """Check every spec (UsageError / BindingError, one line); starts nothing."""
@@ -219,16 +234,32 @@ class Starter:
 
     def start(self) -> None:
         """Steps 1 to 6 of the module docstring, after :meth:`check`. Raises what stopped a
-        worker from starting."""
+        worker from starting.
+
+        Whenever it waits for the watchdog it also wakes for a signal, which it reads into
+        :attr:`early_signals` (for the supervisor's next wait). Once one of
+        ``teardown_signals`` came, the start stops where it is (:attr:`stopped`): the watchdog
+        forks no more workers, no more forkserver workers are started, execs and payloads are
+        not waited for; the workers never started have pid 0 and the state
+        ``"not started"``."""
         for spec in self._specs:
             self._workers.append(self._prepare_worker(spec))
         self._start_watchdog()
         for worker in self._workers:
             if worker.spec.start == "forkserver":
+                if self.stopped or self._interrupted():
+                    self.stopped = True
+                    continue
                 self._forkserver_worker(worker)
             self._register_worker(worker)
         self._await_started()
-        self._deliver_payloads()
+        if not self.stopped:
+            self._deliver_payloads()
+            return
+        for worker in self._workers:
+            if worker.pid == 0:
+                worker.exited = True
+                worker.state = NOT_STARTED
 
     def _prepare_worker(self, spec: WorkerSpec) -> Worker:
         """The worker's pipes and environment; nothing started yet."""
@@ -321,7 +352,7 @@ class Starter:
             # The workers at once: every step before them delays the job's start. The
             # supervisor's ends of our pipes are tracked fds, which forked workers close, and
             # exec'd ones close every fd; they are closed here below.
-            pids, checks, failure = self._fork_workers(os.getpid())
+            pids, checks, failure = self._fork_workers(os.getpid(), command_fd)
             # Not before the workers, whose "fork" kind would inherit it: a collection would
             # write to every object of the caller's heap, copying each page of it into this
             # process (copy-on-write); the little the watchdog allocates can wait.
@@ -359,33 +390,56 @@ class Starter:
         finally:
             os._exit(1)
 
-    def _fork_workers(self, me: int) -> tuple[list[int], dict[int, int], bytes]:
+    def _fork_workers(
+        self, me: int, command_fd: int
+    ) -> tuple[list[int], dict[int, int], bytes]:
         """In the watchdog: fork every exec and fork worker. Returns their pids in order (0: not
-        started), each exec worker's error pipe -> its index, and the ``E`` line of a failure."""
+        started), each exec worker's error pipe -> its index, and the ``E`` line of a failure.
+
+        Between two forks the command pipe is looked at: ``abort`` (a teardown signal reached
+        the supervisor) or its end of file (the supervisor died) stops the forking at once;
+        the pids of the workers not forked are 0, with no ``E`` line."""
         order = [w for w in self._workers if w.spec.start != "forkserver"]
+        commands = select.poll()
+        commands.register(command_fd, select.POLLIN)
         # "fork" workers first: they keep fds that are not in the registry, and none of the
         # exec workers' error pipes exists yet.
         fork_first = sorted(range(len(order)), key=lambda k: order[k].spec.start != "fork")
         pids = [0] * len(order)
         checks: dict[int, int] = {}
-        # What an exec worker must not inherit: every disposition ignored here but those kept
-        # on purpose (SIGHUP under nohup); handled signals are reset by exec itself.
-        reset = [s for s in children.ignored_signals() if s not in self._keep_ignored]
-        for index in fork_first:
-            try:
-                pids[index], check_fd = self._fork_worker(order[index], me, reset)
-            except OSError as exc:
-                reason = (exc.strerror or str(exc)).encode(errors="replace")
-                return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
-            if check_fd is not None:
-                checks[check_fd] = index
+        # What an exec worker gets at the default action, first thing: the signals handled
+        # here (the supervisor's handlers, which would swallow a teardown signal until exec
+        # resets them) and every disposition ignored here but those kept on purpose (SIGHUP
+        # under nohup), which exec would keep.
+        catchable = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
+        handled = {s for s in catchable if callable(signal.getsignal(s))}
+        ignored = {s for s in children.ignored_signals() if s not in self._keep_ignored}
+        reset = sorted(handled | ignored)
+        # Blocked while forking: a signal sent to a child before it reset its handlers waits
+        # for them (it kills the child then, as it would kill the program it becomes).
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, catchable)
+        try:
+            for index in fork_first:
+                if commands.poll(0):
+                    break  # "abort", or end of file: serve() reads the latter again
+                try:
+                    pids[index], check_fd = self._fork_worker(order[index], me, reset, mask)
+                except OSError as exc:
+                    reason = (exc.strerror or str(exc)).encode(errors="replace")
+                    return pids, checks, b"E %d fork:%d:%s\n" % (index, exc.errno or 0, reason)
+                if check_fd is not None:
+                    checks[check_fd] = index
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         return pids, checks, b""
 
     def _fork_worker(
-        self, worker: Worker, parent_pid: int, reset: Sequence[int]
+        self, worker: Worker, parent_pid: int, reset: Sequence[int], mask: set[int]
     ) -> tuple[int, int | None]:
-        """In the watchdog: fork one exec or fork worker; (pid, read end of its error pipe).
-        ``reset``: the ignored signals an exec worker gets at their default action."""
+        """In the watchdog, with every signal blocked: fork one exec or fork worker; (pid, read
+        end of its error pipe). ``reset``: the signals an exec worker sets to their default
+        action before it unblocks them all; ``mask``: the signal mask a fork worker gets back
+        (the caller's)."""
         spec = worker.spec
         if spec.start == "fork":
             keep = {
@@ -410,6 +464,7 @@ class Starter:
                     worker.streams.get("stdout"),
                     worker.streams.get("stderr"),
                     SignalScope.restore_callers_handlers,
+                    mask,
                 )
             return pid, None
         check_r, check_w = os.pipe()
@@ -438,11 +493,28 @@ class Starter:
         return pid, check_r
 
     def _status_line(self, deadline: float) -> bytes:
-        """The next line from the watchdog, blocking until ``deadline``; b"" at end of file."""
-        line = self._link.line(deadline)
-        if line is None:
-            raise UsageError("the watchdog process did not answer while starting workers")
-        return line
+        """The next line from the watchdog, blocking until ``deadline``; b"" at end of file.
+        A teardown signal meanwhile stops the start (:meth:`_stop`), and the wait goes on for
+        what the watchdog says next."""
+        while True:
+            wake = None if self.stopped else self._loop.signal_fd
+            line = self._link.line(deadline, wake)
+            if line is None:
+                raise UsageError("the watchdog process did not answer while starting workers")
+            if line != watchdog.WOKEN:
+                return line
+            if self._interrupted():
+                self._stop()
+
+    def _interrupted(self) -> bool:
+        """Whether a teardown signal came (every signal read is kept in early_signals)."""
+        self.early_signals += self._loop.take_signals()
+        return any(signum in self._teardown_signals for signum in self.early_signals)
+
+    def _stop(self) -> None:
+        """A teardown signal came: the watchdog forks no more workers."""
+        self.stopped = True
+        self._link.tell(b"abort\n")
 
     def _deliver_payloads(self) -> None:
         """Write every payload now, to all children at once, so that workers run whether or not
@@ -465,8 +537,11 @@ class Starter:
         deadline = time.monotonic() + _START_LIMIT
         held: list[bytes] = []
         try:
-            while True:
+            while not self.stopped:
                 line = self._status_line(deadline)
+                if self.stopped:
+                    held.append(line)
+                    return
                 if not line:
                     raise UsageError("the watchdog process ended while workers were starting")
                 if line == b"R":
@@ -529,21 +604,52 @@ class Starter:
         _forget_child(process)
         worker.process = process
         worker.pid = process.pid
-        # Pinned at once: the fork server reaps it when it ends, and its pid could be reused.
-        with contextlib.suppress(ProcessLookupError):
-            worker.pidfd = proctable.open_pidfd(worker.pid)
-            if worker.pidfd is not None:
-                children.track(worker.pidfd)
+        worker.pidfd, started = _pin_forkserver_child(worker.pid, server_pid, process.sentinel)
+        if worker.pidfd is not None:
+            children.track(worker.pidfd)
+        if started is None:
+            # Ended before it could be pinned, its pid perhaps someone else's already: never
+            # signalled, never searched; its exit status still comes through its sentinel.
+            worker.lost = True
+            return
         # Not the watchdog's child: it must be told, to kill it if we die.
-        started = proctable.start_time(worker.pid)
-        if started is not None:
-            self._link.tell(b"F %d %d\n" % (worker.pid, started))
+        self._link.tell(b"F %d %d\n" % (worker.pid, started))
 
     def _register_worker(self, worker: Worker) -> None:
         if worker.process is not None:  # the others' exits come from the watchdog
             worker.exit_fd = worker.process.sentinel
             self._loop.watch(worker.exit_fd, READ, partial(self._on_exit, worker), ENDS)
         self._watch_pipes(worker)
+
+
+def _pin_forkserver_child(
+    pid: int, server_pid: int | None, sentinel: int
+) -> tuple[int | None, int | None]:
+    """Pin the fork server's new child ``pid``: (its pidfd or None, its start time), or
+    (None, None) when what holds ``pid`` now cannot be shown to be that child.
+
+    The fork server reaps its children itself, so a child that died at once may have left its
+    pid to another process before the pidfd was opened. Proof that the pidfd is the child's:
+    it was opened before the child's ``sentinel`` turned readable (the fork server writes the
+    exit status there only after reaping it: until then the child holds its pid), and the
+    process it names is a child of the fork server (``server_pid``, when known), read while
+    the pidfd shows it alive or unreaped. Without pidfds the same checks are made by pid."""
+    try:
+        fd = proctable.open_pidfd(pid)
+    except ProcessLookupError:
+        return None, None  # ended and reaped already
+    info = proctable.read_proc_stat(pid)
+    started = proctable.start_time(pid)
+    ours = (
+        info is not None
+        and started is not None
+        and (server_pid is None or info[0] == server_pid)
+        and not proctable.readable(sentinel)
+    )
+    if not ours:
+        proctable.close_all([fd])
+        return None, None
+    return fd, started
 
 
 # --- releasing, and errors ----------------------------------------------------------------------

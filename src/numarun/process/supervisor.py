@@ -38,8 +38,10 @@ numbers; fork: kept open; forkserver: handed over by the forkserver), listed for
 The watchdog (:mod:`numarun.process.watchdog`): :meth:`Supervisor.start` forks it first, a copy
 of this process, and it forks the ``"exec"`` and ``"fork"`` workers, so that they and everything
 they ever start stay below it (it is a child subreaper); it reports each worker's pid, exec and exit
-to the supervisor over a pipe, keeps ended workers unreaped until the run is over, reaps the
-rest, and kills the whole run if the supervisor dies, even by SIGKILL.
+to the supervisor over a pipe, keeps ended workers unreaped until the supervisor has read every
+worker's end (``done``), reaps the rest, and kills the whole run if the supervisor dies, even by
+SIGKILL. The supervisor pins the watchdog with a pidfd (a caller that ignores SIGCHLD has the
+kernel reap it) and reaps it when the run ends, waiting at most two seconds, SIGKILL, two more.
 
 Watching is one :mod:`selectors` loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
 each ``"forkserver"`` worker's :class:`multiprocessing.Process` sentinel, the workers' output,
@@ -53,11 +55,14 @@ Ownership: a process is the run's when it descends from the watchdog (parent lin
 ``/proc``): exactly the workers and every process they started, however it detached. For
 ``"forkserver"`` workers (children of multiprocessing's fork server, not of the watchdog) also
 their descendants while they live, processes in their sessions while they hold their pid, and
-processes of the supervisor's real uid whose ``/proc/<pid>/environ`` holds this run's
-``NUMARUN_RUN_ID``. A process is pinned (a pidfd opened) before it is checked, and signalled
-through the pidfd, so that a pid reused by another process is never signalled; the workers'
-pids, process groups and session ids cannot be reused before the run ends (the watchdog keeps
-ended workers as zombies), and a worker that ended is never signalled again.
+processes of the supervisor's real uid, started since the run, whose ``/proc/<pid>/environ``
+holds this run's ``NUMARUN_RUN_ID`` (one in uninterruptible sleep is never read: the read could
+block behind it). A process is pinned (a pidfd opened) before it is checked, and signalled
+through the pidfd, so that a pid reused by another process is never signalled; the exec and fork
+workers' pids, process groups and session ids cannot be reused before the supervisor has read
+their ends (the watchdog keeps ended workers as zombies until then), a forkserver worker is
+signalled only through the pidfd opened while it was proven to be the fork server's new child
+(one that ended before, is never signalled), and a worker that ended is never signalled again.
 
 Teardown sends SIGTERM (or, with ``relay_signal``, the teardown signal received) to each live
 worker's process group and every owned process, then SIGCONT to the same, so that a stopped
@@ -79,8 +84,10 @@ If the supervisor dies, even by SIGKILL, the watchdog kills every process of the
 Signals, only in the main thread, while :meth:`Supervisor.start`, :meth:`Supervisor.wait` or
 :meth:`Supervisor.run` (both under one scope, so nothing falls between them) runs:
 ``teardown_signals`` make it tear down and return with ``RunResult.received_signal`` set (a
-second one skips the rest of the grace period; one that arrives during ``start`` is acted on by
-the next ``wait``); ``forward_signals`` are sent to every live worker and the run goes on. The
+second one skips the rest of the grace period; one that arrives during ``start`` stops the start
+where it is, so that workers not started yet never are (pid 0, state ``"not started"``), and is
+acted on by the next ``wait``); ``forward_signals`` are sent to every live worker and the run
+goes on. The
 previous handlers and wakeup fd are restored when each call returns. Left alone: a teardown
 signal the caller ignores, when it is in ``keep_ignored`` (SIGHUP under ``nohup``: the job
 survives the hangup), and a signal whose handler was not installed from Python
@@ -235,6 +242,7 @@ class Supervisor:
         self._result: RunResult | None = None
         self._stop_reason: str | None = None
         self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
+        self._early_signals: list[int] = []  # read while the workers started
 
     # --- public --------------------------------------------------------------------------------
 
@@ -268,13 +276,16 @@ class Supervisor:
             watch_pipes=self._streams.watch,
             on_status=self._read_status,
             on_exit=self._check_exit,
+            teardown_signals=self._teardown_signals,
+            early_signals=self._early_signals,
         )
         starter.check()
         self._phase = _RUNNING
         flush_stdio()
-        self._loop.open()
-        # A teardown signal that arrives while workers start is noted here and acted on by
-        # the next wait(); it neither kills us half-way nor gets lost.
+        self._open_loop()
+        # A teardown signal that arrives while workers start stops the start where it is (no
+        # more workers are started) and is acted on by the next wait(); it neither kills us
+        # half-way nor gets lost.
         scope = self._signal_scope()
         scope.__enter__()
         try:
@@ -305,18 +316,24 @@ class Supervisor:
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.run() may be called once; make a new Supervisor")
-        self._loop.open()
+        self._open_loop()
         with self._signal_scope():
             self.start()
             if on_started is not None:
-                on_started()
+                try:
+                    on_started()
+                except BaseException:
+                    self._emergency_stop()
+                    raise
             result = self.wait()
         assert result is not None
         return result
 
     def pids(self) -> list[int]:
-        """The started workers' pids, by local rank (empty before :meth:`start`)."""
-        return [worker.pid for worker in self._workers]
+        """The started workers' pids, by local rank (empty before :meth:`start`); 0 for a
+        worker never started, and for a ``"forkserver"`` worker that ended before it could be
+        pinned (its pid may be another process's already)."""
+        return [0 if worker.lost else worker.pid for worker in self._workers]
 
     def wait(self, timeout: float | None = None) -> RunResult | None:
         """Run the loop until the run ends; None if ``timeout`` seconds passed first
@@ -336,6 +353,8 @@ class Supervisor:
         try:
             with self._signal_scope():
                 self._take_status_lines()  # exits the watchdog reported while start() waited
+                while self._early_signals:  # those read while the workers started
+                    self._on_signal(self._early_signals.pop(0))
                 finished = self._run_until(deadline)
         except BaseException:
             self._emergency_stop()
@@ -411,6 +430,13 @@ class Supervisor:
             keep_ignored=self._keep_ignored,
         )
 
+    def _open_loop(self) -> None:
+        try:
+            self._loop.open()
+        except OSError as exc:  # out of fds: nothing started
+            self._phase = _DONE
+            raise start_error(exc) from exc
+
     def _abort_start(self) -> None:
         """A worker could not start: kill what started, release everything."""
         for worker in self._workers:
@@ -466,6 +492,10 @@ class Supervisor:
         """Phase transitions; called after every batch of events."""
         now = time.monotonic()
         all_exited = all(worker.exited for worker in self._workers)
+        if all_exited and not self._link.released:
+            # No worker is signalled any more: the watchdog may reap them, and exit once nothing
+            # is below it, while the last sweep and the output go on here (Link.release).
+            self._link.release()
         if self._phase == _RUNNING and all_exited:
             self._begin_teardown()  # success: leftovers (daemonized grandchildren) go too
         if self._phase in (_TERMINATING, _KILLING):
@@ -508,32 +538,22 @@ class Supervisor:
                 self._streams.close_outputs(worker)
 
     def _read_status(self) -> None:
-        """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file if it died."""
+        """The watchdog's lines: ``X <pid> <code>`` as workers end; end of file once it ended
+        (after ``done``, or killed by someone: see :meth:`Link.orphans`)."""
         data = self._link.read()
         if data is None:
             return
         self._take_status_lines()
         if not data:
-            self._watchdog_died()
+            assert self._link.status_fd is not None
+            self._loop.unwatch(self._link.status_fd)
+            self._link.close_status()
+            for worker in self._link.orphans(self._workers):
+                self._check_exit(worker)
 
     def _take_status_lines(self) -> None:
-        by_pid = {w.pid: w for w in self._workers if w.process is None}
-        for pid, code in self._link.exits():
-            if pid in by_pid:
-                by_pid[pid].reported = code
-                self._check_exit(by_pid[pid])
-
-    def _watchdog_died(self) -> None:
-        """The watchdog ended: when nothing of the run is left (every worker reported), or
-        killed by someone: then its workers got SIGKILL from the kernel (parent-death signal)
-        and what they started went up to init, out of reach."""
-        assert self._link.status_fd is not None
-        self._loop.unwatch(self._link.status_fd)
-        self._link.close_status()
-        for worker in self._workers:
-            if worker.process is None and not worker.exited and worker.pid > 0:
-                worker.reported = -signal.SIGKILL
-                self._check_exit(worker)
+        for worker in self._link.ended(self._workers):
+            self._check_exit(worker)
 
     # --- events --------------------------------------------------------------------------------
 
@@ -588,16 +608,8 @@ class Supervisor:
 
     def _finish(self) -> RunResult:
         self._streams.finish()
-        exits = [worker.as_exit() for worker in self._workers]
-        first = None
-        if self._first_failure is not None:
-            first = exits[self._workers.index(self._first_failure)]
-        self._result = RunResult(
-            workers=exits,
-            first_failure=first,
-            received_signal=self._received_signal,
-            unkillable=[ended for ended in exits if ended.state == UNKILLABLE],
-            stop_reason=self._stop_reason,
+        self._result = _run_result(
+            self._workers, self._first_failure, self._received_signal, self._stop_reason
         )
         self._release()
         self._phase = _DONE
@@ -641,6 +653,15 @@ class Supervisor:
         if self._loop.is_open:
             self._streams.watch_consoles(watch=False)
         self._loop.close()
+
+
+def _run_result(
+    workers: list[Worker], first_failure: Worker | None, received: int | None, reason: str | None
+) -> RunResult:
+    exits = [worker.as_exit() for worker in workers]
+    first = None if first_failure is None else exits[workers.index(first_failure)]
+    unkillable = [ended for ended in exits if ended.state == UNKILLABLE]
+    return RunResult(exits, first, received, unkillable, stop_reason=reason)
 
 
 def _state_of(worker: Worker, is_failure: Callable[[WorkerExit], bool] | None) -> str:

@@ -21,7 +21,8 @@ soon as it dies.
 Signalling. A live worker gets a signal through its process group (``kill(-pid)``; its group id
 cannot be reused, the watchdog keeps the worker unreaped), or by pid while it is no group leader
 yet (before its ``setsid``) or its group is empty; a forkserver worker, whose group nobody
-holds, only itself, through its pidfd. Owned processes get each signal once (not again while it
+holds, only itself, through its pidfd (one *lost* at its start, never: see
+:mod:`numarun.process.starting`). Owned processes get each signal once (not again while it
 is the last one they were sent), through their pidfds (by pid where none could be opened);
 those in a process group that was just signalled are skipped. Every signal but SIGKILL is
 followed by SIGCONT to the same targets, so that a stopped process acts on it now, except a
@@ -117,8 +118,14 @@ class Teardown:
     def kill_everything(self, deadline: float, poll_workers: Callable[[], None]) -> None:
         """SIGKILL every worker tree and owned process now, then serve ends and output until
         nothing is left or ``deadline`` (a ``time.monotonic()``), calling ``poll_workers()``
-        after each batch; give up on the survivors."""
-        self.kill_run()
+        after each batch; give up on the survivors. Out of fds even for reading /proc (a start
+        that failed for want of them), the watchdog, which holds few, is left to kill the run
+        as if the supervisor had died (:meth:`Link.abandon`)."""
+        try:
+            self.kill_run()
+        except OSError:
+            self._link.abandon()
+            return
         opened = self._loop.is_open
         while opened and time.monotonic() < deadline:
             pending = [w for w in self._workers if not w.exited]
@@ -135,12 +142,20 @@ class Teardown:
 
     def signal_each(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
         """Send ``signum`` to each worker process still running (not its group), or to those
-        of ``local_ranks``; returns the local ranks reached."""
+        of ``local_ranks``; returns the local ranks reached. A forkserver worker is signalled
+        through its pidfd, never by pid; one lost at its start is not signalled."""
         wanted = None if local_ranks is None else set(local_ranks)
         reached = []
         for worker in self._workers:
             rank = worker.spec.local_rank
             if worker.exited or worker.pid <= 0 or (wanted is not None and rank not in wanted):
+                continue
+            if worker.lost:
+                continue
+            if worker.process is not None and self._default_kill and worker.pidfd is not None:
+                # The fork server reaps it the moment it ends: only its pidfd names it for sure.
+                if proctable.send(worker.pid, worker.pidfd, signum):
+                    reached.append(rank)
                 continue
             try:
                 self._kill(worker.pid, signum)
@@ -154,8 +169,10 @@ class Teardown:
         group (a forkserver worker: to the worker only); returns the groups reached."""
         groups: set[int] = set()
         for worker in self._workers:
-            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0:
+            if worker.exited or worker.state == UNKILLABLE or worker.pid <= 0 or worker.lost:
                 continue
+            if worker.process is None and self._link.released:
+                continue  # reaped by the watchdog: its pid and group may be anyone's
             worker.signalled = True
             if worker.process is not None:
                 # The fork server reaps it: its group id is not held, its pidfd pins it.
@@ -182,19 +199,24 @@ class Teardown:
         """The run's live processes other than the workers, pinned (and tracked), from one
         read of /proc: pid -> (ppid, pgid, sid, state). See the module docstring."""
         forkserver = self._forkserver
+        if not self._link.pid and not any(w.pid > 0 for w in self._workers):
+            return {}  # nothing was started (a start that failed at once): nothing to find
         if forkserver or not self._link.pid:  # marked processes and sessions: anywhere
             table = proctable.read_proc_table()
         else:
             table = proctable.read_subtree(self._link.pid)
         roots: dict[int, int | None] = {}
         if self._link.pid:
-            roots[self._link.pid] = None  # our child: its pid is ours until we reap it
+            # Our child: its pid is ours until we reap it, unless the caller ignores SIGCHLD
+            # (then the kernel reaps it): its pidfd says which.
+            roots[self._link.pid] = self._link.pidfd
         sessions: dict[int, int | None] = {}
         for worker in self._workers:
-            if worker.pid <= 0:
+            if worker.pid <= 0 or worker.lost:
                 continue
             if worker.process is None:
-                roots[worker.pid] = None  # held by the watchdog until the run ends
+                if not self._link.released:
+                    roots[worker.pid] = None  # held by the watchdog until the run ends
             elif worker.pidfd is not None or not worker.exited:
                 roots[worker.pid] = worker.pidfd
                 sessions[worker.pid] = worker.pidfd
@@ -207,6 +229,7 @@ class Teardown:
             sessions=sessions if forkserver else None,
             marker=self._marker if forkserver else None,
             uid=os.getuid(),
+            since=self._link.started,
             exclude=proctable.ancestors(me, table) | {me},
         )
         for pid, fd in pins.items():

@@ -22,16 +22,15 @@ Protocol. Watchdog to supervisor (the status pipe), ASCII lines:
   pid, and with it its process group and session id, cannot be reused while the run lasts;
   orphans adopted from the run are reaped at once.
 
-The watchdog exits (end of file on the status pipe) once every worker has ended and it has no
-live child left (in a run without forkserver workers): every process of the run descends from
-a live child of the watchdog, so then none is left, and none can appear.
-
 Supervisor to watchdog (the command pipe): ``F <pid> <start time>`` names a ``"forkserver"``
 worker (a child of multiprocessing's fork server, not of the watchdog), which the watchdog pins
-with a pidfd if that pid still has that start time (``/proc/<pid>/stat``, field 22). ``done``
-means the run is over and swept: the watchdog reaps the workers and exits 0. End of file
-without ``done`` means the supervisor died (even by SIGKILL: the kernel closes its end). The
-watchdog then SIGKILLs every descendant of its own until it has no children left or
+with a pidfd if that pid still has that start time (``/proc/<pid>/stat``, field 22).
+``abort``, while the watchdog forks the workers: fork no more (a teardown signal came). ``done``
+means the supervisor has read every worker's end and signals them no more: the watchdog reaps
+them, and exits 0 as soon as it has no live child left (every process of the run descends from
+a live child of the watchdog, so then none is left, and none can appear), or at end of file.
+End of file without ``done`` means the supervisor died (even by SIGKILL: the kernel closes its
+end). The watchdog then SIGKILLs every descendant of its own until it has no children left or
 ``kill_limit`` seconds passed; in a run with forkserver workers also those workers, their
 descendants, the processes in their sessions while they hold their pid, and every process of
 the supervisor's real uid whose ``/proc/<pid>/environ`` holds ``NUMARUN_RUN_ID=<run id>``;
@@ -41,8 +40,11 @@ parent-death signal while it lives, so it finds their trees intact.
 The supervisor's end of both pipes is a :class:`Link`: the watchdog's pid, the command pipe, and
 the status pipe cut into lines: ``P``, ``R`` and ``E`` are read while the workers start
 (:mod:`numarun.process.starting`), ``X`` as the run goes on (:meth:`Link.exits`).
-:meth:`Link.end` writes ``done``, closes both pipes and reaps the watchdog, SIGKILLing it if it
-has not exited within two seconds.
+:meth:`Link.release` writes ``done`` (the supervisor does so as soon as it has read every
+worker's end, so that the watchdog's exit overlaps with the supervisor's last sweep and
+draining); :meth:`Link.end` writes it if not yet written, closes both pipes and reaps the
+watchdog, SIGKILLing it if it has not exited within two seconds, and waiting at most two seconds
+more.
 
 The watchdog runs in its own process group (``kill -9 -PGID`` of the supervisor's group, as a
 shell's job control sends, spares it) and ignores SIGINT, SIGTERM, SIGHUP and SIGQUIT. If it is
@@ -74,11 +76,19 @@ from numarun.process.proctable import (
     open_pidfd,
     read_proc_table,
     read_subtree,
+    readable,
     send,
     start_time,
 )
 
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from numarun.process.worker import Worker
+
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
+WOKEN = b"\0"  # Link.line(): the wake fd turned readable first (no status line holds a NUL)
 _END_WAIT = 2.0  # seconds the supervisor waits for the watchdog to exit after "done"
 
 
@@ -115,6 +125,8 @@ class Watchdog:
         self.uid = uid
         self.remove_dir = remove_dir
         self.forkserver_workers: dict[int, int | None] = {}  # pid -> pidfd
+        self.started = start_time(os.getpid())  # no process of the run is older
+        self.done = False  # the supervisor read every worker's end: they may be reaped
         self.wake_r = self.wake_w = -1
 
     def serve(self) -> None:
@@ -133,7 +145,7 @@ class Watchdog:
         while True:
             watched = [self.command_fd, self.wake_r, *self.checks]
             timeout = max(0.0, self.exec_deadline - time.monotonic()) if self.checks else None
-            ready, _, _ = select.select(watched, [], [], timeout)
+            ready = _readable(watched, timeout)
             if self.wake_r in ready:
                 _drain(self.wake_r)
                 self._collect()
@@ -149,6 +161,8 @@ class Watchdog:
                 for line in lines:
                     self._obey(line)
                 if not data:
+                    if self.done:
+                        self._finish()  # the supervisor ended the run and closed its end
                     self._supervisor_died()
 
     # --- while the run goes on ---------------------------------------------------------------
@@ -156,7 +170,8 @@ class Watchdog:
     def _obey(self, line: bytes) -> None:
         words = line.split()
         if words == [b"done"]:
-            self._finish()
+            self.done = True
+            self._collect()
         elif len(words) == 3 and words[0] == b"F" and words[1].isdigit():
             pid = int(words[1])
             try:
@@ -206,20 +221,22 @@ class Watchdog:
                 code = _exit_code(ended)
             self.unreported.discard(pid)
             self._report(b"X %d %d\n" % (pid, code))
-        workers = set(self.workers)
+        # Ended workers stay until "done": the supervisor may still signal a worker whose end
+        # it has not read yet, by pid or process group, which must not be anyone else's.
+        workers = set(self.workers) if not self.done else set()
         live = False
         for pid in children_of_self():
             if pid not in workers:
                 with contextlib.suppress(ChildProcessError):
                     live |= os.waitpid(pid, os.WNOHANG)[0] == 0
-        if not (live or self.unreported or self.checks or self.forkserver_workers or self.marker):
+        if self.done and not live:
             # Nothing of the run is left: below us everything descends from a live child of
-            # ours, and there is none. Ending now, not at "done", keeps the supervisor from
-            # waiting while the kernel takes our copy of its memory apart.
+            # ours, and there is none. Ending now, not when the supervisor closes its end,
+            # keeps it from waiting while the kernel takes our copy of its memory apart.
             self._finish()
 
     def _finish(self) -> None:
-        """``done``, or nothing of the run left: reap the workers and any zombie, and exit."""
+        """After ``done``: reap the workers and any zombie, and exit."""
         for pid in [*self.workers, *children_of_self()]:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
@@ -253,6 +270,7 @@ class Watchdog:
                     sessions=self.forkserver_workers,
                     marker=self.marker,
                     uid=self.uid,
+                    since=self.started,
                     exclude=ancestors(me, table) | {me},
                 )
                 victims = {pid: pins[pid] for pid in found}
@@ -267,11 +285,21 @@ class Watchdog:
                 waiting = [fd for fd in victims.values() if fd is not None]
                 if self.wake_r >= 0:
                     waiting.append(self.wake_r)
-                select.select(waiting, [], [], min(0.05, max(0.0, deadline - time.monotonic())))
+                _readable(waiting, min(0.05, max(0.0, deadline - time.monotonic())))
                 if self.wake_r >= 0:
                     _drain(self.wake_r)
         finally:
             close_all(pins.values())
+
+
+def _readable(fds: list[int], timeout: float | None) -> set[int]:
+    """The fds of ``fds`` readable (or at end of file) within ``timeout`` seconds (None:
+    until one is). ``poll``, not ``select``: a large run's fd numbers pass select's 1023."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    events = poller.poll(None if timeout is None else timeout * 1000.0)
+    return {fd for fd, _ in events}
 
 
 def _ignore(signum: int, frame: object) -> None:
@@ -331,24 +359,39 @@ class Link:
 
     def __init__(self) -> None:
         self.pid = 0  # the watchdog, our child until end() reaps it
+        # Pins the watchdog: a caller that ignores SIGCHLD has the kernel reap it, and then
+        # its pid is free for anyone.
+        self.pidfd: int | None = None
+        self.started: int | None = None  # its start time: no process of the run is older
         self.command_fd: int | None = None  # to the watchdog: "F ...", "done"
         self.status_fd: int | None = None  # from the watchdog: pids, execs, exits
+        self.released = False  # "done" was written: the workers' pids are no longer held
         self._pending = b""  # read from status_fd, not yet taken as lines
 
     def attach(self, pid: int, command_fd: int, status_fd: int) -> None:
+        """The watchdog ``pid`` was just forked (it cannot have been reaped yet: it ends only
+        when told, or killed), with these pipes."""
         self.pid, self.command_fd, self.status_fd = pid, command_fd, status_fd
+        with contextlib.suppress(ProcessLookupError):
+            self.pidfd = open_pidfd(pid)
+            if self.pidfd is not None:
+                children.track(self.pidfd)
+        self.started = start_time(pid)
 
-    def line(self, deadline: float) -> bytes | None:
+    def line(self, deadline: float, wake_fd: int | None = None) -> bytes | None:
         """The next status line, blocking until ``deadline`` (a ``time.monotonic()``): None
-        when it passed first, b"" at end of file. Only while the workers start: the loop
-        reads the pipe afterwards (:meth:`read`)."""
+        when it passed first, b"" at end of file, :data:`WOKEN` when ``wake_fd`` turned
+        readable first (it is not read here). Only while the workers start: the loop reads
+        the pipe afterwards (:meth:`read`)."""
         assert self.status_fd is not None
         while b"\n" not in self._pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            ready, _, _ = select.select([self.status_fd], [], [], remaining)
-            if not ready:
+            ready = _readable([self.status_fd, *(() if wake_fd is None else (wake_fd,))], remaining)
+            if wake_fd is not None and wake_fd in ready:
+                return WOKEN
+            if self.status_fd not in ready:
                 continue
             try:
                 data = os.read(self.status_fd, 4096)
@@ -378,6 +421,29 @@ class Link:
         self._pending += data
         return data
 
+    def ended(self, workers: Sequence[Worker]) -> list[Worker]:
+        """The exec and fork workers of ``workers`` whose ``X`` line was read (:meth:`exits`),
+        in that order, each with its code in ``Worker.reported``."""
+        by_pid = {worker.pid: worker for worker in workers if worker.process is None}
+        found = []
+        for pid, code in self.exits():
+            if pid in by_pid:
+                by_pid[pid].reported = code
+                found.append(by_pid[pid])
+        return found
+
+    def orphans(self, workers: Sequence[Worker]) -> list[Worker]:
+        """After the watchdog ended, the exec and fork workers of ``workers`` whose end it never
+        reported: it was killed by someone (it ends by itself only after ``done``, when every
+        end is read). They got SIGKILL from the kernel (the parent-death signal), and are
+        given that code; what they started went up to init, out of reach."""
+        found = []
+        for worker in workers:
+            if worker.process is None and not worker.exited and worker.pid > 0:
+                worker.reported = -signal.SIGKILL
+                found.append(worker)
+        return found
+
     def exits(self) -> list[tuple[int, int]]:
         """(pid, exit code) of each ``X`` line read so far and not yet taken; every complete
         line is taken."""
@@ -400,12 +466,26 @@ class Link:
         children.close(self.status_fd)
         self.status_fd = None
 
+    def abandon(self) -> None:
+        """Close the command pipe without ``done``: the watchdog kills the run as if we had
+        died (``kill_on_death``), then exits. For a start that cannot even read /proc."""
+        self.released = True  # no "done" is written any more: the watchdog ends the run
+        children.close(self.command_fd)
+        self.command_fd = None
+
+    def release(self) -> None:
+        """Tell the watchdog the run is over: it reaps the workers and exits, while we finish.
+        From then on a worker's pid, group and session may be anyone's: nothing may be
+        signalled by them, nor searched from them. Idempotent."""
+        if not self.released:
+            self.released = True
+            self.tell(b"done\n")
+
     def end(self) -> None:
-        """Tell the watchdog the run is over (it reaps the workers and exits), close both pipes
-        and reap it, killing it after ``_END_WAIT`` seconds. Idempotent."""
+        """:meth:`release`, close both pipes and reap the watchdog, killing it after
+        ``_END_WAIT`` seconds. Idempotent."""
+        self.release()
         if self.command_fd is not None:
-            with contextlib.suppress(OSError):
-                os.write(self.command_fd, b"done\n")
             children.close(self.command_fd)
             self.command_fd = None
         if self.status_fd is not None:
@@ -413,30 +493,48 @@ class Link:
             self.status_fd = None
         pid, self.pid = self.pid, 0
         if pid:
-            _reap_bounded(pid, _END_WAIT)
+            _reap_bounded(pid, self.pidfd, _END_WAIT)
+        children.close(self.pidfd)
+        self.pidfd = None
 
 
-def _reap_bounded(pid: int, limit: float) -> None:
-    """Reap our child ``pid`` within ``limit`` seconds, SIGKILLing it if it takes longer."""
-    try:
-        pidfd = open_pidfd(pid)
-    except ProcessLookupError:
+def _reap_bounded(pid: int, pidfd: int | None, limit: float) -> None:
+    """Reap our child ``pid`` (pinned by ``pidfd``, where pidfds work) within ``limit``
+    seconds; SIGKILL it then and wait up to ``limit`` more. One still not reaped (stuck in the
+    kernel, in uninterruptible sleep) is left to a daemon thread that reaps it when it ends:
+    the caller never waits longer than twice ``limit``."""
+    if _reaped_within(pid, pidfd, limit):
         return
-    try:
+    send(pid, pidfd, signal.SIGKILL)  # by pid only while unreaped: our child holds it
+    if _reaped_within(pid, pidfd, limit):
+        return
+    import threading
+
+    threading.Thread(target=_reap, args=(pid,), name="numarun-reap", daemon=True).start()
+
+
+def _reaped_within(pid: int, pidfd: int | None, limit: float) -> bool:
+    """Whether our child ``pid`` has been reaped (here, or by anyone: then True as well)
+    within ``limit`` seconds."""
+    deadline = time.monotonic() + limit
+    while True:
+        try:
+            if os.waitpid(pid, os.WNOHANG)[0] != 0:
+                return True
+        except ChildProcessError:
+            return True  # reaped by a caller's waitpid(-1), or by the kernel (SIGCHLD ignored)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
         if pidfd is not None:
-            select.select([pidfd], [], [], limit)
+            readable(pidfd, left)
         else:
-            deadline = time.monotonic() + limit
-            while time.monotonic() < deadline and os.waitpid(pid, os.WNOHANG)[0] == 0:
-                time.sleep(FALLBACK_TICK)
-        if os.waitpid(pid, os.WNOHANG)[0] == 0:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-    except ChildProcessError:
-        pass  # reaped above, or by a caller's waitpid(-1)
-    finally:
-        if pidfd is not None:
-            os.close(pidfd)
+            time.sleep(min(FALLBACK_TICK, left))
+
+
+def _reap(pid: int) -> None:
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
 
 
 if __name__ == "__main__":

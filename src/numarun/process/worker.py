@@ -32,6 +32,8 @@ class Worker:
         self.process: Any = None  # multiprocessing.Process for start="forkserver"
         self.exit_fd: int | None = None  # the forkserver sentinel in the selector
         self.pidfd: int | None = None  # start="forkserver": pins the worker (see teardown)
+        # start="forkserver": ended before it could be pinned, its pid maybe another's now
+        self.lost = False
         self.child_fds: list[int] = []  # the child's ends of its pipes, until it is forked
         self.streams: dict[str, int] = {}  # "stdout"/"stderr" -> the child's end
         self.env: dict[str, str] = {}

@@ -519,7 +519,8 @@ class JobStacks:
             self.dumps = RankDumps(ranks, directory)
         except BaseException:
             if directory is not None:
-                os.rmdir(directory)
+                with contextlib.suppress(OSError):  # gone already: RankDumps.close removed it
+                    os.rmdir(directory)
             raise
         self.describe = {**describe, "name": self.name, "pid": os.getpid(),
                          "started": time.time()}  # fmt: skip
