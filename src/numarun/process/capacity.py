@@ -25,9 +25,9 @@ from __future__ import annotations
 import os
 
 # What one worker costs before it runs anything, measured with 2,000 ``sleep`` workers
-# (benchmarks/bench_start_signal.py): about 40 KiB in the launcher (its record, environment,
-# spec) and about 120 KiB in the kernel (task, kernel stack, page tables of the exec'd image).
-# Rounded up: the bound must hold where environments are larger.
+# (benchmarks/bench_start_signal.py): about 5 KiB in the launcher (its record, environment,
+# spec) and about 110 KiB in the kernel (slab, kernel stack, page tables of a running
+# ``sleep``). Rounded up: the bound must hold where environments are larger.
 BOOKKEEPING_BYTES = 256 * 1024
 ALWAYS_FINE = 512  # no machine numarun runs on refuses this many processes for this reason
 

@@ -12,12 +12,15 @@ fork and its own code is :mod:`numarun.process.children`. :meth:`Starter.start` 
    ``NUMARUN_PAYLOAD_FD`` / ``NUMARUN_RESULT_FD`` of the child's ends.
 2. Forking the watchdog, with a command pipe and a status pipe. In the forked copy, which uses
    only plain ``os`` calls (another thread of the caller may have held a lock at fork time,
-   never released in this copy): no wakeup fd, a child subreaper, then at once the ``"fork"``
-   workers and then the ``"exec"`` ones (each with a close-on-exec error pipe), garbage
-   collection off, a process group of its own, every fd closed but its pipes, stdin, stdout and
-   stderr on ``/dev/null``; it writes ``P <pids>`` (and the ``E`` line of a worker it could not
-   fork) and serves (:class:`numarun.process.watchdog.Watchdog`). The supervisor waits for the
-   ``P`` line, then closes its copies of the children's ends of their pipes.
+   never released in this copy): SIGCHLD at its default action (a caller that ignores it
+   would have the kernel reap the workers), no wakeup fd, a child subreaper, then at once, with
+   every signal blocked, the ``"fork"`` workers and then the ``"exec"`` ones (each with a
+   close-on-exec error pipe), looking at the command pipe between two forks (``abort``: a
+   teardown signal came, fork no more), garbage collection off, a process group of its own,
+   every fd closed but its pipes, stdin, stdout and stderr on ``/dev/null``; it writes
+   ``P <pids>`` (and the ``E`` line of a worker it could not fork) and serves
+   (:class:`numarun.process.watchdog.Watchdog`). The supervisor waits for the ``P`` line, then
+   closes its copies of the children's ends of their pipes.
 3. The ``"forkserver"`` workers, one by one, from :mod:`multiprocessing`'s fork server (started
    once per process): each is pinned by a pidfd at once and proven to be the child the fork
    server made (:func:`_pin_forkserver_child`: the fork server reaps it, its pid could be
@@ -33,8 +36,10 @@ fork and its own code is :mod:`numarun.process.children`. :meth:`Starter.start` 
    what a child has not read by then is left to the loop.
 
 Each step waits at most :data:`_START_LIMIT` seconds for the watchdog (which reports a worker
-that does not exec within :data:`numarun.process.watchdog.EXEC_LIMIT` itself). A step that
-raises leaves what was started to the caller, which kills it; workers never forked have pid 0.
+that does not exec within :data:`numarun.process.watchdog.EXEC_LIMIT` itself), and wakes for a
+signal meanwhile: a teardown signal stops the start where it is (:meth:`Starter.start`). A step
+that raises leaves what was started to the caller, which kills it; workers never forked have
+pid 0.
 
 Errors are one line: :func:`check_arguments` (a Supervisor's arguments) and
 :func:`validate_spec` (each spec, when the start begins) raise
