@@ -525,14 +525,17 @@ class Starter:
         """Write every payload now, to all children at once, so that workers run whether or not
         anyone waits; what a child has not read within ``_START_LIMIT`` stays with the loop.
         What the workers send meanwhile (results, output, the caller's readers) is read as the
-        loop reads it, so a worker that answers while it reads cannot stall us; exits and
-        signals wait for the loop."""
+        loop reads it, so a worker that answers while it reads cannot stall us; exits wait for
+        the loop, and a teardown signal ends the delivery (:attr:`early_signals`)."""
         deadline = time.monotonic() + _START_LIMIT
         while any(w.payload_fd is not None for w in self._workers):
             left = deadline - time.monotonic()
             if left <= 0:
                 return
             self._loop.poll(left, lanes=(TRANSFERS, OUTPUT, READERS))
+            wake = self._loop.signal_fd
+            if wake is not None and proctable.readable(wake) and self._interrupted():
+                return  # a teardown signal: what is left goes with the teardown
 
     def _await_started(self) -> None:
         """Wait until every exec worker exec'd (the watchdog's ``R``); raise the first error as
