@@ -638,10 +638,11 @@ def _pin_forkserver_child(
 
     The fork server reaps its children itself, so a child that died at once may have left its
     pid to another process before the pidfd was opened. Proof that the pidfd is the child's:
-    it was opened before the child's ``sentinel`` turned readable (the fork server writes the
-    exit status there only after reaping it: until then the child holds its pid), and the
-    process it names is a child of the fork server (``server_pid``, when known), read while
-    the pidfd shows it alive or unreaped. Without pidfds the same checks are made by pid."""
+    the pidfd was opened, and ``/proc/<pid>/stat`` read after it, before the child's
+    ``sentinel`` turned readable (the fork server writes the exit status there right after it
+    reaped the child: until then the child holds its pid), and that stat names the fork server
+    (``server_pid``, when known) as the parent. Without pidfds the same checks are made by
+    pid."""
     try:
         fd = proctable.open_pidfd(pid)
     except ProcessLookupError:

@@ -18,9 +18,9 @@ Protocol. Watchdog to supervisor (the status pipe), ASCII lines:
   the first that could not (``fork`` stage: the watchdog could not fork it; ``late``: no exec
   within the time limit);
 * ``X <pid> <code>`` as each worker ends (``code`` as :class:`subprocess.Popen`: -N = signal
-  N). The watchdog keeps ended workers as zombies (``waitid(WNOWAIT)``), so that a worker's
-  pid, and with it its process group and session id, cannot be reused while the run lasts;
-  orphans adopted from the run are reaped at once.
+  N). The watchdog keeps ended workers as zombies (``waitid(WNOWAIT)``) until ``done``, so
+  that a worker's pid, and with it its process group and session id, cannot be reused while
+  the supervisor might still signal it; orphans adopted from the run are reaped at once.
 
 Supervisor to watchdog (the command pipe): ``F <pid> <start time>`` names a ``"forkserver"``
 worker (a child of multiprocessing's fork server, not of the watchdog), which the watchdog pins
@@ -388,7 +388,8 @@ class Link:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return None
-            ready = _readable([self.status_fd, *(() if wake_fd is None else (wake_fd,))], remaining)
+            watched = [self.status_fd] if wake_fd is None else [self.status_fd, wake_fd]
+            ready = _readable(watched, remaining)
             if wake_fd is not None and wake_fd in ready:
                 return WOKEN
             if self.status_fd not in ready:
