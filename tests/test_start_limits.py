@@ -9,6 +9,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import uuid
@@ -181,3 +182,50 @@ def test_sigterm_while_1500_workers_start_ends_the_launch_at_once(tmp_path: Path
     assert result["left"] == [], result
     assert "not started" in result["stderr"], result["stderr"]
     assert "Traceback" not in result["stderr"]
+
+
+PRE_EXEC_SIGNAL = """
+import os, signal, sys, time
+from numarun.process import children
+from numarun.process.spec import WorkerSpec
+
+signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the supervisor's handler
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as the watchdog forks
+error_r, error_w = os.pipe()
+pid = os.fork()
+if pid == 0:
+    os.kill(os.getpid(), signal.SIGTERM)  # a teardown signal, before exec
+    spec = WorkerSpec(local_rank=0, rank=0, env={}, argv=[sys.argv[1], "30"])
+    children.exec_child(error_w, os.getppid(), spec, sys.argv[1], {}, [], None, None,
+                        [signal.SIGTERM])
+os.close(error_w)
+deadline = time.monotonic() + 20
+while time.monotonic() < deadline:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        print(os.waitstatus_to_exitcode(status))
+        break
+    time.sleep(0.05)
+else:
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    print("survived")
+"""
+
+
+def test_a_teardown_signal_before_exec_is_not_swallowed_by_the_supervisors_handler() -> None:
+    """A worker forked while the supervisor's no-op handler is installed, and sent SIGTERM
+    before it execs (a teardown while thousands start), must die of it: exec would reset the
+    handler, but the signal would already be gone, and the worker would run until SIGKILL at
+    the end of the grace period. The watchdog forks with every signal blocked; the child sets
+    the handled signals to their defaults first, then unblocks."""
+    sleep = shutil.which("sleep")
+    assert sleep is not None
+    done = subprocess.run(
+        [sys.executable, "-c", PRE_EXEC_SIGNAL, sleep],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        timeout=LIMIT,
+    )
+    assert done.stdout.strip() == str(-signal.SIGTERM), done.stdout + done.stderr
