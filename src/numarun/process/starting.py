@@ -422,7 +422,7 @@ class Starter:
         reset = sorted(handled | ignored)
         # Blocked while forking: a signal sent to a child before it reset its handlers waits
         # for them (it kills the child then, as it would kill the program it becomes).
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, catchable)
+        mask = children.set_signal_mask(signal.SIG_BLOCK, catchable)
         try:
             for index in fork_first:
                 if commands.poll(0):
@@ -435,7 +435,7 @@ class Starter:
                 if check_fd is not None:
                     checks[check_fd] = index
         finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            children.set_signal_mask(signal.SIG_SETMASK, mask)
         return pids, checks, b""
 
     def _fork_worker(
