@@ -151,13 +151,16 @@ def spawn(
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
     :class:`ProcessExitedException` when a worker exited non-zero or was killed by a signal;
     the first failure in time is raised, every other worker is torn down first. SIGINT while
-    waiting: teardown, then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: teardown, then the
-    signal is re-delivered to this process with the disposition it had before (the default
-    one ends the process); if that returns, ``SystemExit(128 + signal)`` is raised. Of these
-    three, a signal this process ignores when ``spawn`` is called (SIGHUP under ``nohup``)
-    stays ignored and tears nothing down. Signals are handled only when joining in the main
-    thread; elsewhere they keep their usual effect on this process (the workers, in their own
-    sessions, do not receive the terminal's Ctrl-C).
+    waiting: SIGINT to every process of the job (each worker's ``except KeyboardInterrupt``
+    and ``finally`` blocks run, as when a terminal's Ctrl-C reaches torch's workers),
+    ``grace_period`` seconds for them to end, SIGKILL for what is left (a second SIGINT skips
+    the rest of the grace period), then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: the same
+    teardown with that signal relayed first, then the signal is re-delivered to this process
+    with the disposition it had before (the default one ends the process); if that returns,
+    ``SystemExit(128 + signal)`` is raised. Of these three, a signal this process ignores when
+    ``spawn`` is called (SIGHUP under ``nohup``) stays ignored and tears nothing down. Signals
+    are handled only when joining in the main thread; elsewhere they keep their usual effect on
+    this process (the workers, in their own sessions, do not receive the terminal's Ctrl-C).
     """
     context = _start(
         fn,
@@ -248,8 +251,15 @@ def _start(
             if stacks is not None:
                 stacks.on_exit(ended)
 
+        # relay_signal: Ctrl-C reaches the workers as SIGINT, as the terminal's does under
+        # torch (its workers share the caller's process group; numarun's have sessions of
+        # their own), so checkpoint-on-interrupt code runs; as the numarun command does.
         supervisor = Supervisor(
-            specs, grace_period=grace_period, on_exit=on_exit, on_failure=run.on_failure
+            specs,
+            grace_period=grace_period,
+            on_exit=on_exit,
+            on_failure=run.on_failure,
+            relay_signal=True,
         )
         run.watch(supervisor)
         if stacks is not None:
