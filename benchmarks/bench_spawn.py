@@ -2,10 +2,11 @@
 
     python benchmarks/bench_spawn.py [--repeats 9] [--torch-repeats 3] [--teardown-runs 20]
                                      [--counts 1,2,4,8] [--method spawn] [--no-torch]
-                                     [--sections startup,workercpu,teardown,cpu,memory]
+                                     [--sections startup,workercpu,teardown,cpu,memory,poll]
                                      [--memory-mib 50] [--memory-methods spawn,fork]
+                                     [--poll-runs 5]
 
-Five measurements, each taken alternately for every contender so they share the machine's
+Six measurements, each taken alternately for every contender so they share the machine's
 conditions, and reported as medians and ratios:
 
 1. Start-up, N = 1, 2, 4, 8 workers: from the call to the last worker's first line. Each
@@ -31,6 +32,12 @@ conditions, and reported as medians and ratios:
    peak resident memory above its resident memory just before the call (``VmHWM`` after
    ``/proc/self/clear_refs`` reset it to ``VmRSS``), against the anchor, the payload itself
    (the values the caller ends up holding). Target: at most 1.5x the payload.
+5. ``exitcode`` / ``is_alive()`` of a worker that ended (``fork``, the default
+   ``grace_period`` of 30 s) and left a child that ignores SIGTERM: the time the two calls
+   take, the worker's end awaited on its sentinel first (nothing of numarun's runs meanwhile).
+   The anchor is torch.multiprocessing's (a ``waitpid(WNOHANG)``; torch never looks for the
+   child, which this benchmark kills afterwards). Target: non-blocking, under 50 ms (issue
+   20.7: it took ``grace_period`` + ``kill_wait``, 35 s).
 
 The worker functions live in this file, which is imported by module name (not as ``__main__``)
 so that spawned workers import nothing but it and the standard library.
@@ -83,6 +90,25 @@ def sleep_for(local_rank: int, seconds: float) -> None:
 
 def big_value(local_rank: int, size: int) -> bytes:
     return bytes([local_rank]) * size
+
+
+_left_running: list[Any] = []
+
+
+def leave_sigterm_ignoring_child(local_rank: int, pid_file: str) -> None:
+    """Starts a child that ignores SIGTERM, writes its pid once it does, and returns."""
+    import subprocess
+
+    code = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print(); "
+    child = subprocess.Popen(
+        [sys.executable, "-c", code + "time.sleep(120)"], stdout=subprocess.PIPE
+    )
+    assert child.stdout is not None
+    child.stdout.readline()
+    with open(pid_file + ".partial", "w") as out:
+        out.write(str(child.pid))
+    os.rename(pid_file + ".partial", pid_file)
+    _left_running.append(child)  # no "still running" ResourceWarning when fn returns
 
 
 # --- contenders ----------------------------------------------------------------------------------
@@ -343,6 +369,60 @@ def bench_cpu(seconds: float, torch_mp: Any) -> list[str]:
     ]
 
 
+def poll_latency(start: Callable[..., Any]) -> float:
+    """Seconds ``is_alive()`` and ``exitcode`` take for an ended worker with a leftover child
+    that ignores SIGTERM (measurement 5); the run and the child are ended afterwards."""
+    import contextlib
+    import multiprocessing.connection
+    import signal
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        pid_file = os.path.join(directory, "leftover")
+        context = start(
+            leave_sigterm_ignoring_child,
+            args=(pid_file,),
+            nprocs=1,
+            join=False,
+            start_method="fork",
+        )
+        worker = context.processes[0]
+        multiprocessing.connection.wait([worker.sentinel], timeout=60)
+        began = time.perf_counter()
+        worker.is_alive()
+        _ = worker.exitcode
+        elapsed = time.perf_counter() - began
+        with open(pid_file) as written:
+            leftover = int(written.read())
+        if hasattr(context, "stop"):
+            context.stop(grace_period=0)  # numarun: SIGKILL for the leftover
+        else:
+            context.join()
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(leftover, signal.SIGKILL)
+    return elapsed
+
+
+def bench_poll(runs: int, torch_mp: Any) -> list[str]:
+    import numarun
+
+    ours: list[float] = []
+    theirs: list[float] = []
+    for _ in range(runs):
+        ours.append(poll_latency(numarun.start_processes))
+        if torch_mp is not None:
+            theirs.append(poll_latency(torch_mp.start_processes))
+    from statistics import median
+
+    def cell(samples: list[float]) -> str:
+        return f"{median(samples) * 1000:.1f} ms" if samples else "n/a"
+
+    return [
+        f"| `is_alive()` + `exitcode` of an ended worker whose child ignores SIGTERM "
+        f"(median of {runs}) | {cell(ours)} | {cell(theirs)} | < 50 ms, non-blocking |"
+    ]
+
+
 def main() -> None:
     import argparse
 
@@ -353,10 +433,11 @@ def main() -> None:
     parser.add_argument("--counts", default="1,2,4,8", help="worker counts for start-up")
     parser.add_argument("--method", default="spawn", choices=("spawn", "fork", "forkserver"))
     parser.add_argument("--no-torch", action="store_true", help="leave torch.mp out")
-    parser.add_argument("--sections", default="startup,workercpu,teardown,cpu,memory")
+    parser.add_argument("--sections", default="startup,workercpu,teardown,cpu,memory,poll")
     parser.add_argument("--memory-mib", type=int, default=50, help="MiB returned per worker")
     parser.add_argument("--memory-methods", default="spawn,fork")
     parser.add_argument("--memory-repeats", type=int, default=3)
+    parser.add_argument("--poll-runs", type=int, default=5)
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
@@ -381,13 +462,15 @@ def main() -> None:
     if "workercpu" in sections:
         rows += ["", "| measurement | numarun | anchor |", "|---|---|---|"]
         rows += bench_worker_cpu(max(args.repeats, 15), args.method)
-    if sections & {"teardown", "cpu"}:
+    if sections & {"teardown", "cpu", "poll"}:
         rows += ["", "### Teardown and supervision cost", ""]
         rows += ["| measurement | numarun | torch.multiprocessing | target |", "|---|---|---|---|"]
     if "teardown" in sections:
         rows += bench_teardown(args.teardown_runs, 4, torch_mp)
     if "cpu" in sections:
         rows += bench_cpu(3.0, torch_mp)
+    if "poll" in sections:
+        rows += bench_poll(args.poll_runs, torch_mp)
     if "memory" in sections:
         rows += ["", "### Return values: the caller's peak memory", ""]
         methods = args.memory_methods.split(",")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 import pickle
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 import numarun
 import numarun.process.supervisor
-from numarun.errors import BindingError, PlanError, UsageError
+from numarun.errors import BindingError, InvalidArgument, PlanError, UsageError
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.topology import read_topology
 from numarun.placement.plan import make_plan
@@ -368,21 +369,26 @@ def test_parent_state_is_unchanged_after_success_and_failure(method: str) -> Non
 # --- environment ---------------------------------------------------------------------------------
 
 
-def _physical_cores() -> int:
-    topology = read_topology("/")
-    allowed = set(os.sched_getaffinity(0))
-    return sum(1 for core in topology.cores if allowed.intersection(core.cpus))
-
-
-def test_worker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS", "SP_EXTRA"):
+def test_worker_environment_is_the_callers_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 16.6: as under torch.multiprocessing, nothing of torchrun's is added (code that
+    tests ``"RANK" in os.environ`` to detect torchrun must not be fooled), and no
+    OMP_NUM_THREADS for unbound workers (1 would starve Hogwild-style workers)."""
+    for name in sp_funcs.ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
     values = numarun.spawn(sp_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"})
+    expected = dict.fromkeys(sp_funcs.ENV_NAMES, None)
+    assert values == [{**expected, "SP_EXTRA": "x"}] * 2
+    assert "SP_EXTRA" not in os.environ
+
+
+def test_dist_env_gives_what_init_process_group_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in sp_funcs.ENV_NAMES:
+        monkeypatch.delenv(name, raising=False)
+    values = numarun.spawn(sp_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"}, dist_env=True)
     ports = {value["MASTER_PORT"] for value in values}
     assert len(ports) == 1
-    port = int(ports.pop())
+    port = int(str(ports.pop()))
     assert 0 < port < 65536
-    threads = str(max(1, _physical_cores() // 2))
     for rank, value in enumerate(values):
         assert value == {
             "RANK": str(rank),
@@ -391,41 +397,72 @@ def test_worker_environment(monkeypatch: pytest.MonkeyPatch) -> None:
             "LOCAL_WORLD_SIZE": "2",
             "MASTER_ADDR": "127.0.0.1",
             "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": threads,
+            "OMP_NUM_THREADS": None,
             "SP_EXTRA": "x",
         }
-    assert "SP_EXTRA" not in os.environ
 
 
-def test_omp_threads_follow_the_binding_and_respect_the_user(
+def test_omp_threads_only_with_a_binding_and_never_over_the_users(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     bound = numarun.spawn(sp_funcs.environment, nprocs=2, start_method="fork", binding=[[0], [1]])
     assert [value["OMP_NUM_THREADS"] for value in bound] == ["1", "1"]
-    alone = numarun.spawn(sp_funcs.environment, nprocs=1, start_method="fork")
-    assert alone[0]["OMP_NUM_THREADS"] == str(_physical_cores())
+    alone = numarun.spawn(sp_funcs.environment, nprocs=1, start_method="fork", dist_env=True)
+    assert alone[0]["OMP_NUM_THREADS"] is None
     chosen = numarun.spawn(
-        sp_funcs.environment, nprocs=2, start_method="fork", env={"OMP_NUM_THREADS": "7"}
+        sp_funcs.environment,
+        nprocs=2,
+        start_method="fork",
+        binding=[[0], [1]],
+        env={"OMP_NUM_THREADS": "7"},
     )
     assert [value["OMP_NUM_THREADS"] for value in chosen] == ["7", "7"]
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    inherited = numarun.spawn(sp_funcs.environment, start_method="fork", binding=[[0]])
+    assert inherited[0]["OMP_NUM_THREADS"] == "3"
 
 
 def test_master_address_and_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29999")
-    inherited = numarun.spawn(sp_funcs.environment, start_method="fork")[0]
+    inherited = numarun.spawn(sp_funcs.environment, start_method="fork", dist_env=True)[0]
     assert (inherited["MASTER_ADDR"], inherited["MASTER_PORT"]) == ("10.0.0.1", "29999")
     given = numarun.spawn(
-        sp_funcs.environment, start_method="fork", master_addr="10.0.0.2", master_port=1234
+        sp_funcs.environment,
+        start_method="fork",
+        dist_env=True,
+        master_addr="10.0.0.2",
+        master_port=1234,
     )[0]
     assert (given["MASTER_ADDR"], given["MASTER_PORT"]) == ("10.0.0.2", "1234")
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        ({"master_port": 29500}, "master_port=29500 needs dist_env=True"),
+        ({"master_addr": "10.0.0.2"}, "master_addr='10.0.0.2' needs dist_env=True"),
+        ({"dist_env": "yes"}, "dist_env must be True or False, got 'yes'"),
+        ({"dist_env": True, "master_port": 0}, "master_port must be a port number 1-65535"),
+        ({"dist_env": True, "master_port": "29500"}, "master_port must be a port number"),
+        ({"dist_env": True, "master_addr": ""}, "master_addr must be a non-empty host name"),
+    ],
+)
+def test_dist_env_arguments_are_checked_before_anything_starts(
+    kwargs: dict[str, object], words: str
+) -> None:
+    before = _children()
+    with pytest.raises(InvalidArgument, match=re.escape(words)) as info:
+        numarun.spawn(sp_funcs.environment, start_method="fork", **kwargs)  # type: ignore[arg-type]
+    assert "\n" not in str(info.value)
+    assert _children() == before
 
 
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_forked_workers_see_their_environment_in_os_environ(method: str) -> None:
     values = numarun.spawn(
-        sp_funcs.environment, nprocs=2, start_method=method, env={"SP_EXTRA": "y"}
+        sp_funcs.environment, nprocs=2, start_method=method, env={"SP_EXTRA": "y"}, dist_env=True
     )
     assert [(value["RANK"], value["SP_EXTRA"]) for value in values] == [("0", "y"), ("1", "y")]
     assert "SP_EXTRA" not in os.environ

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import textwrap
 import time
+import unittest
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -41,6 +43,7 @@ METHODS = ["spawn", "fork", "forkserver"]
 TESTS_DIR = Path(__file__).resolve().parent
 SRC_DIR = Path(numarun.__file__).resolve().parent.parent
 PREFIXES = {"spawn": "SpawnProcess", "fork": "ForkProcess", "forkserver": "ForkServerProcess"}
+TORCH_LOGGER = "torch.multiprocessing.spawn"
 
 
 def _gone(pid: int, timeout: float = 10.0) -> bool:
@@ -160,28 +163,54 @@ def test_messages_match_torch_word_for_word() -> None:
     assert tails == ["ValueError: legitimate exception from process 1"] * 2
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+
+
+@contextlib.contextmanager
+def _torch_spawn_log() -> Iterator[list[logging.LogRecord]]:
+    """The warnings logged on ``torch.multiprocessing.spawn`` while the block runs, each once.
+
+    The handler sits on that logger alone: pytest's capture and torch's own handler sit on
+    ancestors, and whether records reach them (``propagate``, handlers copied onto loggers)
+    depends on torch's and pytest's versions, which this must not."""
+    logger = logging.getLogger(TORCH_LOGGER)
+    handler = _Records()
+    level = logger.level
+    logger.setLevel(logging.WARNING)
+    logger.addHandler(handler)
+    try:
+        yield handler.records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+
+
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("grace_period", [None, 20])
-def test_join_grace_period_as_torch(
-    method: str, grace_period: float | None, caplog: pytest.LogCaptureFixture
-) -> None:
+def test_join_grace_period_as_torch(method: str, grace_period: float | None) -> None:
     """Issue 11.3. Rank 0 exits 123; rank 1 would end on its own after 1 s. Without a grace
-    period rank 1 is terminated at once, with torch's warning; with 20 s it ends on its own
-    (exit code 0) and nothing is logged. No process is left either way."""
+    period rank 1 is terminated at once, with torch's warning on torch's logger; with 20 s it
+    ends on its own (exit code 0) and nothing is logged. No process is left either way."""
     context = numarun.start_processes(
         sp_dropin.exit_rank_zero, args=(123, 1.0), nprocs=2, join=False, start_method=method
     )
     pid1 = context.processes[1].pid
     started = time.monotonic()
     with (
-        caplog.at_level(logging.WARNING),
+        _torch_spawn_log() as records,
         pytest.raises(ProcessExitedException, match="process 0 terminated with exit code 123"),
     ):
         while not context.join(grace_period=grace_period):
             pass
-    warnings = [record.getMessage() for record in caplog.records]
+    warnings = [record.getMessage() for record in records]
     if grace_period is None:
-        assert f"Terminating process {pid1} via signal SIGTERM" in warnings
+        assert warnings == [f"Terminating process {pid1} via signal SIGTERM"]
         assert context.processes[1].exitcode == -signal.SIGTERM
         assert time.monotonic() - started < 15
     else:
@@ -191,35 +220,45 @@ def test_join_grace_period_as_torch(
     assert _gone(pid1)
 
 
-def test_join_grace_period_side_by_side_with_torch(
-    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    torch_logger = logging.getLogger("torch.multiprocessing.spawn")
-    monkeypatch.setattr(torch_logger, "handlers", [*torch_logger.handlers, caplog.handler])
+def test_join_grace_period_side_by_side_with_torch() -> None:
+    """The same run through torch and numarun: rank 1's exit code and the warnings on torch's
+    logger, each seen exactly once (issue 19.1: a capture that saw torch's twice)."""
     outcomes = []
     for start in (torch_mp.start_processes, numarun.start_processes):
         for grace_period in (None, 20):
-            caplog.clear()
             context = start(
                 sp_dropin.exit_rank_zero, args=(5, 1.0), nprocs=2, join=False, start_method="fork"
             )
-            with caplog.at_level(logging.WARNING), pytest.raises(torch_mp.ProcessExitedException):
+            with _torch_spawn_log() as records, pytest.raises(torch_mp.ProcessExitedException):
                 while not context.join(grace_period=grace_period):
                     pass
-            outcomes.append(
-                (
-                    context.processes[1].exitcode,
-                    [
-                        r.getMessage().replace(str(context.processes[1].pid), "PID")
-                        for r in caplog.records
-                    ],
-                )
-            )
+            pid = str(context.processes[1].pid)
+            messages = [record.getMessage().replace(pid, "PID") for record in records]
+            outcomes.append((context.processes[1].exitcode, messages))
     assert outcomes[:2] == outcomes[2:], outcomes
     assert outcomes[2:] == [
         (-signal.SIGTERM, ["Terminating process PID via signal SIGTERM"]),
         (0, []),
     ]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_the_teardown_warning_is_seen_by_assert_logs_on_torchs_logger(method: str) -> None:
+    """Issue 16.8: torch's users listen on its logger (``assertLogs``, ``logging.config``
+    filters); numarun's warning must reach them there, under every start method."""
+    context = numarun.start_processes(
+        sp_dropin.exit_rank_zero, args=(123, 30.0), nprocs=2, join=False, start_method=method
+    )
+    pid1 = context.processes[1].pid
+    case = unittest.TestCase()
+    with (
+        case.assertLogs(TORCH_LOGGER, level="WARNING") as logs,
+        pytest.raises(ProcessExitedException, match="exit code 123"),
+    ):
+        while not context.join():
+            pass
+    assert [record.name for record in logs.records] == [TORCH_LOGGER]
+    assert logs.records[0].getMessage() == f"Terminating process {pid1} via signal SIGTERM"
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -279,8 +318,14 @@ def test_errors_pickle_like_torch_errors() -> None:
         assert isinstance(copy, type(error))
 
 
-def test_torchs_parallel_start_switch_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("TORCH_MP_PARALLEL_START", "1")
+@pytest.mark.parametrize("parallel", ["0", "1"])
+def test_torchs_parallel_start_switch_changes_nothing(
+    parallel: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16.8: ``0`` (torch: one forkserver worker after another, torch's perf test
+    asserts the serial time) and ``1`` (torch: a thread pool) are both ignored: numarun's
+    workers are always started back to back and awaited together (README's table)."""
+    monkeypatch.setenv("TORCH_MP_PARALLEL_START", parallel)
     queue = multiprocessing.get_context("forkserver").SimpleQueue()
     numarun.start_processes(sp_dropin.put_rank, args=(queue,), nprocs=2, start_method="forkserver")
     assert sorted([queue.get(), queue.get()]) == [0, 1]
@@ -637,6 +682,154 @@ def test_run_path_wins_over_no_python_and_module_as_in_torchrun() -> None:
         torchrun.config_from_args(torchrun.parse_args(["-m", "--no-python", "train.py"]))
     with pytest.raises(UsageError, match="cannot be combined"):
         parse_args(["-m", "--no-python", "train.py"])
+
+
+# --- the last differences from torch's spawn (issue 16, items 6 to 8; issue 20, item 7) ----------
+
+DIST_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_worker_environment_side_by_side_with_torch(
+    method: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 16.6: by default a worker's environment is torch's (the caller's, unchanged), but
+    for numarun's teardown marker; no RANK (code detecting torchrun by it), no
+    OMP_NUM_THREADS."""
+    for name in (*DIST_NAMES, "OMP_NUM_THREADS"):
+        monkeypatch.delenv(name, raising=False)
+    seen = {}
+    for name, start, start_method in (
+        ("torch", torch_mp.start_processes, "fork"),
+        ("numarun", numarun.start_processes, method),
+    ):
+        queue = multiprocessing.get_context(start_method).SimpleQueue()
+        start(sp_dropin.put_environment, args=(queue,), nprocs=2, start_method=start_method)
+        seen[name] = dict(queue.get() for _ in range(2))
+    callers = dict(os.environ)
+    assert seen["torch"] == {0: callers, 1: callers}
+    for env in seen["numarun"].values():
+        assert env.pop("NUMARUN_RUN_ID")
+    assert seen["numarun"] == seen["torch"]
+
+
+CTRL_C_JOB = """
+from workers import sp_dropin
+if __name__ == "__main__":
+    launcher, method, directory = sys.argv[1:4]
+    if launcher == "torch":
+        from torch.multiprocessing import start_processes
+    else:
+        from numarun import start_processes
+    try:
+        start_processes(sp_dropin.checkpoint_on_interrupt, args=(directory,), nprocs=2,
+                        start_method=method)
+    except KeyboardInterrupt:
+        print("KeyboardInterrupt", flush=True)
+        sys.exit(130)
+    print("returned", flush=True)
+"""
+
+
+@pytest.mark.parametrize(
+    ("launcher", "method"),
+    [("torch", "fork"), ("numarun", "fork"), ("numarun", "spawn"), ("numarun", "forkserver")],
+)
+def test_ctrl_c_reaches_every_workers_except_keyboard_interrupt(
+    launcher: str, method: str, tmp_path: Path
+) -> None:
+    """Issue 16.7: a terminal's Ctrl-C (SIGINT to the caller's process group) while joining.
+    torch's workers share that group and get it; numarun's, in sessions of their own, get it
+    relayed: each runs its ``except KeyboardInterrupt`` (a checkpoint), the caller gets
+    KeyboardInterrupt, and no worker is left."""
+    script = tmp_path / "job.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n" + CTRL_C_JOB)
+    job = subprocess.Popen(
+        [sys.executable, str(script), launcher, method, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,  # its own process group, as a shell's foreground job
+    )
+    try:
+        ready = [tmp_path / f"ready-{rank}" for rank in (0, 1)]
+        deadline = time.monotonic() + 60
+        while not all(path.exists() for path in ready):
+            if job.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"the workers never got ready: {job.communicate(timeout=5)}")
+            time.sleep(0.02)
+        pids = [int(path.read_text()) for path in ready]
+        os.killpg(job.pid, signal.SIGINT)
+        output, errors = job.communicate(timeout=60)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.communicate()
+    assert (job.returncode, output) == (130, b"KeyboardInterrupt\n"), errors.decode()
+    assert sorted(path.name for path in tmp_path.glob("checkpoint-*")) == [
+        "checkpoint-0",
+        "checkpoint-1",
+    ]
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_nprocs_zero_side_by_side_with_torch() -> None:
+    """Issue 16.8, a difference kept and listed in the README's table: torch starts nothing
+    and returns; numarun refuses (``nprocs=torch.cuda.device_count()`` on a machine without a
+    GPU must not train nothing in silence)."""
+    assert torch_mp.start_processes(sp_dropin.nothing, nprocs=0, start_method="fork") is None
+    context = torch_mp.start_processes(sp_dropin.nothing, nprocs=0, join=False)
+    assert (context.processes, context.join()) == ([], True)
+    for join in (True, False):
+        with pytest.raises(InvalidArgument, match="nprocs must be an integer >= 1, got 0"):
+            numarun.start_processes(sp_dropin.nothing, nprocs=0, join=join, start_method="fork")
+
+
+def test_keyboard_interrupt_inside_a_worker_side_by_side_with_torch() -> None:
+    """Issue 16.8, a difference kept and listed in the README's table: a KeyboardInterrupt
+    that leaves ``fn`` is a clean exit for torch (exit code 0, nothing raised), a failure for
+    numarun (a worker that stopped early must not look successful)."""
+    context = torch_mp.start_processes(
+        sp_dropin.raise_keyboard_interrupt, nprocs=1, join=False, start_method="fork"
+    )
+    while not context.join():
+        pass
+    assert context.processes[0].exitcode == 0
+    with pytest.raises(ProcessRaisedException, match="\nKeyboardInterrupt\n") as info:
+        numarun.start_processes(sp_dropin.raise_keyboard_interrupt, nprocs=1, start_method="fork")
+    assert info.value.error_index == 0
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_exitcode_and_is_alive_never_wait_for_the_teardown(method: str, tmp_path: Path) -> None:
+    """Issue 20.7: the worker ended (exit code 0) and left a child that ignores SIGTERM; the
+    teardown of that child takes the grace period (60 s here). ``exitcode``, ``is_alive()``
+    and ``join(timeout=1)`` answer without waiting for it (they used to take 65 s); the run
+    still ends, and the child with it, when the context is stopped."""
+    pid_file = tmp_path / "leftover"
+    context = numarun.start_processes(
+        sp_dropin.leave_a_sigterm_ignoring_child,
+        args=(str(pid_file),),
+        nprocs=1,
+        join=False,
+        start_method=method,
+        grace_period=60,
+    )
+    leftover = None
+    try:
+        worker = context.processes[0]
+        # Waiting on the sentinel alone steps nothing of numarun's.
+        assert multiprocessing.connection.wait([worker.sentinel], timeout=60)
+        leftover = int(pid_file.read_text())
+        started = time.monotonic()
+        assert worker.is_alive() is False
+        assert worker.exitcode == 0
+        worker.join(timeout=1)
+        assert time.monotonic() - started < 20
+        assert not _gone(leftover, timeout=0)  # ignoring SIGTERM, inside its grace period
+    finally:
+        context.stop(grace_period=0)
+    # Ended: under forkserver its parent died first and init reaps it, in its own time.
+    assert _dead(leftover, timeout=10)
 
 
 # --- numarun found only through the caller's sys.path (issue 10, item 13) -------------------------

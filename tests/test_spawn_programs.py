@@ -43,3 +43,20 @@ def test_a_ddp_program_trains_the_same_with_numarun_swapped_in(tmp_path: Path) -
         assert ours["params"][0] == ours["params"][1], method
         assert ours["params"] == theirs["params"], method
         assert ours["sums"] == theirs["sums"], method
+
+
+def test_the_readmes_dist_env_example_runs_as_written(tmp_path: Path) -> None:
+    """Issue 16.6: the distributed variables are opt-in; the README's example of the opt-in
+    (gloo over env://) runs as written and prints what its comment says."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    blocks = [block.split("\n", 1)[1].split("```")[0] for block in readme.split("```python")[1:]]
+    example = next(block for block in blocks if "dist_env=True" in block)
+    script = tmp_path / "example.py"
+    script.write_text(example)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "NUMARUN_"))}
+    done = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=240
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    expected = example.rsplit("# ", 1)[1].strip()
+    assert done.stdout.strip() == expected == "[3.0, 3.0]"

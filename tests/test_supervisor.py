@@ -784,6 +784,41 @@ def test_a_session_whose_holder_is_gone_is_not_trusted(tmp_path: Path) -> None:
         member.wait()
 
 
+def test_a_marked_process_in_a_session_whose_holder_is_gone_is_still_found() -> None:
+    """A forkserver worker's child that outlives it keeps the worker's session id and the
+    run's marker: the dead session proves nothing, the marker still does (it was left running
+    after a successful forkserver run, issue 20.7)."""
+    marker = b"NUMARUN_RUN_ID=run-session-gone"
+    member = subprocess.Popen(
+        [PY, "-c", "import time; time.sleep(60)"],
+        start_new_session=True,
+        env={**os.environ, "NUMARUN_RUN_ID": "run-session-gone"},
+    )
+    holder = subprocess.Popen([PY, "-c", "pass"])
+    holder_fd = os.pidfd_open(holder.pid)
+    pins: dict[int, int | None] = {}
+    try:
+        holder.wait()
+        deadline = time.monotonic() + 10
+        while not proctable.environ_has(member.pid, marker):  # until its exec is done
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        found = proctable.find_run_processes(
+            proctable.read_proc_table(),
+            roots={},
+            pins=pins,
+            sessions={member.pid: holder_fd},  # as if 'holder' had been that session's worker
+            marker=marker,
+            uid=os.getuid(),
+        )
+        assert member.pid in found
+    finally:
+        proctable.close_all(list(pins.values()))
+        os.close(holder_fd)
+        member.kill()
+        member.wait()
+
+
 def sleep_forever(payload_fd: int, result_fd: int) -> int:
     """fork_target: sleep until torn down."""
     time.sleep(60)

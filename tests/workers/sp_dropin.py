@@ -233,3 +233,59 @@ class Launcher:
 
 def train(steps: int) -> dict[str, Any]:
     return {"steps": steps, "local_rank": os.environ["LOCAL_RANK"]}
+
+
+# --- issue 16 (6-8) and issue 20 (7) -------------------------------------------------------------
+
+
+def put_environment(local_rank: int, queue: Any) -> None:
+    queue.put((local_rank, dict(os.environ)))
+
+
+def _touch(path: Path, text: str | None = None) -> None:
+    """Creates ``path`` at once, whole (holding ``text``, default this process's pid)."""
+    partial = path.with_suffix(".partial")
+    partial.write_text(str(os.getpid()) if text is None else text)
+    partial.rename(path)
+
+
+def checkpoint_on_interrupt(local_rank: int, directory: str) -> None:
+    """Training-loop shape of checkpoint-on-interrupt code: ``ready-N`` once inside the loop,
+    ``checkpoint-N`` from its ``except KeyboardInterrupt``; then the worker ends cleanly."""
+    folder = Path(directory)
+    try:
+        _touch(folder / f"ready-{local_rank}")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        _touch(folder / f"checkpoint-{local_rank}")
+
+
+def raise_keyboard_interrupt(local_rank: int) -> None:
+    raise KeyboardInterrupt
+
+
+def leave_a_sigterm_ignoring_child(local_rank: int, pid_file: str) -> None:
+    """Starts a child that ignores SIGTERM and outlives this worker, writes its pid to
+    ``pid_file`` once the child ignores SIGTERM, and returns (exit code 0)."""
+    import subprocess
+
+    child = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import signal, time\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print('ready', flush=True)\n"
+            "time.sleep(300)\n",
+        ],
+        stdout=subprocess.PIPE,
+    )
+    assert child.stdout is not None
+    child.stdout.readline()
+    _touch(Path(pid_file), str(child.pid))
+    _left_running.append(child)  # no "still running" ResourceWarning when fn returns
+
+
+_left_running: list[Any] = []

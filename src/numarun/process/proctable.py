@@ -351,10 +351,12 @@ def _pin(
         if parent:
             through = roots[parent] if parent in roots else pins.get(parent)
             belongs = info[0] == parent and not has_exited(through)
-        elif info[2] in sessions:
-            belongs = is_held(sessions[info[2]])
         else:
-            belongs = marker is not None and carries_marker(pid, info, marker, uid, since, proc)
+            # A session whose holder is gone proves nothing, but the marker still may: a
+            # forkserver worker's child that outlived it keeps the worker's session id.
+            belongs = (info[2] in sessions and is_held(sessions[info[2]])) or (
+                marker is not None and carries_marker(pid, info, marker, uid, since, proc)
+            )
     if not belongs or has_exited(fd):
         close_all([fd])
         return None

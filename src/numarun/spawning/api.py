@@ -6,7 +6,10 @@ the list of return values; every worker is bound to its CPUs and memory policy b
 anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
 ``spawn`` forces ``spawn``); and workers are supervised by
 :class:`numarun.process.supervisor.Supervisor`, which tears down each worker's whole process
-tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining.
+tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining (the signal received is
+relayed to the workers first, so Ctrl-C reaches their ``except KeyboardInterrupt``). The
+workers' environment is the caller's, as torch's: numarun adds ``RANK``, ``MASTER_ADDR``, ...
+only with ``dist_env=True``, and ``OMP_NUM_THREADS`` only with a ``binding``.
 
 Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``) that
 runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.worker`), and its arguments and
@@ -42,7 +45,7 @@ from numarun.spawning.exceptions import (
     ProcessExitedException,
     ProcessRaisedException,
 )
-from numarun.spawning.ranks import resolve_binding, worker_envs
+from numarun.spawning.ranks import check_dist_env, resolve_binding, worker_envs
 from numarun.spawning.specs import worker_specs
 
 if TYPE_CHECKING:
@@ -84,6 +87,7 @@ def spawn(
     grace_period: float = 30.0,
     env: Mapping[str, str] | None = None,
     binding_fallback: bool = False,
+    dist_env: bool = False,
     master_addr: str | None = None,
     master_port: int | None = None,
 ) -> list[Any] | ProcessContext:
@@ -96,7 +100,7 @@ def spawn(
             a process it starts: queues, pipes, locks, events, ``Manager`` proxies, shared
             ``Value``/``Array``, sockets, CPU tensors (shared memory: changes in place are seen
             by the caller).
-        nprocs: number of workers (>= 1); local rank ``i`` is also ``RANK`` ``i``.
+        nprocs: number of workers (>= 1).
         join: True: wait, return ``[fn's value for rank 0, ...]`` (pickled as arguments are,
             so a returned tensor comes back in shared memory). False: return a
             :class:`ProcessContext` at once; the workers are already running.
@@ -114,21 +118,29 @@ def spawn(
         mem_binding: None/``"none"``, ``"local"``, ``"preferred"``, ``"bind"`` or
             ``"interleave"`` over each rank's planned memory nodes (all but ``"local"`` need a
             ``binding``).
-        grace_period: seconds between SIGTERM and SIGKILL when tearing down (>= 0).
+        grace_period: seconds between the first signal of a teardown (SIGTERM, or the
+            signal this process received) and SIGKILL (>= 0).
         env: added to (and overriding) ``os.environ`` for the workers; this process's
             environment is never changed.
         binding_fallback: allow the planner and the memory policy check to fall back (no
             binding / weaker policy) instead of raising; each fallback is reported with
             :func:`warnings.warn`.
-        master_addr, master_port: ``MASTER_ADDR`` / ``MASTER_PORT`` for the workers; defaults:
-            the value in ``env`` or ``os.environ``, else ``127.0.0.1`` and a port that was free
-            when checked (bind to port 0, then release: another process may take it meanwhile).
+        dist_env: also give each worker what ``init_process_group("env://")`` reads, as
+            torchrun does: ``RANK`` and ``LOCAL_RANK`` (the local rank), ``WORLD_SIZE`` and
+            ``LOCAL_WORLD_SIZE`` (``nprocs``), ``MASTER_ADDR``, ``MASTER_PORT``. Off by default,
+            as in torch: code that tests ``"RANK" in os.environ`` to detect torchrun must not
+            take the wrong branch.
+        master_addr, master_port: with ``dist_env=True``, ``MASTER_ADDR`` / ``MASTER_PORT``;
+            defaults: the value in ``env`` or ``os.environ``, else ``127.0.0.1`` and a port that
+            was free when checked (bind to port 0, then release: another process may take it
+            meanwhile). Given without ``dist_env=True``: :class:`InvalidArgument`.
 
-    Each worker's environment is ``os.environ`` + ``env``, then ``RANK``, ``LOCAL_RANK``,
-    ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, the plan's variables
-    (e.g. ``CUDA_DEVICE_ORDER``), and ``OMP_NUM_THREADS`` unless already set: the rank's bound
-    physical cores, or for unbound workers this process's physical cores divided by ``nprocs``
-    (at least 1). torchrun forces 1 instead.
+    Each worker's environment is ``os.environ`` + ``env``, unchanged, as under
+    ``torch.multiprocessing.spawn``, plus ``NUMARUN_RUN_ID`` (how the teardown recognises the
+    run's processes). With a ``binding`` in force: the plan's variables (e.g.
+    ``CUDA_DEVICE_ORDER``) and ``OMP_NUM_THREADS`` = the rank's bound physical cores, unless
+    ``os.environ`` or ``env`` sets it (unbound workers get no ``OMP_NUM_THREADS``: OpenMP's own
+    default, as under torch; torchrun forces 1). With ``dist_env=True``: the variables above.
 
     Raises, before any worker starts: :class:`numarun.errors.InvalidArgument` (a
     :class:`ValueError` and :class:`~numarun.errors.UsageError`: bad argument, unpicklable
@@ -139,13 +151,16 @@ def spawn(
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
     :class:`ProcessExitedException` when a worker exited non-zero or was killed by a signal;
     the first failure in time is raised, every other worker is torn down first. SIGINT while
-    waiting: teardown, then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: teardown, then the
-    signal is re-delivered to this process with the disposition it had before (the default
-    one ends the process); if that returns, ``SystemExit(128 + signal)`` is raised. Of these
-    three, a signal this process ignores when ``spawn`` is called (SIGHUP under ``nohup``)
-    stays ignored and tears nothing down. Signals are handled only when joining in the main
-    thread; elsewhere they keep their usual effect on this process (the workers, in their own
-    sessions, do not receive the terminal's Ctrl-C).
+    waiting: SIGINT to every process of the job (each worker's ``except KeyboardInterrupt``
+    and ``finally`` blocks run, as when a terminal's Ctrl-C reaches torch's workers),
+    ``grace_period`` seconds for them to end, SIGKILL for what is left (a second SIGINT skips
+    the rest of the grace period), then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: the same
+    teardown with that signal relayed first, then the signal is re-delivered to this process
+    with the disposition it had before (the default one ends the process); if that returns,
+    ``SystemExit(128 + signal)`` is raised. Of these three, a signal this process ignores when
+    ``spawn`` is called (SIGHUP under ``nohup``) stays ignored and tears nothing down. Signals
+    are handled only when joining in the main thread; elsewhere they keep their usual effect on
+    this process (the workers, in their own sessions, do not receive the terminal's Ctrl-C).
     """
     context = _start(
         fn,
@@ -158,6 +173,7 @@ def spawn(
         grace_period=grace_period,
         env=env,
         binding_fallback=binding_fallback,
+        dist_env=dist_env,
         master_addr=master_addr,
         master_port=master_port,
         hold_signals=join,
@@ -193,6 +209,7 @@ def _start(
     grace_period: float,
     env: Mapping[str, str] | None,
     binding_fallback: bool,
+    dist_env: bool,
     master_addr: str | None,
     master_port: int | None,
     hold_signals: bool = False,
@@ -200,10 +217,18 @@ def _start(
     """Check everything, plan, build the workers and start them; nothing starts on error.
     ``hold_signals``: see :meth:`numarun.process.supervisor.Supervisor.start`."""
     method = _check_arguments(fn, args, nprocs, start_method, grace_period, env)
+    check_dist_env(dist_env, master_addr, master_port)
     base_env = dict(os.environ)
     base_env.update(env or {})
     placement = resolve_binding(binding, mem_binding, nprocs, binding_fallback, base_env)
-    envs = worker_envs(base_env, nprocs, placement, master_addr, master_port)
+    envs = worker_envs(
+        base_env,
+        nprocs,
+        placement,
+        dist_env=dist_env,
+        master_addr=master_addr,
+        master_port=master_port,
+    )
     workers = [
         _worker.WorkerProcess(fn, rank, tuple(args), method, bool(daemon)) for rank in range(nprocs)
     ]
@@ -226,8 +251,15 @@ def _start(
             if stacks is not None:
                 stacks.on_exit(ended)
 
+        # relay_signal: Ctrl-C reaches the workers as SIGINT, as the terminal's does under
+        # torch (its workers share the caller's process group; numarun's have sessions of
+        # their own), so checkpoint-on-interrupt code runs; as the numarun command does.
         supervisor = Supervisor(
-            specs, grace_period=grace_period, on_exit=on_exit, on_failure=run.on_failure
+            specs,
+            grace_period=grace_period,
+            on_exit=on_exit,
+            on_failure=run.on_failure,
+            relay_signal=True,
         )
         run.watch(supervisor)
         if stacks is not None:

@@ -15,9 +15,17 @@ multiprocessing started, and so does multiprocessing's exit handler (at interpre
 terminates daemon children and joins the others). Side effects: ``exitcode`` and ``is_alive()``
 of a worker that has ended (never the caller's child: its status comes from the supervisor's
 watchdog or from the fork server) let the supervisor observe the end, which starts the teardown
-when it is a failure. ``join`` of one worker waits
-for that worker alone (reading results meanwhile). The first of these calls that finds every
-worker ended lets the supervisor finish the run (reaping, leftover descendants, its fds).
+when it is a failure. They never block on the teardown: they step the supervisor's loop
+without waiting (the watchdog's report of an ended worker is awaited for at most a second), so
+signals go out and deadlines pass as the loop is stepped. ``join(timeout)`` of one worker waits
+for that worker alone (reading results meanwhile); once every worker has ended, ``join`` and
+``close()`` of any worker also finish the run (SIGTERM, the grace period, SIGKILL for leftover
+descendants; reaping; the supervisor's fds), ``join`` within its ``timeout``.
+
+The teardown warning (``Terminating process N via signal SIGTERM``) is logged on torch's logger,
+``torch.multiprocessing.spawn``, whether or not torch is loaded: log filters, handlers and
+``assertLogs`` written for torch see numarun's too (a logger is only a name: torch is not
+imported; when it is, its handler formats the line as its own).
 """
 
 from __future__ import annotations
@@ -40,7 +48,7 @@ if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
     from numarun.process.supervisor import Supervisor
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("torch.multiprocessing.spawn")  # torch's (module docstring)
 
 _READ_SIZE = 1 << 20
 _SOCKET_BUFFER = 1 << 20  # fewer wake-ups per megabyte of result (the kernel may cap it)
@@ -268,16 +276,18 @@ class WorkerRun:
         return fd is not None and _ready(fd)
 
     def poll(self, rank: int) -> int | None:
-        """The worker's exit code (Popen convention) if it has ended, else None. The first call
-        that finds every worker ended lets the supervisor finish the run (reaping)."""
-        code = self._peek(rank)
-        if (
-            code is not None
-            and self.result is None
-            and all(map(self.has_ended, range(self.nprocs)))
-        ):
-            self.join(None)
-        return code
+        """The worker's exit code (Popen convention) if it has ended, else None. Steps the
+        supervisor's loop without waiting on the teardown (``Process.exitcode`` and
+        ``is_alive()`` must not block): at most :data:`_REPORT_WAIT` for an ended worker's
+        status."""
+        return self._peek(rank)
+
+    def finish_if_ended(self, timeout: float | None) -> None:
+        """Once every worker has ended: let the supervisor finish the run (leftover
+        descendants torn down, reaping, its fds) for up to ``timeout`` seconds (None: until
+        done). Does nothing while a worker runs or after the run."""
+        if self.result is None and all(map(self.has_ended, range(self.nprocs))):
+            self.join(timeout)
 
     def _peek(self, rank: int) -> int | None:
         if rank in self.exit_codes:
@@ -302,11 +312,14 @@ class WorkerRun:
 
     def wait_worker(self, rank: int, timeout: float | None) -> int | None:
         """Wait up to ``timeout`` seconds (None: no limit) for one worker; its exit code, or
-        None on timeout. Results are read meanwhile; nothing is signalled."""
+        None on timeout. Results are read meanwhile. Once every worker has ended, the run is
+        also finished within what is left of ``timeout`` (:meth:`finish_if_ended`)."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             code = self.poll(rank)
             if code is not None:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                self.finish_if_ended(remaining)
                 return code
             remaining = None if deadline is None else deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
@@ -395,6 +408,10 @@ class WorkerPopen:
         self._run.send_signal(self._rank, signal.SIGKILL)
 
     def close(self) -> None:
+        """``Process.close()``: multiprocessing calls it only for an ended worker. The run is
+        finished first when every worker has ended (see the module docstring), then the
+        sentinel is closed."""
+        self._run.finish_if_ended(None)
         self._release()
 
 

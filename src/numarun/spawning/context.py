@@ -72,9 +72,12 @@ class ProcessContext:
         one given to ``spawn``) before SIGKILL; numarun sends these to each worker's whole
         process tree. Then :class:`ProcessRaisedException` or
         :class:`ProcessExitedException` is raised; later calls raise it again. A SIGINT
-        received while waiting tears the workers down and raises :class:`KeyboardInterrupt`;
-        SIGTERM or SIGHUP tear down, then are re-delivered to this process with its previous
-        disposition, and if that returns, :class:`SystemExit` with ``128 + signal`` is raised.
+        received while waiting is relayed to every process of the job (their ``except
+        KeyboardInterrupt`` runs), SIGKILL follows after the grace period for what is left,
+        then :class:`KeyboardInterrupt` is raised; SIGTERM or SIGHUP are relayed the same way,
+        then re-delivered to this process with its previous disposition, and if that returns,
+        :class:`SystemExit` with ``128 + signal`` is raised. The teardown warning is logged on
+        the ``torch.multiprocessing.spawn`` logger, as torch's.
         """
         if self._error is not None:
             raise self._error

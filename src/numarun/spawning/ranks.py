@@ -1,6 +1,8 @@
 """Where each spawned rank goes and what environment it gets: ``binding=`` / ``mem_binding=``
 turned into checked per-rank CPUs and memory policies (through the planner), and each rank's
-variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``OMP_NUM_THREADS``, ...)."""
+environment: the caller's, as under ``torch.multiprocessing.spawn``, plus only what the caller
+asked for (``OMP_NUM_THREADS`` and the plan's variables with a binding; ``RANK``, ``WORLD_SIZE``,
+``MASTER_ADDR``, ... with ``dist_env=True``)."""
 
 from __future__ import annotations
 
@@ -20,8 +22,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Placement:
-    """Per-rank CPUs (None: inherit), memory policies, suggested thread counts (None: unbound,
-    use the unbound rule), and the plan's environment variables."""
+    """Per-rank CPUs (None: inherit), memory policies, the bound physical cores per rank
+    (None: unbound, so no ``OMP_NUM_THREADS`` is set), and the plan's environment variables."""
 
     cpus: list[tuple[int, ...] | None]
     mems: list[MemPolicy | None]
@@ -139,30 +141,79 @@ def _read_topology(environ: Mapping[str, str]) -> Topology:
     return read_topology("/", environ=environ)
 
 
+DIST_ENV_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+
+
+def check_dist_env(dist_env: object, master_addr: object, master_port: object) -> None:
+    """Raise InvalidArgument (one line, naming the keyword) for a bad ``dist_env``,
+    ``master_addr`` or ``master_port``, or for an address or port given without
+    ``dist_env=True`` (it would otherwise be dropped without a word)."""
+    if not isinstance(dist_env, bool):
+        raise InvalidArgument(f"dist_env must be True or False, got {dist_env!r}")
+    if master_addr is not None and (not isinstance(master_addr, str) or not master_addr):
+        raise InvalidArgument(f"master_addr must be a non-empty host name, got {master_addr!r}")
+    if master_port is not None and (
+        isinstance(master_port, bool)
+        or not isinstance(master_port, int)
+        or not 0 < master_port < 65536
+    ):
+        raise InvalidArgument(f"master_port must be a port number 1-65535, got {master_port!r}")
+    if not dist_env:
+        for name, value in (("master_addr", master_addr), ("master_port", master_port)):
+            if value is not None:
+                raise InvalidArgument(
+                    f"{name}={value!r} needs dist_env=True: numarun.spawn sets MASTER_ADDR, "
+                    "MASTER_PORT, RANK and the other init_process_group variables only when "
+                    "asked (torch.multiprocessing.spawn sets none)"
+                )
+
+
 def worker_envs(
     base: dict[str, str],
     nprocs: int,
     placement: Placement,
-    master_addr: str | None,
-    master_port: int | None,
+    *,
+    dist_env: bool = False,
+    master_addr: str | None = None,
+    master_port: int | None = None,
 ) -> list[dict[str, str]]:
+    """Each rank's environment, by local rank: ``base`` (the caller's ``os.environ`` plus
+    ``env=``) unchanged, as ``torch.multiprocessing.spawn`` passes it, plus:
+
+    * with a binding in force (``placement.threads``): the plan's variables
+      (``CUDA_DEVICE_ORDER``, ...) and, unless ``base`` sets it, ``OMP_NUM_THREADS`` = the
+      rank's bound physical cores; without one, neither (OpenMP's own default applies, as
+      under torch: forcing a count would starve Hogwild-style workers or oversubscribe);
+    * with ``dist_env``: ``RANK`` = ``LOCAL_RANK`` = the local rank, ``WORLD_SIZE`` =
+      ``LOCAL_WORLD_SIZE`` = ``nprocs``, ``MASTER_ADDR`` (``master_addr``, else ``base``'s,
+      else ``127.0.0.1``) and ``MASTER_PORT`` (``master_port``, else ``base``'s, else a port
+      free when checked: bound to port 0 and released, so another process may take it
+      meanwhile), what ``init_process_group("env://")`` reads.
+    """
     common = dict(base)
-    common["WORLD_SIZE"] = str(nprocs)
-    common["LOCAL_WORLD_SIZE"] = str(nprocs)
-    common["MASTER_ADDR"] = master_addr or base.get("MASTER_ADDR") or "127.0.0.1"
-    if master_port is not None:
-        common["MASTER_PORT"] = str(master_port)
-    elif not base.get("MASTER_PORT"):
-        common["MASTER_PORT"] = str(workerenv.free_port())
     common.update(placement.env)
-    threads = None
-    if "OMP_NUM_THREADS" not in base:
-        threads = placement.threads or [workerenv.unbound_threads(nprocs)] * nprocs
+    if dist_env:
+        common["WORLD_SIZE"] = str(nprocs)
+        common["LOCAL_WORLD_SIZE"] = str(nprocs)
+        common["MASTER_ADDR"] = master_addr or base.get("MASTER_ADDR") or "127.0.0.1"
+        if master_port is not None:
+            common["MASTER_PORT"] = str(master_port)
+        elif not base.get("MASTER_PORT"):
+            common["MASTER_PORT"] = str(workerenv.free_port())
+    threads = placement.threads if "OMP_NUM_THREADS" not in base else None
     envs = []
     for rank in range(nprocs):
         worker_env = dict(common)
-        worker_env["RANK"] = str(rank)
-        worker_env["LOCAL_RANK"] = str(rank)
+        if dist_env:
+            worker_env["RANK"] = str(rank)
+            worker_env["LOCAL_RANK"] = str(rank)
         if threads is not None:
             worker_env["OMP_NUM_THREADS"] = str(threads[rank])
         envs.append(worker_env)
