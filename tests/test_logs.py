@@ -24,6 +24,7 @@ from numarun.launch.output import (
     make_prefix,
     parse_ranks_filter,
     parse_std_spec,
+    ranks_filter_warning,
     sinks_for,
 )
 from numarun.process.sinks import FileSink, NullSink, TeeSink, write_all
@@ -79,12 +80,38 @@ def test_parse_ranks_filter(text: str, expected: set[int]) -> None:
     assert parse_ranks_filter(text, 4) == expected
 
 
-@pytest.mark.parametrize("text", ["a", "0,,1", "4", "-1", "1.5", "0;1", ","])
+@pytest.mark.parametrize("text", ["a", "0,,1", "-1", "1.5", "0;1", ","])
 def test_parse_ranks_filter_rejects_bad_values(text: str) -> None:
     with pytest.raises(UsageError) as info:
         parse_ranks_filter(text, 4)
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"--local-ranks-filter {text!r}")
+    with pytest.raises(UsageError):
+        ranks_filter_warning(text, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "warning"),
+    [
+        # torchchat-style scripts pass 0,1,2,3 whatever the machine: torchrun accepts it.
+        ("0,1,2,3", {0, 1}, "names local ranks 2, 3, which do not exist with 2 processes per "
+         "node: only local ranks 0, 1 will be shown"),
+        ("1,7", {1}, "names local rank 7, which does not exist with 2 processes per node: "
+         "only local rank 1 will be shown"),
+        ("5", set(), "no rank's output will be shown on the console"),
+        ("0,1", {0, 1}, None),
+        ("", {0, 1}, None),
+    ],
+)  # fmt: skip
+def test_a_ranks_filter_naming_ranks_that_do_not_exist_is_accepted_with_a_warning(
+    text: str, shown: set[int], warning: str | None
+) -> None:
+    assert parse_ranks_filter(text, 2) == shown
+    said = ranks_filter_warning(text, 2)
+    if warning is None:
+        assert said is None
+    else:
+        assert said is not None and warning in said and "\n" not in said
 
 
 # ---------------------------------------------------------------- layout

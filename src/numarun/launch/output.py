@@ -29,6 +29,7 @@ __all__ = [
     "make_prefix",
     "parse_ranks_filter",
     "parse_std_spec",
+    "ranks_filter_warning",
     "sinks_for",
 ]
 
@@ -100,12 +101,42 @@ def parse_ranks_filter(text: str, nprocs: int) -> set[int]:
     """Parse ``--local-ranks-filter`` (``"0,2"``): the local ranks whose output is shown.
 
     An empty (or all-blank) value means no filter: every rank ``0..nprocs-1`` is returned. Items
-    are comma-separated non-negative integers below ``nprocs``; spaces around items are ignored,
-    repeats are harmless. Anything else raises :class:`UsageError` (one line).
+    are comma-separated non-negative integers; spaces around items are ignored, repeats are
+    harmless. A rank at or above ``nprocs`` is accepted and left out of the result, as torchrun
+    does (scripts pass ``0,1,2,3`` on machines with fewer GPUs): :func:`ranks_filter_warning`
+    says so. Anything else raises :class:`UsageError` (one line).
     """
     if not text.strip():
         return set(range(nprocs))
-    shown: set[int] = set()
+    return {rank for rank in _filter_ranks(text, nprocs) if rank < nprocs}
+
+
+def ranks_filter_warning(text: str, nprocs: int) -> str | None:
+    """The one warning for a ``--local-ranks-filter`` that names local ranks beyond
+    ``0..nprocs-1`` (which ranks, and what is shown instead); None when every named rank
+    exists. Raises :class:`UsageError` as :func:`parse_ranks_filter` does."""
+    if not text.strip():
+        return None
+    named = _filter_ranks(text, nprocs)
+    missing = sorted(rank for rank in named if rank >= nprocs)
+    if not missing:
+        return None
+    shown = sorted(rank for rank in named if rank < nprocs)
+    what = (
+        f"only local rank{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+        "will be shown"
+        if shown
+        else "no rank's output will be shown on the console"
+    )
+    return (
+        f"--local-ranks-filter {text!r} names local rank{'s' if len(missing) > 1 else ''} "
+        f"{', '.join(map(str, missing))}, which do{'es' if len(missing) == 1 else ''} not exist "
+        f"with {nprocs} process{'es' if nprocs > 1 else ''} per node: {what}"
+    )
+
+
+def _filter_ranks(text: str, nprocs: int) -> set[int]:
+    named: set[int] = set()
     for item in text.split(","):
         word = item.strip()
         if not (word.isdigit() and word.isascii()):
@@ -113,14 +144,8 @@ def parse_ranks_filter(text: str, nprocs: int) -> set[int]:
                 f"--local-ranks-filter {text!r} is not valid: give comma-separated local ranks "
                 f"such as 0,2 (0-{nprocs - 1})"
             )
-        rank = int(word)
-        if rank >= nprocs:
-            raise UsageError(
-                f"--local-ranks-filter {text!r} names local rank {rank}, but there are only "
-                f"{nprocs} processes per node (0-{nprocs - 1})"
-            )
-        shown.add(rank)
-    return shown
+        named.add(int(word))
+    return named
 
 
 def make_prefix(
