@@ -110,6 +110,38 @@ class _Attempt:
         self.line = ""
 
 
+class _Bounded:
+    """Lines of a job's history, bounded however long the job runs: the first ``head`` and the
+    last ``tail`` lines added, and how many between them were dropped. A job restarted 100,000
+    times keeps a screenful (each line was said on stderr when it happened) and its memory
+    stays flat."""
+
+    def __init__(self, what: str, head: int = 3, tail: int = 7) -> None:
+        from collections import deque
+
+        self._what = what  # "earlier attempt(s)", for the line that stands for the dropped ones
+        self._head: list[str] = []
+        self._tail: deque[str] = deque(maxlen=tail)
+        self._head_size = head
+        self.dropped = 0
+
+    def add(self, line: str) -> None:
+        if len(self._head) < self._head_size:
+            self._head.append(line)
+            return
+        if len(self._tail) == self._tail.maxlen:
+            self.dropped += 1
+        self._tail.append(line)
+
+    def __bool__(self) -> bool:
+        return bool(self._head)
+
+    def lines(self) -> list[str]:
+        """The kept lines in order, one line in place of those dropped."""
+        gap = [f"... {self.dropped} more {self._what} not listed here"] if self.dropped else []
+        return [*self._head, *gap, *self._tail]
+
+
 class Job:
     """The attempts of one launch: one loop (:meth:`run`) over :meth:`run_attempt`.
 
@@ -118,7 +150,9 @@ class Job:
     TORCHELASTIC_RESTART_COUNT one higher, while ``--max-restarts`` allows; a node joining
     (or leaving) the rendezvous re-forms the group without using a restart; a teardown signal
     ends the job. Every attempt keeps its own directory; the end report lists each attempt's
-    root cause.
+    root cause. What a job keeps of its past attempts is bounded (:class:`_Bounded`): the last
+    attempt whole, and of the earlier ones the first 3 and the last 7 root causes and a count,
+    so a job with ``--max-restarts 100000`` does not grow with every restart.
     """
 
     def __init__(
@@ -144,7 +178,9 @@ class Job:
         self.announce = announce  # once the first attempt's files are set up
         self.remove_if_killed = remove_if_killed
         self.started = False  # once workers ran: the log directory may hold their output
-        self.attempts: list[_Attempt] = []
+        self.last: _Attempt | None = None  # the attempt that ran last, whole
+        self.earlier = _Bounded("earlier attempts")  # the root causes of those before it
+        self.lost = _Bounded("log files")  # log files that lost bytes, all attempts'
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
 
@@ -179,7 +215,7 @@ class Job:
         group: Round | None = None  # the static rendezvous: config and port
         while True:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
-            if self.attempts:
+            if self.last is not None:
                 directory = next_attempt_dir(first_dir, name, config.nproc_per_node)
             if self.node is not None:
                 try:
@@ -326,6 +362,11 @@ class Job:
                 stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
             # Everything allocated so far lives until exit; freezing it keeps the collector
             # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
+            if self.last is not None:
+                # Except what earlier attempts left in reference cycles (a supervisor and its
+                # parts, ~10 KiB): frozen, it would stay for good, one more at every restart.
+                gc.unfreeze()
+                gc.collect()
             gc.freeze()
             try:
                 result = supervisor.run(on_started=lambda: _on_started(stacks))
@@ -344,7 +385,11 @@ class Job:
                 if line_filter is not None:
                     line_filter.close()
         attempt = _Attempt(name, directory, result, lost_logs(specs), stacks)
-        self.attempts.append(attempt)
+        if self.last is not None and self.last.line:
+            self.earlier.add(self.last.line)
+        self.last = attempt  # the attempt before it (its result, its stacks) is let go
+        for line in attempt.lost:
+            self.lost.add(line)
         return attempt
 
     def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
@@ -377,8 +422,8 @@ class Job:
         attempt's root cause) when it failed, else a short note of the earlier attempts' root
         causes, if any; returns the exit status."""
         code = exit_code_for(last.result)
-        lost = [line for attempt in self.attempts for line in attempt.lost]
-        earlier = [attempt.line for attempt in self.attempts[:-1] if attempt.line]
+        lost = self.lost.lines()
+        earlier = self.earlier.lines() if last is self.last else []
         if code != 0:
             sys.stdout.flush()
             summary = failure_summary(
