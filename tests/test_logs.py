@@ -178,7 +178,8 @@ def test_make_log_dirs_reports_an_uncreatable_dir_in_one_line(tmp_path: Path) ->
     (tmp_path / "f").write_text("")
     with pytest.raises(UsageError) as info:
         make_log_dirs(tmp_path / "f" / "below", "run", 1)
-    assert "cannot create log directory" in str(info.value) and "\n" not in str(info.value)
+    assert "cannot create --log-dir" in str(info.value) and "\n" not in str(info.value)
+    assert "f exists and is not a directory" in str(info.value)
 
 
 # ---------------------------------------------------------------- prefixes
@@ -533,9 +534,12 @@ def test_sinks_for_hidden_rank_drops_unredirected_streams(tmp_path: Path) -> Non
     out.close()
     err.feed(b"dropped")
     err.close()
-    hidden_tee, _ = sinks_for(3, 3, 0, int(Std.OUT), tmp_path, False)
+    (tmp_path / "again").mkdir()  # files are only ever new (O_EXCL): another rank's directory
+    hidden_tee, _ = sinks_for(3, 3, 0, int(Std.OUT), tmp_path / "again", False)
     assert isinstance(hidden_tee, TeeSink)
     hidden_tee.close()
+    with pytest.raises(FileExistsError):  # a file (or a planted link) there is never reused
+        sinks_for(3, 3, int(Std.OUT), 0, tmp_path, False)
 
 
 def test_sinks_for_redirect_without_a_log_dir_is_a_usage_error() -> None:

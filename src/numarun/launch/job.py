@@ -19,7 +19,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch.logdir import error_file, next_attempt_dir
+from numarun.launch.logdir import error_file, make_attempt
 from numarun.launch.report import (
     exit_code_for,
     failure_summary,
@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
     from numarun.launch.elastic import ElasticNode
     from numarun.launch.rendezvous import Round
+    from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.stacks.dumps import JobStacks
@@ -184,16 +185,18 @@ class Job:
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
 
-    def run(self, first_dir: str, port: int) -> int:
+    def run(self, run_dir: Directory, first: Directory, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
-        rendezvous ends the job; print the report; return the exit status."""
+        rendezvous ends the job; print the report; return the exit status. ``first`` is the
+        first attempt's directory (closed here), ``run_dir`` the one later attempts' are made
+        in (:func:`numarun.launch.logdir.make_attempt`; the caller closes it)."""
         config = self.config
         if not config.elastic and not config.max_restarts:
             # One attempt, as numarun has always run it: no guard, nothing imported.
-            return self.report(self.run_attempt(None, port, "attempt_0", first_dir, 0))
+            return self.report(self.run_attempt(None, port, "attempt_0", first, 0))
         try:
             with _SignalGuard(config.teardown_signals):
-                return self._loop(first_dir, port)
+                return self._loop(run_dir, first, port)
         except _Interrupted as stop:
             sys.stderr.write(
                 f"numarun: stopped on {signal_text(stop.signum)} while {self.waiting_for}; "
@@ -201,7 +204,7 @@ class Job:
             )
             return 128 + stop.signum
 
-    def _loop(self, first_dir: str, port: int) -> int:
+    def _loop(self, run_dir: Directory, first: Directory, port: int) -> int:
         config = self.config
         if config.elastic:
             from numarun.launch.elastic import ElasticNode, NotAdmitted
@@ -211,12 +214,15 @@ class Job:
             self.node.connect()
         restart_count = 0
         reforms = 0
-        directory = first_dir
+        directory = first
         group: Round | None = None  # the static rendezvous: config and port
         while True:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
             if self.last is not None:
-                directory = next_attempt_dir(first_dir, name, config.nproc_per_node)
+                try:
+                    directory = make_attempt(run_dir, name, config.nproc_per_node)
+                except OSError as error:
+                    raise setup_error(error, config) from None
             if self.node is not None:
                 try:
                     group = self.node.next_round()
@@ -273,12 +279,14 @@ class Job:
             run_blocking(lambda: node.announce(message), limit=5.0)
 
     def run_attempt(
-        self, group: Round | None, port: int, name: str, directory: str, restart_count: int
+        self, group: Round | None, port: int, name: str, directory: Directory, restart_count: int
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
-        static rendezvous with the store on ``port``) with their files under ``directory``,
-        wait for the supervisor's end, return the attempt. Raises :class:`UsageError` (one
-        line, nothing started) when the workers' files cannot be set up (out of fds, say)."""
+        static rendezvous with the store on ``port``) with their files under ``directory``
+        (made by :func:`numarun.launch.logdir.make_attempt`; closed here once the files are
+        open), wait for the supervisor's end, return the attempt. Raises :class:`UsageError`
+        (one line, nothing started) when the workers' files cannot be set up (out of fds,
+        say)."""
         import gc
 
         from numarun.process.spec import WorkerSpec
@@ -299,7 +307,7 @@ class Job:
                             config,
                             local_rank,
                             base=base,
-                            error_file=error_file(directory, local_rank),
+                            error_file=error_file(directory.path, local_rank),
                             binding=rank_binding(plan, local_rank),
                             plan_env=plan.env if plan is not None else (),
                             unbound_threads=threads,
@@ -335,9 +343,13 @@ class Job:
                             stderr=stderr,
                         )
                     )
-            except OSError as error:  # out of fds, an unwritable log file: nothing started
+            except BaseException as error:  # out of fds, an unwritable log file: nothing started
                 close_sinks(specs)
-                raise setup_error(error, config) from None
+                if isinstance(error, OSError):
+                    raise setup_error(error, config) from None
+                raise
+            finally:
+                directory.close()  # the files are open: nothing more is made in it
             if self.announce is not None:
                 self.announce()
                 self.announce = None
@@ -384,7 +396,7 @@ class Job:
             for line_filter in duplicates:
                 if line_filter is not None:
                     line_filter.close()
-        attempt = _Attempt(name, directory, result, lost_logs(specs), stacks)
+        attempt = _Attempt(name, directory.path, result, lost_logs(specs), stacks)
         if self.last is not None and self.last.line:
             self.earlier.add(self.last.line)
         self.last = attempt  # the attempt before it (its result, its stacks) is let go

@@ -13,10 +13,10 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from numarun.errors import UsageError
 from numarun.launch.logdir import STDERR_LOG, STDOUT_LOG
+from numarun.launch.safedir import Directory, open_directory
 from numarun.process.sinks import DEFAULT_MAX_HELD, FileSink, LineFilter, NullSink, TeeSink
 
 TYPE_CHECKING = False
@@ -183,7 +183,7 @@ def sinks_for(
     rank: int,
     redirects: int,
     tee: int,
-    log_dir_for_rank: Path | None,
+    log_dir_for_rank: Directory | str | os.PathLike[str] | None,
     show: bool,
     console_out: int = 1,
     console_err: int = 2,
@@ -203,9 +203,13 @@ def sinks_for(
     * neither, not ``show`` (hidden by ``--local-ranks-filter``): :class:`NullSink`;
     * neither, ``show``: ``None`` -- the worker inherits the launcher's fd, no pipe.
 
-    ``prefix`` defaults to :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the
-    (stdout, stderr) :class:`LineFilter` that shown tee'd lines also go to. A redirect with
-    ``log_dir_for_rank`` None raises :class:`UsageError` (there is nowhere to put the file).
+    The files are new (``O_EXCL | O_NOFOLLOW``: ``FileExistsError`` when anything is there),
+    made relative to ``log_dir_for_rank``'s descriptor: a
+    :class:`numarun.launch.safedir.Directory`, or a path, which is reached under
+    :func:`numarun.launch.safedir.open_directory`'s rules first. ``prefix`` defaults to
+    :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the (stdout, stderr)
+    :class:`LineFilter` that shown tee'd lines also go to. A redirect with ``log_dir_for_rank``
+    None raises :class:`UsageError` (there is nowhere to put the file).
     """
     if log_dir_for_rank is None and redirects & ~tee & Std.ALL:
         raise UsageError(
@@ -214,18 +218,39 @@ def sinks_for(
         )
     if prefix is None:
         prefix = make_prefix(rank, local_rank)
-    chosen: list[OutputSink | None] = []
-    for bit, name, console, duplicate in (
-        (Std.OUT, STDOUT_LOG, console_out, duplicates[0]),
-        (Std.ERR, STDERR_LOG, console_err, duplicates[1]),
-    ):
-        path = None if log_dir_for_rank is None else Path(log_dir_for_rank) / name
-        if tee & bit:
-            chosen.append(
-                TeeSink(path, console, prefix, show, max_held=max_held, duplicate=duplicate)
-            )
-        elif redirects & bit and path is not None:
-            chosen.append(FileSink(path))
+    directory: Directory | None = None
+    opened = False
+    if log_dir_for_rank is not None and (redirects | tee) & Std.ALL:
+        if isinstance(log_dir_for_rank, Directory):
+            directory = log_dir_for_rank
         else:
-            chosen.append(None if show else NullSink())
+            directory = open_directory(os.fspath(log_dir_for_rank), what="log directory")
+            opened = True
+    chosen: list[OutputSink | None] = []
+    try:
+        for bit, name, console, duplicate in (
+            (Std.OUT, STDOUT_LOG, console_out, duplicates[0]),
+            (Std.ERR, STDERR_LOG, console_err, duplicates[1]),
+        ):
+            wanted = directory is not None and (tee | redirects) & bit
+            fd = directory.create(name) if wanted and directory is not None else None
+            path = None if fd is None or directory is None else os.path.join(directory.path, name)
+            if tee & bit:
+                chosen.append(
+                    TeeSink(
+                        path, console, prefix, show, max_held=max_held, duplicate=duplicate, fd=fd
+                    )
+                )
+            elif redirects & bit and path is not None:
+                chosen.append(FileSink(path, fd=fd))
+            else:
+                chosen.append(None if show else NullSink())
+    except BaseException:
+        for sink in chosen:
+            if sink is not None:
+                sink.close()
+        raise
+    finally:
+        if opened and directory is not None:
+            directory.close()
     return chosen[0], chosen[1]
