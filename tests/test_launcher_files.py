@@ -209,6 +209,28 @@ def test_a_sticky_log_dir_open_to_all_is_used(tmp_path: Path) -> None:
     assert (logs / "job" / "attempt_0" / "0" / "stdout.log").read_text() == "out\n"
 
 
+@needs_root
+@pytest.mark.parametrize(("group", "accepted"), [(0, True), (OTHER_UID, False)])
+def test_group_write_is_refused_unless_the_group_is_the_callers_own(
+    group: int, accepted: bool, tmp_path: Path
+) -> None:
+    """``umask 002`` systems make every directory group-writable, with the user's own private
+    group (root's is "root", with no other member): harmless. Group write for another group
+    (its members could swap directories) is refused."""
+    from numarun.errors import UsageError
+    from numarun.launch.safedir import open_directory
+
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    os.chown(logs, 0, group)
+    os.chmod(logs, 0o775)
+    if accepted:
+        open_directory(str(logs), what="--log-dir").close()
+    else:
+        with pytest.raises(UsageError, match=r"writable by other users \(mode 775\)"):
+            open_directory(str(logs), what="--log-dir")
+
+
 # The attack of the outside review, made deterministic: right after numarun made attempt_1's
 # rank directory (the second mkdir of a directory named "0"), uid 65534 moves the run directory
 # away and puts its own in its place, whose attempt_1 is a link to a root-only directory. The
