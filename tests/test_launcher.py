@@ -209,7 +209,7 @@ def test_worker_argv_for_each_kind() -> None:
         (["--mem-binding", "strict", "--numa-binding", "cpu", "t.py"], "unknown --mem-binding"),
         (["-r", "5", "t.py"], "--redirects"),
         (["--tee", "0:", "t.py"], "--tee"),
-        (["--local-ranks-filter", "3", "t.py"], "--local-ranks-filter"),
+        (["--local-ranks-filter", "0;1", "t.py"], "--local-ranks-filter"),
         (["--grace-period", "-1", "t.py"], "seconds"),
         (["--signals-to-handle", "SIGNOPE", "t.py"], "unknown signal"),
         (["--signals-to-handle", "SIGKILL", "t.py"], "cannot be caught"),
@@ -682,6 +682,21 @@ def test_tee_prefixes_console_lines_and_filter_hides_ranks(tmp_path: Path) -> No
     shown = launch("--nproc-per-node", "2", "--local-ranks-filter", "1", REPORT, cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
     assert sorted(reports(shown.stdout)) == [1]
+
+
+def test_a_ranks_filter_beyond_the_local_ranks_runs_with_one_warning(tmp_path: Path) -> None:
+    # torchrun accepts --local-ranks-filter 0,1,2,3 with 2 processes (torchchat's scripts pass
+    # it on machines with fewer GPUs); numarun used to refuse it.
+    config = parse("--nproc-per-node", "2", "--local-ranks-filter", "0,1,2,3", "t.py")
+    assert len(config.warnings) == 1 and "local ranks 2, 3" in config.warnings[0]
+    done = launch(
+        "--nproc-per-node", "2", "--local-ranks-filter", "1,2,3", REPORT, cwd=tmp_path
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert sorted(reports(done.stdout)) == [1]
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, done.stderr
+    assert warnings[0].startswith("numarun: warning: --local-ranks-filter '1,2,3' names local")
 
 
 def _last_block(stderr: str) -> str:

@@ -24,6 +24,7 @@ from numarun.launch.output import (
     make_prefix,
     parse_ranks_filter,
     parse_std_spec,
+    ranks_filter_warning,
     sinks_for,
 )
 from numarun.process.sinks import FileSink, NullSink, TeeSink, write_all
@@ -79,12 +80,38 @@ def test_parse_ranks_filter(text: str, expected: set[int]) -> None:
     assert parse_ranks_filter(text, 4) == expected
 
 
-@pytest.mark.parametrize("text", ["a", "0,,1", "4", "-1", "1.5", "0;1", ","])
+@pytest.mark.parametrize("text", ["a", "0,,1", "-1", "1.5", "0;1", ","])
 def test_parse_ranks_filter_rejects_bad_values(text: str) -> None:
     with pytest.raises(UsageError) as info:
         parse_ranks_filter(text, 4)
     assert "\n" not in str(info.value)
     assert str(info.value).startswith(f"--local-ranks-filter {text!r}")
+    with pytest.raises(UsageError):
+        ranks_filter_warning(text, 4)
+
+
+@pytest.mark.parametrize(
+    ("text", "shown", "warning"),
+    [
+        # torchchat-style scripts pass 0,1,2,3 whatever the machine: torchrun accepts it.
+        ("0,1,2,3", {0, 1}, "names local ranks 2, 3, which do not exist with 2 processes per "
+         "node: only local ranks 0, 1 will be shown"),
+        ("1,7", {1}, "names local rank 7, which does not exist with 2 processes per node: "
+         "only local rank 1 will be shown"),
+        ("5", set(), "no rank's output will be shown on the console"),
+        ("0,1", {0, 1}, None),
+        ("", {0, 1}, None),
+    ],
+)  # fmt: skip
+def test_a_ranks_filter_naming_ranks_that_do_not_exist_is_accepted_with_a_warning(
+    text: str, shown: set[int], warning: str | None
+) -> None:
+    assert parse_ranks_filter(text, 2) == shown
+    said = ranks_filter_warning(text, 2)
+    if warning is None:
+        assert said is None
+    else:
+        assert said is not None and warning in said and "\n" not in said
 
 
 # ---------------------------------------------------------------- layout
@@ -151,7 +178,8 @@ def test_make_log_dirs_reports_an_uncreatable_dir_in_one_line(tmp_path: Path) ->
     (tmp_path / "f").write_text("")
     with pytest.raises(UsageError) as info:
         make_log_dirs(tmp_path / "f" / "below", "run", 1)
-    assert "cannot create log directory" in str(info.value) and "\n" not in str(info.value)
+    assert "cannot create --log-dir" in str(info.value) and "\n" not in str(info.value)
+    assert "f exists and is not a directory" in str(info.value)
 
 
 # ---------------------------------------------------------------- prefixes
@@ -506,9 +534,12 @@ def test_sinks_for_hidden_rank_drops_unredirected_streams(tmp_path: Path) -> Non
     out.close()
     err.feed(b"dropped")
     err.close()
-    hidden_tee, _ = sinks_for(3, 3, 0, int(Std.OUT), tmp_path, False)
+    (tmp_path / "again").mkdir()  # files are only ever new (O_EXCL): another rank's directory
+    hidden_tee, _ = sinks_for(3, 3, 0, int(Std.OUT), tmp_path / "again", False)
     assert isinstance(hidden_tee, TeeSink)
     hidden_tee.close()
+    with pytest.raises(FileExistsError):  # a file (or a planted link) there is never reused
+        sinks_for(3, 3, int(Std.OUT), 0, tmp_path, False)
 
 
 def test_sinks_for_redirect_without_a_log_dir_is_a_usage_error() -> None:

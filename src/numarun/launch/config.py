@@ -169,7 +169,7 @@ def parse_args(
     start_method = ns.start_method or "spawn"
     if start_method not in ("spawn", "fork", "forkserver"):
         raise UsageError(f"--start-method must be spawn, fork or forkserver, not {start_method!r}")
-    redirects, tee, ranks_filter = _output_specs(ns, nproc)
+    redirects, tee, ranks_filter, output_warnings = _output_specs(ns, nproc)
     mem_binding = (ns.mem_binding or "none").strip()
     _check_mem_binding(mem_binding, numa_binding)
     signals_text = (
@@ -242,7 +242,7 @@ def parse_args(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         local_addr=(ns.local_addr or "").strip() or None,
-        warnings=nodes.warnings,
+        warnings=(*nodes.warnings, *output_warnings),
     )
 
 
@@ -359,18 +359,21 @@ def _nproc(
     return nproc
 
 
-def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str]:
-    """Validate --redirects, --tee and --local-ranks-filter now, so nothing starts on a typo."""
+def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str, tuple[str, ...]]:
+    """Validate --redirects, --tee and --local-ranks-filter now, so nothing starts on a typo;
+    the warning for a filter naming local ranks that do not exist (accepted, as torchrun)."""
     redirects = (ns.redirects or "0").strip()
     tee = (ns.tee or "0").strip()
     ranks_filter = (ns.local_ranks_filter or "").strip()
+    warnings: tuple[str, ...] = ()
     if redirects != "0" or tee != "0" or ranks_filter:
         from numarun.launch import output
 
         output.parse_std_spec(redirects, nproc, flag="--redirects")
         output.parse_std_spec(tee, nproc, flag="--tee")
-        output.parse_ranks_filter(ranks_filter, nproc)
-    return redirects, tee, ranks_filter
+        warning = output.ranks_filter_warning(ranks_filter, nproc)
+        warnings = (warning,) if warning else ()
+    return redirects, tee, ranks_filter, warnings
 
 
 def _check_mem_binding(mem_binding: str, numa_binding: str | None) -> None:

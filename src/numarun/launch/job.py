@@ -20,7 +20,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch.logdir import error_file, next_attempt_dir
+from numarun.launch.logdir import error_file, make_attempt
 from numarun.launch.report import (
     exit_code_for,
     failure_summary,
@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
     from numarun.launch.elastic import ElasticNode
     from numarun.launch.rendezvous import Round
+    from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.stacks.dumps import JobStacks
@@ -112,6 +113,38 @@ class _Attempt:
         self.line = ""
 
 
+class _Bounded:
+    """Lines of a job's history, bounded however long the job runs: the first ``head`` and the
+    last ``tail`` lines added, and how many between them were dropped. A job restarted 100,000
+    times keeps a screenful (each line was said on stderr when it happened) and its memory
+    stays flat."""
+
+    def __init__(self, what: str, head: int = 3, tail: int = 7) -> None:
+        from collections import deque
+
+        self._what = what  # "earlier attempt(s)", for the line that stands for the dropped ones
+        self._head: list[str] = []
+        self._tail: deque[str] = deque(maxlen=tail)
+        self._head_size = head
+        self.dropped = 0
+
+    def add(self, line: str) -> None:
+        if len(self._head) < self._head_size:
+            self._head.append(line)
+            return
+        if len(self._tail) == self._tail.maxlen:
+            self.dropped += 1
+        self._tail.append(line)
+
+    def __bool__(self) -> bool:
+        return bool(self._head)
+
+    def lines(self) -> list[str]:
+        """The kept lines in order, one line in place of those dropped."""
+        gap = [f"... {self.dropped} more {self._what} not listed here"] if self.dropped else []
+        return [*self._head, *gap, *self._tail]
+
+
 class Job:
     """The attempts of one launch: one loop (:meth:`run`) over :meth:`run_attempt`.
 
@@ -120,7 +153,9 @@ class Job:
     TORCHELASTIC_RESTART_COUNT one higher, while ``--max-restarts`` allows; a node joining
     (or leaving) the rendezvous re-forms the group without using a restart; a teardown signal
     ends the job. Every attempt keeps its own directory; the end report lists each attempt's
-    root cause.
+    root cause. What a job keeps of its past attempts is bounded (:class:`_Bounded`): the last
+    attempt whole, and of the earlier ones the first 3 and the last 7 root causes and a count,
+    so a job with ``--max-restarts 100000`` does not grow with every restart.
     """
 
     def __init__(
@@ -146,24 +181,28 @@ class Job:
         self.announce = announce  # once the first attempt's files are set up
         self.remove_if_killed = remove_if_killed
         self.started = False  # once workers ran: the log directory may hold their output
-        self.attempts: list[_Attempt] = []
+        self.last: _Attempt | None = None  # the attempt that ran last, whole
+        self.earlier = _Bounded("earlier attempts")  # the root causes of those before it
+        self.lost = _Bounded("log files")  # log files that lost bytes, all attempts'
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
 
-    def run(self, first_dir: str, port: int) -> int:
+    def run(self, run_dir: Directory, first: Directory, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
-        rendezvous ends the job; print the report; return the exit status."""
+        rendezvous ends the job; print the report; return the exit status. ``first`` is the
+        first attempt's directory (closed here), ``run_dir`` the one later attempts' are made
+        in (:func:`numarun.launch.logdir.make_attempt`; the caller closes it)."""
         config = self.config
         if not config.elastic and not config.max_restarts:
             # One attempt, as numarun has always run it: nothing imported. (The launcher's
             # SignalGuard covers it until the supervisor's own handling takes over.)
             self.waiting_for = "setting up the workers"
-            attempt = self.run_attempt(None, port, "attempt_0", first_dir, 0)
+            attempt = self.run_attempt(None, port, "attempt_0", first, 0)
             self.waiting_for = "reporting the run's end"
             return self.report(attempt)
         try:
             with SignalGuard(config.teardown_signals):
-                return self._loop(first_dir, port)
+                return self._loop(run_dir, first, port)
         except Interrupted as stop:
             sys.stderr.write(
                 f"numarun: stopped on {signal_text(stop.signum)} while {self.waiting_for}; "
@@ -171,7 +210,7 @@ class Job:
             )
             return 128 + stop.signum
 
-    def _loop(self, first_dir: str, port: int) -> int:
+    def _loop(self, run_dir: Directory, first: Directory, port: int) -> int:
         config = self.config
         if config.elastic:
             from numarun.launch.elastic import ElasticNode, NotAdmitted
@@ -181,12 +220,15 @@ class Job:
             self.node.connect()
         restart_count = 0
         reforms = 0
-        directory = first_dir
+        directory = first
         group: Round | None = None  # the static rendezvous: config and port
         while True:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
-            if self.attempts:
-                directory = next_attempt_dir(first_dir, name, config.nproc_per_node)
+            if self.last is not None:
+                try:
+                    directory = make_attempt(run_dir, name, config.nproc_per_node)
+                except OSError as error:
+                    raise setup_error(error, config) from None
             if self.node is not None:
                 try:
                     group = self.node.next_round()
@@ -243,12 +285,14 @@ class Job:
             run_blocking(lambda: node.announce(message), limit=5.0)
 
     def run_attempt(
-        self, group: Round | None, port: int, name: str, directory: str, restart_count: int
+        self, group: Round | None, port: int, name: str, directory: Directory, restart_count: int
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
-        static rendezvous with the store on ``port``) with their files under ``directory``,
-        wait for the supervisor's end, return the attempt. Raises :class:`UsageError` (one
-        line, nothing started) when the workers' files cannot be set up (out of fds, say)."""
+        static rendezvous with the store on ``port``) with their files under ``directory``
+        (made by :func:`numarun.launch.logdir.make_attempt`; closed here once the files are
+        open), wait for the supervisor's end, return the attempt. Raises :class:`UsageError`
+        (one line, nothing started) when the workers' files cannot be set up (out of fds,
+        say)."""
         import gc
 
         from numarun.process.spec import WorkerSpec
@@ -269,7 +313,7 @@ class Job:
                             config,
                             local_rank,
                             base=base,
-                            error_file=error_file(directory, local_rank),
+                            error_file=error_file(directory.path, local_rank),
                             binding=rank_binding(plan, local_rank),
                             plan_env=plan.env if plan is not None else (),
                             unbound_threads=threads,
@@ -305,9 +349,13 @@ class Job:
                             stderr=stderr,
                         )
                     )
-            except OSError as error:  # out of fds, an unwritable log file: nothing started
+            except BaseException as error:  # out of fds, an unwritable log file: nothing started
                 close_sinks(specs)
-                raise setup_error(error, config) from None
+                if isinstance(error, OSError):
+                    raise setup_error(error, config) from None
+                raise
+            finally:
+                directory.close()  # the files are open: nothing more is made in it
             if self.announce is not None:
                 self.announce()
                 self.announce = None
@@ -332,6 +380,11 @@ class Job:
                 stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
             # Everything allocated so far lives until exit; freezing it keeps the collector
             # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
+            if self.last is not None:
+                # Except what earlier attempts left in reference cycles (a supervisor and its
+                # parts, ~10 KiB): frozen, it would stay for good, one more at every restart.
+                gc.unfreeze()
+                gc.collect()
             gc.freeze()
             try:
                 result = supervisor.run(on_started=lambda: _on_started(stacks))
@@ -349,8 +402,12 @@ class Job:
             for line_filter in duplicates:
                 if line_filter is not None:
                     line_filter.close()
-        attempt = _Attempt(name, directory, result, lost_logs(specs), stacks)
-        self.attempts.append(attempt)
+        attempt = _Attempt(name, directory.path, result, lost_logs(specs), stacks)
+        if self.last is not None and self.last.line:
+            self.earlier.add(self.last.line)
+        self.last = attempt  # the attempt before it (its result, its stacks) is let go
+        for line in attempt.lost:
+            self.lost.add(line)
         return attempt
 
     def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
@@ -383,8 +440,8 @@ class Job:
         attempt's root cause) when it failed, else a short note of the earlier attempts' root
         causes, if any; returns the exit status."""
         code = exit_code_for(last.result)
-        lost = [line for attempt in self.attempts for line in attempt.lost]
-        earlier = [attempt.line for attempt in self.attempts[:-1] if attempt.line]
+        lost = self.lost.lines()
+        earlier = self.earlier.lines() if last is self.last else []
         if code != 0:
             sys.stdout.flush()
             summary = failure_summary(

@@ -295,17 +295,21 @@ def _launch(
     temporary = config.log_dir is None
     filtered = bool(config.duplicate_stdout_filters or config.duplicate_stderr_filters)
     holds = logdir.temp_dir_holds(outputs, filtered=filtered) if temporary else logdir.LOGS
-    log_base = config.log_dir if config.log_dir is not None else logdir.temp_log_dir()
+    # Refused here (one line, nothing made) when another user could redirect the writes.
+    log_root = logdir.temp_log_dir() if temporary else logdir.open_log_dir(config.log_dir or "")
+    log_base = log_root.path
     job: Job | None = None
+    run_dir = None
     code = 2
     # From the first directory on, a teardown signal ends the launch with 128+N and leaves
     # nothing: thousands of ranks take seconds to set up before the supervisor takes over.
     guard = SignalGuard(config.teardown_signals)
     try:
         guard.__enter__()
-        first_dir = logdir.make_attempt_dir(
-            log_base, config.run_id, config.nproc_per_node, fresh=temporary
-        )
+        with log_root:
+            run_dir, first = logdir.make_run(
+                log_root, config.run_id, config.nproc_per_node, fresh=temporary
+            )
         job = Job(
             config,
             plan,
@@ -321,7 +325,7 @@ def _launch(
             # that held nothing but error files; log files stay (the start said where).
             remove_if_killed=log_base if holds == logdir.ERRORS else None,
         )
-        code = job.run(first_dir, port)
+        code = job.run(run_dir, first, port)
         return code
     except Interrupted as stop:
         doing = job.waiting_for if job is not None else "setting up the workers"
@@ -333,6 +337,8 @@ def _launch(
         return code
     finally:
         guard.__exit__(None, None, None)
+        if run_dir is not None:
+            run_dir.close()
         nothing_ran = job is None or not job.started
         if temporary and (
             holds == logdir.ERRORS or nothing_ran or (holds == logdir.COPIES and code == 0)

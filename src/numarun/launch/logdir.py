@@ -10,16 +10,18 @@ The layout (torchrun adds a random suffix to the run directory)::
                      attempt_1/...                 # after a restart (--max-restarts)
                      attempt_1.1/...               # the group re-formed at the same count
 
-:func:`make_log_dirs` claims a run directory under ``--log-dir`` (never deleting or reusing
-one); :func:`rank_log_dir`, :func:`error_file_path` and :func:`error_file` name a rank's place
-in an attempt; :func:`make_attempt_dir` and :func:`next_attempt_dir` make an attempt's.
+:func:`open_log_dir` reaches ``--log-dir`` so that no other user can redirect numarun's
+writes (:mod:`numarun.launch.safedir`), :func:`make_run` claims a run directory in it (never
+deleting or reusing one) and :func:`make_attempt` makes an attempt's, everything relative to
+directory descriptors; :func:`make_log_dirs` is the three in one. :func:`rank_log_dir`,
+:func:`error_file_path` and :func:`error_file` name a rank's place in an attempt.
 
 Without ``--log-dir`` the base is a fresh private directory (:func:`temp_log_dir`), and what it
 holds (:func:`temp_dir_holds`) decides its end: :data:`ERRORS` (only error files) is removed at
 the end, :data:`COPIES` (log files the console showed in full) is kept only after a failure,
 :data:`LOGS` (output that is nowhere else) is kept; :func:`announce_log_dir` says so on stderr.
-Imported on every launch's start-up path: :mod:`tempfile` and :mod:`pathlib` load only in
-:func:`make_log_dirs` and the ``Path`` helpers.
+Imported on every launch's start-up path: :mod:`pathlib` loads only in :func:`make_log_dirs`
+and the ``Path`` helpers.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 
+    from numarun.launch.safedir import Directory
+
 STDOUT_LOG = "stdout.log"
 STDERR_LOG = "stderr.log"
 ERROR_JSON = "error.json"
@@ -43,64 +47,109 @@ def make_log_dirs(
 ) -> Path:
     """Create ``LOG_DIR/<run_id>/attempt_0/<local_rank>/`` for each rank; return the attempt dir.
 
-    With ``log_dir`` None, LOG_DIR is a fresh ``tempfile.mkdtemp(prefix="numarun_")`` (torchrun
-    does the same with ``torchelastic_``) and, if ``announce``, one line on stderr says where.
-    Nothing is ever deleted: when ``LOG_DIR/<run_id>`` already exists (an earlier run, or
-    another node's numarun sharing the file system and the run id) this run takes a new
-    ``LOG_DIR/<run_id>_<random>/`` instead -- torchrun's naming -- and, if ``announce``, says
-    so on stderr. The ``<run_id>`` directory is claimed with one atomic ``mkdir``, so two
-    launchers starting at once never share a directory, and a stale ``error.json`` can never
-    be read as this run's. Bad input raises :class:`UsageError`: a run id that is empty,
-    ``.``/``..`` or contains ``/`` or NUL, a LOG_DIR that exists but is not a directory, one
-    that belongs to another user than the caller's effective uid or root (its owner could swap
-    a directory of ours for a symbolic link and make us write elsewhere, as root anywhere), or
-    one that cannot be created.
+    With ``log_dir`` None, LOG_DIR is a fresh :func:`temp_log_dir` (torchrun makes one with
+    ``tempfile.mkdtemp(prefix="torchelastic_")``) and, if ``announce``, one line on stderr says
+    where. Otherwise :func:`open_log_dir` reaches (or makes) it, refusing one another user
+    could redirect. The rest is :func:`make_run`'s: ``<run_id>`` claimed by one atomic
+    ``mkdir`` or, when it exists, ``<run_id>_<random>`` (announced); nothing is ever deleted or
+    reused. Bad input raises :class:`UsageError` (one line, nothing made).
     """
+    from pathlib import Path
+
+    check_run_id(run_id)
+    if log_dir is None:
+        base = temp_log_dir()
+        if announce:
+            sys.stderr.write(f"numarun: worker logs go to {base.path}\n")
+    else:
+        base = open_log_dir(os.fspath(log_dir))
+    with base:
+        run, attempt = make_run(base, run_id, nprocs, fresh=log_dir is None, announce=announce)
+    run.close()
+    attempt.close()
+    return Path(attempt.path)
+
+
+def check_run_id(run_id: str) -> None:
+    """:class:`UsageError` unless ``run_id`` can name one directory."""
     if not run_id or run_id in (".", "..") or "/" in run_id or "\0" in run_id:
         raise UsageError(
             f"run id {run_id!r} cannot name a log directory: use letters, digits, '-' or '_'"
         )
-    # tempfile and pathlib load only here: the launcher imports this module on its
-    # start-up path.
-    import tempfile
-    from pathlib import Path
 
-    if log_dir is None:
-        base = Path(tempfile.mkdtemp(prefix="numarun_"))
-        if announce:
-            sys.stderr.write(f"numarun: worker logs go to {base}\n")
-    else:
-        base = Path(log_dir)
-        if base.exists() and not base.is_dir():
-            raise UsageError(f"--log-dir {str(base)!r} exists and is not a directory")
-        try:
-            owner = base.stat().st_uid
-        except OSError:
-            owner = os.geteuid()  # missing: made below, then ours
-        if owner not in (0, os.geteuid()):
-            raise UsageError(
-                f"--log-dir {str(base)!r} belongs to another user (uid {owner}); numarun "
-                "writes logs only into directories of yours or root's"
-            )
-    run_dir = base / run_id
+
+def open_log_dir(log_dir: str) -> Directory:
+    """``--log-dir``, reached (made where missing) so that no other user can redirect what
+    numarun writes there (:func:`numarun.launch.safedir.open_directory`'s rules: every
+    directory on the way yours or root's and not writable by others without the sticky bit, no
+    symbolic link of another user's). :class:`UsageError` (one line) otherwise."""
+    from numarun.launch.safedir import open_directory
+
+    return open_directory(log_dir, what="--log-dir", create=True)
+
+
+def make_run(
+    base: Directory, run_id: str, nprocs: int, *, fresh: bool, announce: bool = True
+) -> tuple[Directory, Directory]:
+    """Claim ``base/<run_id>/`` and make ``attempt_0/<local_rank>/`` in it; return (run dir,
+    attempt dir), both open (the caller closes them).
+
+    A ``fresh`` base (our own new temporary directory) cannot hold an earlier run. Otherwise,
+    when ``<run_id>`` exists (an earlier run, or another node's numarun sharing the file system
+    and the run id) this run takes ``<run_id>_<random>/`` -- torchrun's naming -- and, if
+    ``announce``, says so on stderr; nothing is deleted or reused, so a stale ``error.json``
+    is never read as this run's. Everything is made relative to ``base``'s descriptor
+    (:class:`numarun.launch.safedir.Directory`). :class:`UsageError` (one line) when a
+    directory cannot be made.
+    """
+    check_run_id(run_id)
+    run: Directory | None = None
     try:
-        base.mkdir(parents=True, exist_ok=True)
         try:
-            run_dir.mkdir()
+            run = base.make(run_id)
         except FileExistsError:
-            run_dir = Path(tempfile.mkdtemp(prefix=f"{run_id}_", dir=base))
+            if fresh:
+                raise
+            for _ in range(100):
+                try:
+                    run = base.make(f"{run_id}_{os.urandom(4).hex()}")
+                    break
+                except FileExistsError:
+                    continue
+            else:
+                raise
             if announce:
                 sys.stderr.write(
-                    f"numarun: {base / run_id} already exists; this run's logs go to {run_dir}\n"
+                    f"numarun: {os.path.join(base.path, run_id)} already exists; "
+                    f"this run's logs go to {run.path}\n"
                 )
-        attempt = run_dir / "attempt_0"
-        for local_rank in range(nprocs):
-            (attempt / str(local_rank)).mkdir(parents=True)
+        return run, make_attempt(run, "attempt_0", nprocs)
     except OSError as err:
+        if run is not None:
+            run.close()
+        where = run.path if run is not None else os.path.join(base.path, run_id)
         raise UsageError(
-            f"cannot create log directory {str(run_dir)!r}: {err.strerror or err}; "
+            f"cannot create log directory {where!r}: {err.strerror or err}; "
             "choose another --log-dir"
         ) from None
+    except BaseException:
+        if run is not None:
+            run.close()
+        raise
+
+
+def make_attempt(run: Directory, name: str, nprocs: int) -> Directory:
+    """``<run dir>/<name>/<local_rank>/`` for ``nprocs`` ranks, made relative to ``run``'s
+    descriptor, never reused; returns the attempt directory, open. ``OSError`` (a full disk,
+    ``FileExistsError``) and :class:`UsageError` (a directory swapped while it was made)
+    propagate."""
+    attempt = run.make(name)
+    try:
+        for local_rank in range(nprocs):
+            attempt.make(str(local_rank)).close()
+    except BaseException:
+        attempt.close()
+        raise
     return attempt
 
 
@@ -144,39 +193,31 @@ def temp_dir_holds(
     return COPIES if any(tee.values()) else ERRORS
 
 
-def temp_log_dir() -> str:
-    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700).
+def temp_log_dir() -> Directory:
+    """A fresh private directory ``$TMPDIR/numarun_XXXXXXXXXXXX`` (mode 0700), open.
 
-    Made by hand rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` (and :mod:`pathlib`,
-    which :func:`make_log_dirs` uses) cost a few milliseconds to import on every launch's
-    start-up path.
-    ``$TMPDIR`` owned by another user (not root) is refused: its owner could swap our
-    directory for a symbolic link between the checks and the writes.
+    ``$TMPDIR`` (default ``/tmp``) is reached under :func:`open_log_dir`'s rules (it is not
+    made): one of another user, or writable by others without the sticky bit, or reached
+    through another user's symbolic link, is refused with :class:`UsageError`. Made by hand
+    rather than with :func:`tempfile.mkdtemp`: :mod:`tempfile` costs a few milliseconds to
+    import on every launch's start-up path, and cannot make it relative to a descriptor.
     """
+    from numarun.launch.safedir import open_directory
+
     base = os.environ.get("TMPDIR") or "/tmp"
-    try:
-        owner = os.stat(base).st_uid
-    except OSError as error:
-        raise UsageError(
-            f"cannot create a temporary log directory in {base}: {error.strerror}; give --log-dir"
-        ) from None
-    if owner not in (0, os.geteuid()):
-        raise UsageError(
-            f"TMPDIR {base!r} belongs to another user (uid {owner}); numarun writes only into "
-            "directories of yours or root's: set TMPDIR or give --log-dir"
-        )
-    for _ in range(100):
-        path = os.path.join(base, f"numarun_{os.urandom(6).hex()}")
-        try:
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            continue
-        except OSError as error:
-            raise UsageError(
-                f"cannot create a temporary log directory in {base}: {error.strerror}; "
-                "give --log-dir"
-            ) from None
-        return path
+    where = open_directory(base, what="TMPDIR")
+    with where:
+        for _ in range(100):
+            try:
+                made = where.make(f"numarun_{os.urandom(6).hex()}", 0o700)
+            except FileExistsError:
+                continue
+            except OSError as error:
+                raise UsageError(
+                    f"cannot create a temporary log directory in {base}: {error.strerror}; "
+                    "give --log-dir"
+                ) from None
+            return made
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
 
 
@@ -190,28 +231,3 @@ def announce_log_dir(log_base: str, holds: str) -> None:
             "--log-dir keeps them)",
             file=sys.stderr,
         )
-
-
-def make_attempt_dir(log_base: str, run_id: str, nprocs: int, *, fresh: bool) -> str:
-    """``log_base/<run_id>/attempt_0/<local_rank>/`` for ``nprocs`` ranks; returns the attempt
-    dir.
-
-    A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
-    directories are made directly; otherwise :func:`make_log_dirs` claims them, taking
-    ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so an old
-    ``error.json`` of the same run id is never read as ours.
-    """
-    if fresh:
-        attempt_dir = os.path.join(log_base, run_id, "attempt_0")
-        for local_rank in range(nprocs):
-            os.makedirs(os.path.join(attempt_dir, str(local_rank)))
-        return attempt_dir
-    return str(make_log_dirs(log_base, run_id, nprocs))
-
-
-def next_attempt_dir(first_dir: str, name: str, nproc: int) -> str:
-    """``<run dir>/<name>/<local_rank>/`` beside the first attempt's; never reused."""
-    directory = os.path.join(os.path.dirname(first_dir), name)
-    for local_rank in range(nproc):
-        os.makedirs(os.path.join(directory, str(local_rank)))
-    return directory

@@ -13,10 +13,10 @@ from __future__ import annotations
 import enum
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from numarun.errors import UsageError
 from numarun.launch.logdir import STDERR_LOG, STDOUT_LOG
+from numarun.launch.safedir import Directory, open_directory
 from numarun.process.sinks import DEFAULT_MAX_HELD, FileSink, LineFilter, NullSink, TeeSink
 
 TYPE_CHECKING = False
@@ -29,6 +29,7 @@ __all__ = [
     "make_prefix",
     "parse_ranks_filter",
     "parse_std_spec",
+    "ranks_filter_warning",
     "sinks_for",
 ]
 
@@ -100,12 +101,42 @@ def parse_ranks_filter(text: str, nprocs: int) -> set[int]:
     """Parse ``--local-ranks-filter`` (``"0,2"``): the local ranks whose output is shown.
 
     An empty (or all-blank) value means no filter: every rank ``0..nprocs-1`` is returned. Items
-    are comma-separated non-negative integers below ``nprocs``; spaces around items are ignored,
-    repeats are harmless. Anything else raises :class:`UsageError` (one line).
+    are comma-separated non-negative integers; spaces around items are ignored, repeats are
+    harmless. A rank at or above ``nprocs`` is accepted and left out of the result, as torchrun
+    does (scripts pass ``0,1,2,3`` on machines with fewer GPUs): :func:`ranks_filter_warning`
+    says so. Anything else raises :class:`UsageError` (one line).
     """
     if not text.strip():
         return set(range(nprocs))
-    shown: set[int] = set()
+    return {rank for rank in _filter_ranks(text, nprocs) if rank < nprocs}
+
+
+def ranks_filter_warning(text: str, nprocs: int) -> str | None:
+    """The one warning for a ``--local-ranks-filter`` that names local ranks beyond
+    ``0..nprocs-1`` (which ranks, and what is shown instead); None when every named rank
+    exists. Raises :class:`UsageError` as :func:`parse_ranks_filter` does."""
+    if not text.strip():
+        return None
+    named = _filter_ranks(text, nprocs)
+    missing = sorted(rank for rank in named if rank >= nprocs)
+    if not missing:
+        return None
+    shown = sorted(rank for rank in named if rank < nprocs)
+    what = (
+        f"only local rank{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
+        "will be shown"
+        if shown
+        else "no rank's output will be shown on the console"
+    )
+    return (
+        f"--local-ranks-filter {text!r} names local rank{'s' if len(missing) > 1 else ''} "
+        f"{', '.join(map(str, missing))}, which do{'es' if len(missing) == 1 else ''} not exist "
+        f"with {nprocs} process{'es' if nprocs > 1 else ''} per node: {what}"
+    )
+
+
+def _filter_ranks(text: str, nprocs: int) -> set[int]:
+    named: set[int] = set()
     for item in text.split(","):
         word = item.strip()
         if not (word.isdigit() and word.isascii()):
@@ -113,14 +144,8 @@ def parse_ranks_filter(text: str, nprocs: int) -> set[int]:
                 f"--local-ranks-filter {text!r} is not valid: give comma-separated local ranks "
                 f"such as 0,2 (0-{nprocs - 1})"
             )
-        rank = int(word)
-        if rank >= nprocs:
-            raise UsageError(
-                f"--local-ranks-filter {text!r} names local rank {rank}, but there are only "
-                f"{nprocs} processes per node (0-{nprocs - 1})"
-            )
-        shown.add(rank)
-    return shown
+        named.add(int(word))
+    return named
 
 
 def make_prefix(
@@ -158,7 +183,7 @@ def sinks_for(
     rank: int,
     redirects: int,
     tee: int,
-    log_dir_for_rank: Path | None,
+    log_dir_for_rank: Directory | str | os.PathLike[str] | None,
     show: bool,
     console_out: int = 1,
     console_err: int = 2,
@@ -178,9 +203,13 @@ def sinks_for(
     * neither, not ``show`` (hidden by ``--local-ranks-filter``): :class:`NullSink`;
     * neither, ``show``: ``None`` -- the worker inherits the launcher's fd, no pipe.
 
-    ``prefix`` defaults to :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the
-    (stdout, stderr) :class:`LineFilter` that shown tee'd lines also go to. A redirect with
-    ``log_dir_for_rank`` None raises :class:`UsageError` (there is nowhere to put the file).
+    The files are new (``O_EXCL | O_NOFOLLOW``: ``FileExistsError`` when anything is there),
+    made relative to ``log_dir_for_rank``'s descriptor: a
+    :class:`numarun.launch.safedir.Directory`, or a path, which is reached under
+    :func:`numarun.launch.safedir.open_directory`'s rules first. ``prefix`` defaults to
+    :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the (stdout, stderr)
+    :class:`LineFilter` that shown tee'd lines also go to. A redirect with ``log_dir_for_rank``
+    None raises :class:`UsageError` (there is nowhere to put the file).
     """
     if log_dir_for_rank is None and redirects & ~tee & Std.ALL:
         raise UsageError(
@@ -189,18 +218,39 @@ def sinks_for(
         )
     if prefix is None:
         prefix = make_prefix(rank, local_rank)
-    chosen: list[OutputSink | None] = []
-    for bit, name, console, duplicate in (
-        (Std.OUT, STDOUT_LOG, console_out, duplicates[0]),
-        (Std.ERR, STDERR_LOG, console_err, duplicates[1]),
-    ):
-        path = None if log_dir_for_rank is None else Path(log_dir_for_rank) / name
-        if tee & bit:
-            chosen.append(
-                TeeSink(path, console, prefix, show, max_held=max_held, duplicate=duplicate)
-            )
-        elif redirects & bit and path is not None:
-            chosen.append(FileSink(path))
+    directory: Directory | None = None
+    opened = False
+    if log_dir_for_rank is not None and (redirects | tee) & Std.ALL:
+        if isinstance(log_dir_for_rank, Directory):
+            directory = log_dir_for_rank
         else:
-            chosen.append(None if show else NullSink())
+            directory = open_directory(os.fspath(log_dir_for_rank), what="log directory")
+            opened = True
+    chosen: list[OutputSink | None] = []
+    try:
+        for bit, name, console, duplicate in (
+            (Std.OUT, STDOUT_LOG, console_out, duplicates[0]),
+            (Std.ERR, STDERR_LOG, console_err, duplicates[1]),
+        ):
+            wanted = directory is not None and (tee | redirects) & bit
+            fd = directory.create(name) if wanted and directory is not None else None
+            path = None if fd is None or directory is None else os.path.join(directory.path, name)
+            if tee & bit:
+                chosen.append(
+                    TeeSink(
+                        path, console, prefix, show, max_held=max_held, duplicate=duplicate, fd=fd
+                    )
+                )
+            elif redirects & bit and path is not None:
+                chosen.append(FileSink(path, fd=fd))
+            else:
+                chosen.append(None if show else NullSink())
+    except BaseException:
+        for sink in chosen:
+            if sink is not None:
+                sink.close()
+        raise
+    finally:
+        if opened and directory is not None:
+            directory.close()
     return chosen[0], chosen[1]

@@ -29,6 +29,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
     from numarun.launch.rendezvous import Round
+    from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan, RankBinding
     from numarun.process.spec import WorkerSpec
 
@@ -205,48 +206,61 @@ def worker_sinks(
     config: LaunchConfig,
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
     local_rank: int,
-    attempt_dir: str,
+    attempt_dir: Directory,
     base: Mapping[str, str],
     duplicates: tuple = (None, None),
     *,
     rank: int | None = None,
 ) -> tuple[object, object]:
-    """Where ``local_rank``'s output goes; ``rank`` is its global rank (default: static)."""
+    """Where ``local_rank``'s output goes; ``rank`` is its global rank (default: static). Its
+    files are made in ``attempt_dir/<local_rank>/``, relative to the descriptors."""
     redirects, tee, shown = outputs
     if not redirects[local_rank] and not tee[local_rank] and local_rank in shown:
         return None, None  # the worker writes straight to our stdout/stderr
-    from pathlib import Path
-
     from numarun.launch import output
 
     if rank is None:
         rank = config.global_rank(local_rank)
     prefix = output.make_prefix(rank, local_rank, role_name=config.role, environ=base)
-    return output.sinks_for(
-        local_rank,
-        rank,
-        redirects[local_rank],
-        tee[local_rank],
-        Path(attempt_dir) / str(local_rank),
-        local_rank in shown,
-        prefix=prefix,
-        duplicates=duplicates,
-    )
+    with attempt_dir.open(str(local_rank)) as rank_dir:
+        return output.sinks_for(
+            local_rank,
+            rank,
+            redirects[local_rank],
+            tee[local_rank],
+            rank_dir,
+            local_rank in shown,
+            prefix=prefix,
+            duplicates=duplicates,
+        )
 
 
-def line_filters(config: LaunchConfig, attempt_dir: str) -> tuple:
-    """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each."""
+def line_filters(config: LaunchConfig, attempt_dir: Directory) -> tuple:
+    """``--duplicate-std{out,err}-filters``: one shared filtered_std{out,err}.log each, made in
+    ``attempt_dir`` relative to its descriptor."""
     if not (config.duplicate_stdout_filters or config.duplicate_stderr_filters):
         return None, None
     from numarun.process.sinks import LineFilter
 
-    return tuple(
-        LineFilter(os.path.join(attempt_dir, name), needles) if needles else None
+    made: list[LineFilter | None] = []
+    try:
         for name, needles in (
             ("filtered_stdout.log", config.duplicate_stdout_filters),
             ("filtered_stderr.log", config.duplicate_stderr_filters),
-        )
-    )
+        ):
+            made.append(
+                LineFilter(
+                    os.path.join(attempt_dir.path, name), needles, fd=attempt_dir.create(name)
+                )
+                if needles
+                else None
+            )
+    except BaseException:
+        for line_filter in made:
+            if line_filter is not None:
+                line_filter.close()
+        raise
+    return made[0], made[1]
 
 
 def close_sinks(specs: Sequence[WorkerSpec]) -> None:

@@ -73,7 +73,9 @@ class FileSink:
     :attr:`lost` the bytes that never reached the file (what still waits at ``close``
     included), for the end-of-run report (:func:`log_loss`). ``write`` (``os.write``) is
     the system call, for tests. ``close`` closes the file; a second ``close`` does nothing;
-    ``feed`` after ``close`` raises ``ValueError``.
+    ``feed`` after ``close`` raises ``ValueError``. ``fd``: a file already open for writing
+    (made relative to a directory descriptor, say), which the sink then owns and closes; the
+    sink opens nothing and ``path`` only names the file in messages.
     """
 
     def __init__(
@@ -82,11 +84,12 @@ class FileSink:
         *,
         max_pending: int = DEFAULT_MAX_PENDING,
         write: Callable[[int, memoryview], int] = os.write,
+        fd: int | None = None,
     ) -> None:
         self.path = Path(path)
         self.error: OSError | None = None
         self.lost = 0
-        self._fd: int | None = _open_log(path)
+        self._fd: int | None = _open_log(path) if fd is None else fd
         self._closed = False
         self._write = write
         self._max_pending = max_pending
@@ -209,10 +212,13 @@ class LineFilter:
     Shared by the :class:`TeeSink` of every rank of one stream; each batch of lines is one
     write, so ranks' lines never merge. The file is created when the filter is made; write
     errors are handled as in :class:`FileSink`. ``close`` once, after every sink is closed.
+    ``fd``: the file already open, as for :class:`FileSink`.
     """
 
-    def __init__(self, path: str | os.PathLike[str], needles: tuple[str, ...]) -> None:
-        self._file = FileSink(path)
+    def __init__(
+        self, path: str | os.PathLike[str], needles: tuple[str, ...], *, fd: int | None = None
+    ) -> None:
+        self._file = FileSink(path, fd=fd)
         self._needles = tuple(needle.encode("utf-8", "surrogateescape") for needle in needles)
 
     def feed_lines(self, prefix: bytes, lines: bytes) -> None:
@@ -252,7 +258,7 @@ class TeeSink:
       supervisor sees it writable. A console that is gone (``EPIPE``, e.g. ``numarun ... |
       head``, or ``EIO``) stops the console part of this sink silently; the file (and
       ``duplicate``) keep receiving everything. File write errors are handled as in
-      :class:`FileSink`.
+      :class:`FileSink`. ``fd``: the file already open, as for :class:`FileSink`.
     """
 
     def __init__(
@@ -264,9 +270,10 @@ class TeeSink:
         *,
         max_held: int = DEFAULT_MAX_HELD,
         duplicate: LineFilter | None = None,
+        fd: int | None = None,
     ) -> None:
         self.path = None if path is None else Path(path)
-        self._file = None if path is None else FileSink(path)
+        self._file = None if path is None else FileSink(path, fd=fd)
         self.file = self._file  # for log_loss()
         # The supervisor flushes this console when it becomes writable (see Console).
         self.console: Console | None = None
