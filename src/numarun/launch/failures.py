@@ -158,7 +158,7 @@ def format_summary(
     ``stacks_at_failure`` (the failed global rank, the other ranks'
     :class:`numarun.stacks.parse.RankStacks`): a section "Other ranks when rank N failed:" after the
     other ranks' states, grouped by identical stacks, each group's main thread cut to its
-    innermost frames. ``hang`` (a :class:`numarun.stacks.dumps.HangReport`): the header says
+    innermost frames. ``hang`` (a :class:`numarun.stacks.hang.HangReport`): the header says
     HUNG and a hang block replaces the root cause: how long nothing moved, the likely culprits
     (:func:`numarun.stacks.parse.odd_ones_out`: the ranks whose stacks differ from the majority)
     with file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full

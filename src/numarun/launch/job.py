@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from numarun.launch.rendezvous import Round
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
-    from numarun.stacks.dumps import JobStacks
+    from numarun.stacks.job import JobStacks
 
 
 class _Interrupted(BaseException):
@@ -106,7 +106,7 @@ class _Attempt:
         self.directory = directory
         self.result = result
         self.lost = lost
-        self.stacks = stacks  # numarun.stacks.dumps.JobStacks (closed) or None
+        self.stacks = stacks  # numarun.stacks.job.JobStacks (closed) or None
         self.line = ""
 
 
@@ -410,7 +410,7 @@ def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]) -> JobSt
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
-    from numarun.stacks.dumps import JobStacks
+    from numarun.stacks.job import JobStacks
 
     entrypoint = " ".join([config.entrypoint, *config.args])
     try:
