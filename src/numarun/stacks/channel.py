@@ -316,16 +316,16 @@ class Job:
         return os.path.basename(self.path)[: -len(".sock")]
 
 
-def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT) -> dict:
-    """Send one request to the job listening on ``path``; its reply. Raises OSError
-    (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
+def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT, **fields: str) -> dict:
+    """Send one request (``op`` and ``fields``) to the job listening on ``path``; its reply.
+    Raises OSError (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
     import json
 
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(json.dumps({"op": op}).encode() + b"\n")
+        conn.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
         chunks = []
         while True:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
@@ -382,12 +382,43 @@ def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[Job]:
     return sorted(jobs, key=lambda job: (job.info.get("started") or 0, job.path))
 
 
+def _parent(pid: int) -> int:
+    """The parent of ``pid`` (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _lineage(pid: int) -> list[int]:
+    """``pid`` and its ancestors, nearest first (at most 64)."""
+    chain = []
+    while pid > 1 and len(chain) < 64:
+        chain.append(pid)
+        pid = _parent(pid)
+    return chain
+
+
 def _matches(job: Job, wanted: str) -> bool:
+    """``wanted`` names the job: its run id, its socket's name, or a pid -- the launcher's, any
+    process of the job (a worker, a worker's child), or an ancestor of the launcher (the pid
+    ``$!`` gives after ``timeout 600 numarun ... &``)."""
     info = job.info
-    return wanted in (job.name, str(info.get("run_id")), str(info.get("pid")))
+    if wanted in (job.name, str(info.get("run_id")), str(info.get("pid"))):
+        return True
+    if not wanted.isdigit() or not isinstance(info.get("pid"), int):
+        return False
+    pid, launcher = int(wanted), info["pid"]
+    workers = {item.get("pid") for item in info.get("ranks") or () if isinstance(item, dict)}
+    return launcher in _lineage(pid) or pid in _lineage(launcher) or bool(
+        workers & set(_lineage(pid))
+    )
 
 
 def format_job_list(jobs: Sequence[Job]) -> str:
+    """One line per job: run id, launcher pid, ranks on this host, start time, command."""
     lines = [f"  {'RUN_ID':<14} {'PID':>8} {'RANKS':>5}  {'STARTED':<8}  COMMAND"]
     for job in jobs:
         info = job.info
@@ -426,18 +457,27 @@ def choose_job(jobs: Sequence[Job], wanted: str | None) -> Job:
 
 
 def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
-    """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks; exit status."""
+    """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks -- every node's
+    under a torch rendezvous, this node's otherwise (a static job over several nodes says
+    so); exit status."""
     from numarun.stacks import parse
 
     job = choose_job(find_jobs(timeout), wanted)
     if job.error is not None:
         raise JobsError(f"job {job.name} {job.error}")
+    scope = job.info.get("scope")
     try:
-        reply = ask(job.path, "stacks", timeout)
+        if scope == "job":
+            reply = ask(job.path, "stacks", timeout, scope="job")
+        else:
+            reply = ask(job.path, "stacks", timeout)
     except (OSError, ValueError) as error:
         raise JobsError(f"job {job.name} did not answer: {error or type(error).__name__}") from None
     if "error" in reply:
         raise JobsError(f"job {job.name}: {reply['error']}")
+    fields = {key: reply.get(key) for key in ("run_id", "name", "pid", "host", "entrypoint")}
+    if reply.get("job_wide"):
+        return _print_job_wide(reply, fields, as_json)
     ranks = [
         parse.rank_stacks(
             item.get("rank", -1),
@@ -448,7 +488,6 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
         )
         for item in reply.get("dumps", [])
     ]
-    fields = {key: reply.get(key) for key in ("run_id", "name", "pid", "host", "entrypoint")}
     if as_json:
         import json
 
@@ -458,7 +497,52 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     lines = [
         f"numarun stacks: job {fields['run_id']} (launcher pid {fields['pid']}, {count} "
         f"rank{'s' if count != 1 else ''} on {fields['host']}): {fields['entrypoint']}",
+    ]
+    if scope == "node":
+        lines.append(
+            f"numarun stacks: this node's ranks only, of a job on {reply.get('nnodes')} nodes: "
+            "with the static rendezvous the launchers share no store; run `numarun stacks` on "
+            "each node, or launch with --rdzv-backend c10d to see every node's ranks from any"
+        )
+    lines.extend(parse.format_groups(parse.group_ranks(ranks)))
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
+    """The whole job's stacks: every answering node's ranks grouped together, each group
+    naming its nodes; the nodes that did not answer, and why."""
+    from numarun.stacks import parse, remote
+
+    ranks: list[parse.RankStacks] = []
+    nodes: list[str] = []
+    for text in reply.get("posts") or ():
+        try:
+            group_rank, host, pid, stacks = remote.decode_post(str(text).encode())
+        except ValueError:
+            continue
+        nodes.append(f"{remote.node_label(group_rank, host)}: launcher pid {pid}")
+        ranks.extend(stacks)
+    missing = [
+        f"node {item.get('node')}: {item.get('why')}"
+        for item in reply.get("missing") or ()
+        if isinstance(item, dict)
+    ]
+    if as_json:
+        import json
+
+        document = parse.stacks_to_json(ranks, **fields)
+        document["nodes"] = nodes
+        document["missing_nodes"] = missing
+        print(json.dumps(document, indent=1))
+        return 0
+    count = len(ranks)
+    lines = [
+        f"numarun stacks: job {fields['run_id']} ({count} rank{'s' if count != 1 else ''} on "
+        f"{len(nodes)} of {reply.get('nodes')} nodes): {fields['entrypoint']}",
+        *(f"  {line}" for line in nodes),
+        *(f"  {line}" for line in missing),
         *parse.format_groups(parse.group_ranks(ranks)),
     ]
-    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(remote.printable(line) for line in lines) + "\n")
     return 0
