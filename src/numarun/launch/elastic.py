@@ -594,7 +594,8 @@ class ElasticNode:
         return warning
 
     def close(self) -> None:
-        self._watch.close()
+        """The job is over: the store thread ends (at most half a second)."""
+        self._watch.close(self._last_round or self._watched_round)
 
 
 class _HangJob:

@@ -173,13 +173,19 @@ class StoreWatch:
         with contextlib.suppress(OSError):  # full: a wake-up byte is waiting already
             os.write(self._write_fd, b"!")
 
-    def close(self) -> None:
-        """Stop delivering; the thread ends at its next wake-up (or is abandoned with a frozen
-        store: it is a daemon). Closes the pipe."""
+    def close(self, last: Round | None = None, limit: float = 0.5) -> None:
+        """Stop delivering and end the thread: woken through ``last`` (the round it may sleep
+        in), waited for at most ``limit`` seconds (with a frozen store it is abandoned: a
+        daemon). Closes the pipe."""
         self.end()
+        thread = self._thread
         with self._cond:
             self._thread = None
             self._cond.notify_all()
+        if thread is not None and thread.is_alive():
+            if last is not None:
+                self.post(lambda: wake(last))
+            thread.join(limit)
         for fd in (self._read_fd, self._write_fd):
             children.close(fd)
 
