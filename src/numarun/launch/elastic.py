@@ -288,6 +288,7 @@ class ElasticNode:
         config = self.config
         previous = self.round
         last_watched, self._last_round = self._last_round, None
+        shared = bool(handler.use_agent_store) and torchcompat.can_clear_worker_store()
 
         def join() -> tuple[Any, Any, list[Any]]:
             from types import SimpleNamespace
@@ -305,7 +306,14 @@ class ElasticNode:
                     torchcompat.clear_worker_store(previous)
                 info = torchcompat.rejoin(handler)
             store_info = info.bootstrap_store_info
-            if handler.use_agent_store:
+            if not shared:
+                # No way to empty the shared store between rounds: a fresh store per round
+                # instead, on a free port of node 0, hosted by its rank 0 worker (torch's own
+                # fallback when the store is not shared).
+                store_info = RendezvousStoreInfo.build(
+                    info.rank, info.store, local_addr=config.local_addr
+                )
+            elif handler.use_agent_store:
                 # torch's handler publishes the workers' store (MASTER_ADDR, MASTER_PORT in
                 # the round's store) only in the first round it is rank 0 in, and its other
                 # nodes read them only in their first round: a node joining a later round
@@ -349,7 +357,7 @@ class ElasticNode:
                 WorkerPlace(w.global_rank, w.role_rank, w.world_size, w.role_world_size)
                 for w in workers
             ),
-            use_agent_store=bool(handler.use_agent_store),
+            use_agent_store=shared,
         )
         self.change = None
         self._announced = False
@@ -467,7 +475,10 @@ class ElasticNode:
             notice, post = result[1], result[2]
             self.last_notice = notice
             if self.change is None and self._stacks is not None:
-                self._stacks.note_notice(notice, _decode_posts([post]) if post else [])
+                # This node's ranks go through the same post as the other node's, so that
+                # identical stacks group together.
+                own = self._post_of(self._take())
+                self._stacks.note_notice(notice, _decode_posts([post, own] if post else [own]))
             self._stop(REJOIN, notice)
         elif kind == "ask":
             self._watch.answer(result[1], self._post_of(self._take()))

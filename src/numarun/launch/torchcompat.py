@@ -11,8 +11,9 @@ and a few of the names it calls are private or recent. Each is looked up before 
 * optional -- ``dynamic_rendezvous._delay`` and the state holder's ``_cache_duration`` (a quick
   re-join, :func:`rejoin`), ``Store.list_keys`` (emptying the workers' store between rounds,
   :func:`clear_worker_store`), ``Store.clone`` (the watch's own connection,
-  :mod:`numarun.launch.storewatch`): missing, torch's own behaviour, no clearing, or events read
-  at each look.
+  :mod:`numarun.launch.storewatch`): missing, torch's own behaviour, a fresh workers' store per
+  round (hosted by rank 0's worker on a free port, as torch does when the store is not
+  shared), or events read at each look.
 
 The c10d path is written for torch :data:`TORCH_SUPPORTED` and tested with 2.13.
 """
@@ -132,6 +133,14 @@ def rejoin(handler: Any) -> Any:
             holder._cache_duration = cache
 
 
+def can_clear_worker_store() -> bool:
+    """Whether :func:`clear_worker_store` can empty the workers' store (``Store.list_keys``);
+    without it each round gets a fresh store (the rendezvous does not share its own)."""
+    from torch.distributed import TCPStore
+
+    return hasattr(TCPStore, "list_keys")
+
+
 def clear_worker_store(previous: Round) -> None:
     """Delete every key the last attempt's workers left in the store this node hosts for them
     (torch's shared TCPStore, MASTER_ADDR:MASTER_PORT), before the next round.
@@ -139,14 +148,12 @@ def clear_worker_store(previous: Round) -> None:
     torch gives every attempt the same store without a per-attempt prefix, so without this
     the next attempt's workers can read a dead worker's address (gloo: "Connection refused",
     or a hang). Only the node that hosted the store in the last round does it, before it
-    rejoins: no worker of the next round can start before the round completes. A torch whose
-    store cannot list its keys (``Store.list_keys``, torch 2.10 and later) skips it."""
+    rejoins: no worker of the next round can start before the round completes. Needs
+    ``Store.list_keys`` (torch 2.10 and later; see :func:`can_clear_worker_store`)."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
 
-    if not hasattr(TCPStore, "list_keys"):
-        return
     store = TCPStore(
         previous.master_addr, previous.master_port, is_master=False, timeout=timedelta(seconds=10)
     )

@@ -139,12 +139,12 @@ class JobStacks:
         except OSError:
             return []
 
-    def note_notice(self, notice: str, remote: Sequence[RankStacks]) -> None:
-        """Another node's failure (``notice``) with its ranks' stacks: this node's ranks are
-        taken now, before the teardown, and kept with them for the summary (the first notice
-        of the run only)."""
+    def note_notice(self, notice: str, stacks: Sequence[RankStacks]) -> None:
+        """Another node's failure (``notice``) and where every rank of the job was (that
+        node's ranks from its notice, this node's taken at once, before the teardown), kept
+        for what this node prints (the first notice of the run only)."""
         if self.at_notice is None:
-            self.at_notice = (notice, [*remote, *self.take()])
+            self.at_notice = (notice, list(stacks))
 
     def _answer(self, op: str, request: dict, reply: Reply) -> None:
         info: dict[str, object] = {
