@@ -64,6 +64,7 @@ STILL_KEY = "numarun/still/{}"
 STILLS_KEY = "numarun/stills"
 COLLECT_LIMIT = 2.0  # seconds the asking node waits for the other nodes' stacks
 ANSWER_LIMIT = 1.5  # seconds this node's loop has to hand over its own stacks
+_HOLE_LOOKS = 5  # with a waiter, the event count is read every this many looks
 
 
 def _is_timeout(error: BaseException) -> bool:
@@ -215,13 +216,18 @@ class StoreWatch:
         with contextlib.suppress(Exception):
             round_.waiter = store.clone() if hasattr(store, "clone") else None
         next_look = time.monotonic()
+        looks = 0
         while round_.active:
             self._run_work(round_)
             now = time.monotonic()
             if now >= next_look:
                 for result in self._look(round_):
                     self._report(round_, result)
-                self._take_events(round_, looking=True)
+                looks += 1
+                # With a waiter, events wake it; the count is read now and then only, for an
+                # event whose poster died between its two calls (a hole to skip).
+                if round_.waiter is None or looks % _HOLE_LOOKS == 0:
+                    self._take_events(round_, looking=True)
                 next_look = time.monotonic() + self.interval
                 continue
             if round_.waiter is None:
