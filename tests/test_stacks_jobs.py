@@ -660,3 +660,28 @@ def test_several_jobs_are_listed_and_any_pid_of_a_job_finds_it(
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
     assert gone(list(workers.values()))
+
+
+def test_a_static_job_over_several_nodes_says_its_stacks_are_this_nodes_only(
+    runtime: Path, tmp_path: Path
+) -> None:
+    # The static rendezvous shares no store between the launchers: say so, and how to see more.
+    script = tmp_path / "flagged.py"
+    script.write_text(FLAGGED)
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    proc = start(
+        runtime, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+        "--master-port", str(number), "--nproc-per-node", "2", "--rdzv-id", "static-two",
+        str(script), str(tmp_path / "never"),
+    )  # fmt: skip
+    try:
+        pids = read_ready(proc, 2)
+        text = stacks_until(runtime, "in parked_until_the_flag")
+        assert "this node's ranks only, of a job on 2 nodes" in text
+        assert "--rdzv-backend c10d" in text
+    finally:
+        stop(proc)
+    assert gone(list(pids.values()))

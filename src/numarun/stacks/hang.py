@@ -191,8 +191,9 @@ class HangWatch:
     def declare(self, stacks: Sequence[RankStacks], nodes: int) -> None:
         """The whole job is hung (every one of ``nodes`` numarun nodes still): set
         :attr:`report` with ``stacks`` (every node's ranks) and stop the run, as a local verdict
-        does. Does nothing once the run is stopping or when this node is not still."""
-        if self.report is not None or not self.still:
+        does, on every node alike (also one whose ranks moved since it said they were still:
+        the job as a whole was still). Does nothing once a verdict was given."""
+        if self.report is not None:
             return
         idle = self.idle()
         self.report = HangReport(self.timeout, idle, stacks, self.output_watched, nodes)
