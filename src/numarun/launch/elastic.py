@@ -209,6 +209,9 @@ class ElasticNode:
         self._supervisor: Supervisor | None = None
         self._stacks: JobStacks | None = None
         self._asks: dict[str, Callable[[dict], None]] = {}
+        # Notices this node posted (with its stacks): deleted once the next round formed, when
+        # every node has left the round they were posted in.
+        self._posted: list[tuple[Any, str]] = []
         self._watch = StoreWatch(self.poll_interval, self._look)
         self._watched_round: storewatch.Round | None = None
         self._last_round: storewatch.Round | None = None
@@ -305,6 +308,7 @@ class ElasticNode:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
                 info = torchcompat.rejoin(handler)
+            self._delete_posted()
             store_info = info.bootstrap_store_info
             if not shared:
                 # No way to empty the shared store between rounds: a fresh store per round
@@ -439,7 +443,8 @@ class ElasticNode:
                 f"node {silent} stopped answering (no heartbeat for "
                 f"{self.silence_limit:g} s: its launcher is gone)"
             )
-            _post_notice(round_.store, round_.me, self._notice_text(message), b"")
+            key = _post_notice(round_.store, round_.me, self._notice_text(message), b"")
+            self._posted.append((round_.store, key))
             self._announced = True
             return [("change", REJOIN, message)]
         return []
@@ -557,7 +562,7 @@ class ElasticNode:
 
         def send() -> None:
             try:
-                _post_notice(store, me, text, post)
+                self._posted.append((store, _post_notice(store, me, text, post)))
             finally:
                 posted.set()
 
@@ -604,9 +609,20 @@ class ElasticNode:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
 
+    def _delete_posted(self) -> None:
+        """Delete the notices this node posted (store calls: not from the loop)."""
+        while self._posted:
+            store, key = self._posted.pop()
+            with contextlib.suppress(Exception):
+                store.delete_key(key)
+
     def close(self) -> None:
-        """The job is over: the store thread ends (at most half a second)."""
+        """The job is over: the store thread ends (at most half a second); the notices this
+        node posted are deleted, best effort, waited for at most half a second."""
         self._watch.close(self._last_round or self._watched_round)
+        if self._posted:
+            with contextlib.suppress(Exception):
+                run_blocking(self._delete_posted, limit=0.5)
 
 
 class _HangJob:
@@ -623,10 +639,14 @@ class _HangJob:
         self._node._watch.mark_moving()
 
 
-def _post_notice(store: Any, me: int, text: str, post: bytes) -> None:
+def _post_notice(store: Any, me: int, text: str, post: bytes) -> str:
+    """Post a stop notice (``text``, with ``post``: this node's stacks) as the round's next
+    event; returns its key."""
     number = store.add(EVENTS_KEY, 1)
     body = text.replace("\n", " ").encode("utf-8", "replace")
-    store.set(EVENT_KEY.format(number), f"stop {me}\n".encode() + body + b"\n" + post)
+    key = EVENT_KEY.format(number)
+    store.set(key, f"stop {me}\n".encode() + body + b"\n" + post)
+    return key
 
 
 def _decode_posts(posts: list[bytes]) -> list[Any]:
