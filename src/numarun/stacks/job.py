@@ -21,7 +21,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from numarun.errors import NumarunError
 from numarun.stacks.dumps import RankDumps
-from numarun.stacks.hang import HangWatch
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
@@ -29,7 +28,7 @@ if TYPE_CHECKING:
 
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
-    from numarun.stacks.hang import JobHang
+    from numarun.stacks.hang import HangWatch, JobHang
     from numarun.stacks.parse import RankStacks
 
 Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
@@ -75,11 +74,11 @@ class JobStacks:
             raise
         self.describe = {**describe, "name": self.name, "pid": os.getpid(),
                          "started": time.time()}  # fmt: skip
-        self.hang = (
-            HangWatch(self.dumps, hang_timeout, output_watched=False, job=hang_job)
-            if hang_timeout
-            else None
-        )
+        self.hang: HangWatch | None = None
+        if hang_timeout:  # loaded only for --hang-timeout: the launcher's start-up path
+            from numarun.stacks.hang import HangWatch
+
+            self.hang = HangWatch(self.dumps, hang_timeout, output_watched=False, job=hang_job)
         self.scope = scope
         self.job_wide: Callable[[Reply], None] | None = None
         self.at_failure: tuple[WorkerExit, list[RankStacks]] | None = None
