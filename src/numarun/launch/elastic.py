@@ -92,6 +92,7 @@ WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous w
 _BARRIER_KEY = "torchelastic/agent/terminal_state"  # torch's _TERMINAL_STATE_SYNC_ID
 _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
 _ANNOUNCE_WAIT = 1.0  # seconds a last notice may delay the launcher's exit
+_SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
 
 REJOIN = "rejoin"
 END = "end"
@@ -604,7 +605,9 @@ class ElasticNode:
                     f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {_first_line(_root(error))}"
                 )
         try:
-            run_blocking(self._handler.shutdown)
+            # Bounded: a store that stopped answering must not hold the summary for the
+            # store's own timeout.
+            run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
         except Exception as error:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
