@@ -10,6 +10,7 @@ job is left (each job has its own ``--rdzv-id``, carried by every worker).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -442,3 +443,45 @@ def test_a_rejoin_without_torchs_delay_or_state_cache_is_torchs_own(
     monkeypatch.delattr(dynamic_rendezvous, "_delay")
     assert torchcompat.rejoin(Handler()) == "joined"
     assert not hasattr(dynamic_rendezvous, "_delay")  # nothing put in its place
+
+
+# --- what a node posts ---------------------------------------------------------------------------
+
+
+def _deep_dump(threads: int, frames: int) -> str:
+    blocks = []
+    for index in range(threads):
+        kind = "Current thread" if index == threads - 1 else "Thread"
+        lines = [f"{kind} 0x{index + 1:016x} (most recent call first):"]
+        lines += [
+            f'  File "/job/module_{n}.py", line {n + 1} in function_{n}' for n in range(frames)
+        ]
+        blocks.append("\n".join(lines))
+    return "\n\n".join(blocks) + "\n"
+
+
+def test_a_post_is_bounded_holds_only_stacks_and_reads_back_checked() -> None:
+    from numarun.stacks import parse, remote
+
+    stacks = [
+        parse.rank_stacks(rank, rank, 1000 + rank, _deep_dump(40, 100), None)
+        for rank in range(64)
+    ]
+    data = remote.encode_post(stacks, group_rank=1, host="host-b", pid=77)
+    assert len(data) <= remote.POST_LIMIT
+    group_rank, host, pid, back = remote.decode_post(data)
+    assert (group_rank, host, pid) == (1, "host-b", 77)
+    assert [item.rank for item in back] == list(range(64))
+    assert all(item.node == "node 1 (host-b)" for item in back)
+    # The main thread's innermost frames survive the cut, and ranks still group together.
+    assert back[0].main_thread is not None
+    assert back[0].main_thread.frames[0].function == "function_0"
+    assert len(parse.group_ranks(back)) == 1
+    document = json.loads(data)
+    assert set(document) == {"v", "node", "host", "pid", "ranks"}
+    assert set(document["ranks"][0]) == {"rank", "local_rank", "pid", "problem", "text"}
+    for bad in [b"not json", b'{"v": 1}', b'{"v": 1, "node": "0", "host": "h", "pid": 1}',
+                b'[1, 2]', b'{"v": 2, "node": 0, "host": "h", "pid": 1, "ranks": []}']:
+        with pytest.raises(ValueError):
+            remote.decode_post(bad)
+    assert remote.printable("rank\x1b[2J\u202eok") == "rank\\x1b[2J\\u202eok"
