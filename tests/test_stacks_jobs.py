@@ -637,9 +637,9 @@ def test_several_jobs_are_listed_and_any_pid_of_a_job_finds_it(
         listed = stacks(runtime)
         assert listed.returncode == 2
         lines = listed.stderr.splitlines()
-        first = lines.index("numarun: error: 2 jobs running; name one: numarun stacks RUN_ID")
-        assert lines[first + 1].split() == ["RUN_ID", "PID", "RANKS", "STARTED", "COMMAND"]
-        rows = {line.split()[0]: line.split() for line in lines[first + 2 : first + 4]}
+        at = lines.index("numarun: error: 2 jobs running; name one: numarun stacks RUN_ID")
+        assert lines[at + 1].split() == ["RUN_ID", "PID", "RANKS", "STARTED", "COMMAND"]
+        rows = {line.split()[0]: line.split() for line in lines[at + 2 : at + 4]}
         assert sorted(rows) == ["first-job", "second-job"]
         assert rows["first-job"][1] == str(first.pid)
         assert rows["second-job"][2] == "2"
