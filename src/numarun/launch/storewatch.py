@@ -163,16 +163,19 @@ class StoreWatch:
 
     def _drain(self) -> None:
         with contextlib.suppress(OSError):
-            os.read(self._read_fd, 4096)
+            os.read(self._read_fd, 4096)  # non-blocking; the results are in the deque
         while self._results:
             round_, result = self._results.popleft()
             if round_.active and round_ is self._round:
                 round_.on_result(result)
 
     def _report(self, round_: Round, result: tuple) -> None:
-        self._results.append((round_, result))
-        with contextlib.suppress(OSError):  # full: a wake-up byte is waiting already
-            os.write(self._write_fd, b"!")
+        with self._cond:  # never a byte to a closed pipe's number, which may be reused
+            if self._write_fd < 0:
+                return
+            self._results.append((round_, result))
+            with contextlib.suppress(OSError):  # full: a wake-up byte is waiting already
+                os.write(self._write_fd, b"!")
 
     def close(self, last: Round | None = None, limit: float = 0.5) -> None:
         """Stop delivering and end the thread: woken through ``last`` (the round it may sleep
@@ -187,8 +190,10 @@ class StoreWatch:
             if last is not None:
                 self.post(lambda: wake(last))
             thread.join(limit)
-        for fd in (self._read_fd, self._write_fd):
-            children.close(fd)
+        with self._cond:
+            for fd in (self._read_fd, self._write_fd):
+                children.close(fd)
+            self._read_fd = self._write_fd = -1
 
     # --- the thread ------------------------------------------------------------------------------
 
