@@ -111,6 +111,11 @@ def _reports(stdout: str) -> dict[int, dict]:
     }
 
 
+def _numarun_lines(stderr: str) -> list[str]:
+    """numarun's own lines of a launcher's stderr (not the workers', not other libraries')."""
+    return [line for line in stderr.splitlines() if line.startswith("numarun: ")]
+
+
 def _wait_for(condition: Callable[[], bool], limit: float = LIMIT) -> None:
     deadline = time.monotonic() + limit
     while not condition():
@@ -414,10 +419,13 @@ def test_ctrl_c_while_waiting_in_the_rendezvous_stops_at_once(
     code, stdout, stderr = _finish(node, 30)
     assert code == 130, stderr
     assert time.monotonic() - sent < 10.0
-    assert stderr.strip().splitlines() == [
+    # numarun's own lines: the last one says why it stopped (torch's import-time noise about
+    # optional packages is not numarun's to print, and this test does not depend on it).
+    assert _numarun_lines(stderr)[-1] == (
         f"numarun: stopped on SIGINT while waiting for the c10d rendezvous {nodes.run_id!r} at "
         f"127.0.0.1:{port}; no worker was running"
-    ]
+    ), stderr
+    assert "Traceback" not in stderr and "Failed to initialize NumPy" not in stderr, stderr
     assert stdout == ""
 
 
@@ -434,11 +442,12 @@ def test_an_unreachable_endpoint_is_one_line_and_leaves_nothing(
     )  # fmt: skip
     code, stdout, stderr = _finish(node, 60)
     assert code == 1
-    lines = stderr.strip().splitlines()
-    assert len(lines) == 1, stderr
-    assert lines[0].startswith(
+    lines = _numarun_lines(stderr)
+    assert lines[-1].startswith(
         f"numarun: error: cannot reach the c10d rendezvous {nodes.run_id!r} at 127.0.0.1:{port}"
-    )
+    ), stderr
+    assert [line for line in lines if "error" in line] == lines[-1:]
+    assert "Traceback" not in stderr and "Failed to initialize NumPy" not in stderr, stderr
     assert stdout == "" and list(tmp_path.iterdir()) == []
 
 

@@ -4,6 +4,7 @@ or trigger anything. Every job runs with its own ``NUMARUN_RUNTIME_DIR``."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -529,3 +530,158 @@ def test_with_max_restarts_a_hang_fails_the_attempt_and_the_job_goes_on(
     assert sorted(out.splitlines()) == ["done 0 1", "done 1 1"]
     assert "attempt_0" in err and "hang" in err
     assert "restarting (restart 1 of 1)" in err
+
+
+# --- clients that misbehave ------------------------------------------------------------------
+
+
+FLAGGED = textwrap.dedent(
+    """
+    import os, sys, time
+
+    def parked_until_the_flag(path):
+        while not os.path.exists(path):
+            time.sleep(0.02)
+
+    os.write(1, f"ready {os.environ['RANK']} {os.getpid()}\\n".encode())
+    parked_until_the_flag(sys.argv[1])
+    if os.environ["RANK"] == "1":
+        sys.exit(3)
+    time.sleep(600)
+    """
+)
+
+
+@pytest.mark.parametrize("trigger", ["a worker's failure", "SIGTERM"])
+def test_slow_and_idle_clients_never_delay_the_launcher(
+    runtime: Path, tmp_path: Path, trigger: str
+) -> None:
+    # Issue 16: a client dribbling a byte every 0.4 s into the stacks socket delayed the
+    # reaction to a worker's failure by 37 s, 40 idle connections by 17 s, a SIGTERM by 22 s.
+    import threading
+
+    script = tmp_path / "flagged.py"
+    script.write_text(FLAGGED)
+    flag = tmp_path / "go"
+    proc = start(runtime, "--nproc-per-node", "2", str(script), str(flag))
+    idle: list[socket.socket] = []
+    stop_dribbling = threading.Event()
+
+    def dribble(path: str) -> None:
+        with socket.socket(socket.AF_UNIX) as conn:
+            conn.settimeout(2.0)
+            with contextlib.suppress(OSError):
+                conn.connect(path)
+                for byte in b'{"op": "stacks"}\n' * 20:
+                    if stop_dribbling.wait(0.4):
+                        return
+                    conn.send(bytes([byte]))
+
+    dribbler = None
+    try:
+        read_ready(proc, 2)
+        sock = str(runtime / next(e for e in os.listdir(runtime) if e.endswith(".sock")))
+        dribbler = threading.Thread(target=dribble, args=(sock,))
+        dribbler.start()
+        for _ in range(40):
+            conn = socket.socket(socket.AF_UNIX)
+            conn.settimeout(0.5)
+            try:
+                conn.connect(sock)  # and never a byte
+                idle.append(conn)
+            except OSError:  # the backlog is full: enough of them
+                conn.close()
+        time.sleep(1.5)  # the dribbler is mid-request, the idle ones wait
+        # A well-behaved client is still served meanwhile.
+        assert "in parked_until_the_flag (" in stacks_until(runtime, "in parked_until_the_flag")
+        sent = time.monotonic()
+        if trigger == "SIGTERM":
+            proc.send_signal(signal.SIGTERM)
+        else:
+            flag.touch()
+        _, err = proc.communicate(timeout=90)
+        took = time.monotonic() - sent
+    finally:
+        stop_dribbling.set()
+        flag.touch()
+        if dribbler is not None:
+            dribbler.join(10)
+        for conn in idle:
+            conn.close()
+        stop(proc)
+    assert proc.returncode == (128 + signal.SIGTERM if trigger == "SIGTERM" else 3), err
+    assert took < 10.0, took  # milliseconds when nothing else runs; load cannot make it 10 s
+    assert os.listdir(runtime) == []
+
+
+# --- finding a job ---------------------------------------------------------------------------
+
+
+def test_several_jobs_are_listed_and_any_pid_of_a_job_finds_it(
+    runtime: Path, tmp_path: Path
+) -> None:
+    script = tmp_path / "flagged.py"
+    script.write_text(FLAGGED)
+    # The second job runs under timeout(1), as in `timeout 600 numarun ... &`: $! is the pid of
+    # timeout, the launcher's parent.
+    first = start(runtime, "--nproc-per-node", "1", "--rdzv-id", "first-job", str(script),
+                  str(tmp_path / "never"))  # fmt: skip
+    second = subprocess.Popen(
+        ["timeout", "600", sys.executable, "-m", "numarun", "--nproc-per-node", "2",
+         "--rdzv-id", "second-job", str(script), str(tmp_path / "never")],
+        env=_env(runtime), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        read_ready(first, 1)
+        workers = read_ready(second, 2)
+        listed = stacks(runtime)
+        assert listed.returncode == 2
+        lines = listed.stderr.splitlines()
+        at = lines.index("numarun: error: 2 jobs running; name one: numarun stacks RUN_ID")
+        assert lines[at + 1].split() == ["RUN_ID", "PID", "RANKS", "STARTED", "COMMAND"]
+        rows = {line.split()[0]: line.split() for line in lines[at + 2 : at + 4]}
+        assert sorted(rows) == ["first-job", "second-job"]
+        assert rows["first-job"][1] == str(first.pid)
+        assert rows["second-job"][2] == "2"
+        assert rows["second-job"][4] == str(script)
+        for pid in (second.pid, workers[1]):  # timeout's pid, a worker's pid
+            found = stacks(runtime, str(pid))
+            assert found.returncode == 0, found.stderr
+            assert found.stdout.startswith("numarun stacks: job second-job (launcher pid ")
+        assert stacks(runtime, str(os.getpid())).returncode == 2  # an ancestor of both: listed
+        assert stacks(runtime, "1").returncode == 1  # init is nobody's job
+    finally:
+        stop(first)
+        second.send_signal(signal.SIGTERM)  # timeout(1) passes it on to the launcher
+        try:
+            second.communicate(timeout=60)
+        finally:
+            for pid in workers.values() if "workers" in locals() else ():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+    assert gone(list(workers.values()))
+
+
+def test_a_static_job_over_several_nodes_says_its_stacks_are_this_nodes_only(
+    runtime: Path, tmp_path: Path
+) -> None:
+    # The static rendezvous shares no store between the launchers: say so, and how to see more.
+    script = tmp_path / "flagged.py"
+    script.write_text(FLAGGED)
+    port = socket.socket()
+    port.bind(("127.0.0.1", 0))
+    number = port.getsockname()[1]
+    port.close()
+    proc = start(
+        runtime, "--nnodes", "2", "--node-rank", "0", "--master-addr", "127.0.0.1",
+        "--master-port", str(number), "--nproc-per-node", "2", "--rdzv-id", "static-two",
+        str(script), str(tmp_path / "never"),
+    )  # fmt: skip
+    try:
+        pids = read_ready(proc, 2)
+        text = stacks_until(runtime, "in parked_until_the_flag")
+        assert "this node's ranks only, of a job on 2 nodes" in text
+        assert "--rdzv-backend c10d" in text
+    finally:
+        stop(proc)
+    assert gone(list(pids.values()))

@@ -9,6 +9,7 @@ handled by :mod:`numarun.launch.launcher` with torchrun-compatible flags (``numa
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 
@@ -243,6 +244,24 @@ def _cmd_help(argv: Sequence[str]) -> int:
     return main([*argv, "--help"])
 
 
+def _leave(code: int) -> int:
+    """After a launch on a torch rendezvous: end the process here, output flushed, when helper
+    threads are still inside torch's store calls (a store that stopped answering): a daemon
+    thread that returns from C++ while the interpreter finalizes aborts the process
+    (``terminate called without an active exception``) instead of exiting with ``code``."""
+    import contextlib
+    import threading
+
+    if "torch" not in sys.modules or threading.active_count() <= 1:
+        return code
+    if threading.current_thread() is not threading.main_thread():
+        return code
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (0 success, 2 bad input)."""
     args = list(sys.argv[1:] if argv is None else argv)
@@ -259,7 +278,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return command(args[1:])
         from numarun.launch import launcher
 
-        return launcher.main(args, epilog=commands_help())
+        return _leave(launcher.main(args, epilog=commands_help()))
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
         return error.exit_code

@@ -23,6 +23,10 @@
 - ``rendezvous``: node facts from Slurm / Open MPI; what a round of a torch rendezvous gives.
 - ``elastic``: this node in a torch rendezvous (c10d, etcd) through torch's own handler;
   imported only for a torch backend, so the static path never imports torch.
+- ``storewatch``: the one thread that makes every store call while workers run (failure
+  notices, whole-job stacks, the job-wide hang verdict), reporting through a pipe to the loop.
+- ``torchcompat``: torch's names the rendezvous path uses that torch does not promise, each
+  checked before use.
 - ``errorfile``: torchrun's error-file JSON, read and written (a failing worker's bootstrap
   imports only this).
 - ``failures``: the end-of-run summary; off the start-up path (imported in the background once

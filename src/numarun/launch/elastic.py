@@ -10,16 +10,18 @@ rendezvous agrees on every rank); a successful node waits in torch's exit barrie
 (``torchelastic/agent/terminal_state``, 300 s) and then calls ``handler.shutdown()``, as
 torchrun does. So a numarun node and a torchrun node form one job.
 
-While workers run, :meth:`ElasticNode.watch` looks at the rendezvous from the supervisor's loop
-every ``--monitor-interval`` seconds (default :data:`DEFAULT_POLL_INTERVAL`) and asks the
-supervisor to stop the local group when:
+While workers run, :meth:`ElasticNode.watch` hands the store to the ``numarun-store`` thread
+(:mod:`numarun.launch.storewatch`: every store call off the supervisor's loop, results back
+through a pipe the loop reads), which wakes the moment another node posts an event and looks at
+the rendezvous every ``--monitor-interval`` seconds (default :data:`DEFAULT_POLL_INTERVAL`); the
+supervisor is asked to stop the local group when:
 
 * ``num_nodes_waiting() > 0``: a node waits to join; the group re-forms without using a restart
   (torchrun's rule);
-* a notice from another numarun node appears in the round's store (``numarun/stop/<group
-  rank>``, counted by ``numarun/stops``): that node's worker failed, or it stopped on a signal;
-  posted by :meth:`ElasticNode.announce` the moment it happens, so healthy nodes re-form within
-  one interval instead of after a collective timeout;
+* a notice from another numarun node arrives (an event of the round): that node's worker
+  failed (its notice carries where its ranks were), or it stopped on a signal or a hang;
+  posted by :meth:`ElasticNode.announce` the moment it happens, fire-and-forget, so healthy
+  nodes stop within milliseconds instead of after a collective timeout;
 * the next numarun node (by group rank) stops beating: each numarun node adds 1 to
   ``numarun/alive/<group rank>`` three times per keep-alive window (``keep_alive_interval *
   keep_alive_max_attempt``, torch's own; at least three looks) and reads its successor's; a
@@ -29,6 +31,9 @@ supervisor to stop the local group when:
 * ``is_closed()``: a node ended the job (its last restart failed): this node ends too;
 * the store cannot be reached: the node that hosted it is gone; this node ends.
 
+The same thread serves ``numarun stacks`` for the whole job and ``--hang-timeout`` judged over
+every node (:mod:`numarun.launch.storewatch`, :mod:`numarun.stacks.remote`).
+
 Keys under ``numarun/`` are scoped to the round (torch's per-round ``PrefixStore``) and are
 never read by torch; torchrun nodes ignore them.
 
@@ -36,15 +41,25 @@ Every call that may block in torch (creating the handler connects to or hosts th
 ``next_rendezvous``; rank assignment; the exit barrier; ``shutdown``) runs in a helper thread
 while the launcher's thread waits for it, because torch's store calls block in C++ where no
 Python signal handler runs (a ``TCPStore.get`` holds Ctrl-C off for its whole timeout): the
-launcher's signal handlers (see :mod:`numarun.launch.job`) stay responsive. torch's C++ log
-lines are silenced (``TORCH_CPP_LOG_LEVEL=FATAL`` unless set); numarun reports errors in one
-line instead.
+launcher's signal handlers (see :mod:`numarun.launch.job`) stay responsive; while it waits in
+the rendezvous, a line every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how
+many are awaited and where. torch's C++ log lines are silenced (``TORCH_CPP_LOG_LEVEL=FATAL``
+unless set), and so are torch's import-time warning about numpy (an optional package of torch's;
+numarun never uses it) and the rendezvous' Python log records: numarun reports errors in one line
+instead.
+
+torch's private names (rank assignment without an agent, the quick re-join, emptying the
+workers' store, cloning the store) are checked before use, in :mod:`numarun.launch.torchcompat`:
+a missing optional one degrades, a missing required one refuses the launch in one line naming the
+torch version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -52,12 +67,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from numarun.errors import NumarunError, UsageError
+from numarun.launch import storewatch, torchcompat
 from numarun.launch.rendezvous import Round, WorkerPlace
+from numarun.launch.storewatch import ALIVE_KEY, EVENT_KEY, EVENTS_KEY, NODES_KEY, StoreWatch
 
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
+    from numarun.stacks.job import JobStacks
 
 DEFAULT_POLL_INTERVAL = 2.0
 """Seconds between looks at the rendezvous while workers run, unless ``--monitor-interval``.
@@ -70,11 +88,11 @@ another node's failure is still seen within two seconds (torchrun: 0.1 s polls, 
 cache makes joins visible after up to 1 s)."""
 
 EXIT_BARRIER_TIMEOUT = 300.0  # torch's SimpleElasticAgent default
+WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous waits for
 _BARRIER_KEY = "torchelastic/agent/terminal_state"  # torch's _TERMINAL_STATE_SYNC_ID
-_STOPS_KEY = "numarun/stops"
-_STOP_KEY = "numarun/stop/{}"
-_ALIVE_KEY = "numarun/alive/{}"
 _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
+_ANNOUNCE_WAIT = 1.0  # seconds a last notice may delay the launcher's exit
+_SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
 
 REJOIN = "rejoin"
 END = "end"
@@ -108,11 +126,18 @@ class Change:
         return f"rendezvous: {self.message}"
 
 
-def run_blocking(call: Callable[[], T], *, limit: float | None = None) -> T:
+def run_blocking(
+    call: Callable[[], T],
+    *,
+    limit: float | None = None,
+    every: float | None = None,
+    tick: Callable[[], None] | None = None,
+) -> T:
     """``call()`` in a daemon thread; wait here, where signal handlers run (see the module
     docstring). Returns its value or raises its exception; :class:`TimeoutError` after
     ``limit`` seconds (the call goes on in its thread). An exception raised by a signal
-    handler while waiting propagates; the call is then abandoned."""
+    handler while waiting propagates; the call is then abandoned. ``tick()`` is called here
+    every ``every`` seconds while the call runs (it must not block)."""
     done = threading.Event()
     outcome: dict[str, Any] = {}
 
@@ -125,8 +150,16 @@ def run_blocking(call: Callable[[], T], *, limit: float | None = None) -> T:
             done.set()
 
     threading.Thread(target=target, name="numarun-rendezvous", daemon=True).start()
-    if not done.wait(limit):
-        raise TimeoutError(f"no answer within {limit:g} s")
+    deadline = None if limit is None else time.monotonic() + limit
+    while True:
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        step = left if every is None else (every if left is None else min(every, left))
+        if done.wait(step):
+            break
+        if deadline is not None and time.monotonic() >= deadline:
+            raise TimeoutError(f"no answer within {limit:g} s")
+        if tick is not None:
+            tick()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
@@ -148,11 +181,12 @@ class ElasticNode:
     """This node in a torch rendezvous: rounds, the watch while workers run, the end.
 
     :meth:`connect` once, then per attempt :meth:`next_round` -> :meth:`watch` (with the
-    supervisor of that attempt) -> the launcher runs the workers -> :meth:`finish` at the end
-    of the job. Errors are one line: :class:`UsageError` (exit 2) for parameters torch
-    refuses, :class:`RendezvousFailed` (exit 1) for a rendezvous that cannot form (the store
-    unreachable, ``join_timeout`` passed, closed by another node), :class:`NotAdmitted`
-    (exit 0) when torch lets a spare node go.
+    supervisor of that attempt) -> the launcher runs the workers -> :meth:`unwatch` -> ... ->
+    :meth:`finish` at the end of the job. Errors are one line: :class:`UsageError` (exit 2) for
+    parameters torch refuses or a torch without what numarun needs, :class:`RendezvousFailed`
+    (exit 1) for a rendezvous that cannot form (the store unreachable, ``join_timeout``
+    passed, closed by another node), :class:`NotAdmitted` (exit 0) when torch lets a spare node
+    go.
     """
 
     def __init__(self, config: LaunchConfig) -> None:
@@ -173,12 +207,20 @@ class ElasticNode:
         self._handler: Any = None
         self._store: Any = None
         self._announced = False
-        self._stops_seen = 0
         self._supervisor: Supervisor | None = None
+        self._stacks: JobStacks | None = None
+        self._asks: dict[str, Callable[[dict], None]] = {}
+        # Notices this node posted (with its stacks): deleted once the next round formed, when
+        # every node has left the round they were posted in.
+        self._posted: list[tuple[Any, str]] = []
+        self._watch = StoreWatch(self.poll_interval, self._look)
+        self._watched_round: storewatch.Round | None = None
+        self._last_round: storewatch.Round | None = None
         self._watched: int | None = None
         self._watched_beat = 0
         self._watched_since = 0.0
         self._round_started = 0.0
+        self._waiting_since = 0.0
         default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
         self.where = (
             f"{config.rdzv_backend} rendezvous {config.run_id!r} at "
@@ -190,10 +232,7 @@ class ElasticNode:
     def connect(self) -> None:
         """Create torch's handler with torchrun's parameters (the c10d backend connects to
         the TCPStore at the endpoint, or hosts it when the endpoint is this machine)."""
-        # torch's C++ layer prints multi-line stack dumps for store errors; numarun says the
-        # same in one line. Set before torch loads, in this process only (workers get the
-        # environment numarun read at start).
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+        torchcompat.quiet_torch()
         config = self.config
         conf: dict[str, Any] = dict(config.rdzv_conf)
         conf.setdefault("timeout", 900)  # torchrun's LaunchConfig adds it for every backend
@@ -211,14 +250,40 @@ class ElasticNode:
                 local_addr=config.local_addr,
                 **conf,
             )
+            torchcompat.check_torch()
             return get_rendezvous_handler(parameters)
 
+        self._waiting_since = time.monotonic()
         try:
-            self._handler = run_blocking(create)
+            self._handler = run_blocking(create, every=WAIT_LINE_EVERY, tick=self._waiting_line)
+        except UsageError:
+            raise
         except (ValueError, TypeError) as error:
             raise UsageError(f"{self.where}: {_first_line(error)}") from None
         except Exception as error:
             raise RendezvousFailed(self._failure_text(error)) from None
+
+    def _waiting_line(self) -> None:
+        """One line on stderr: how long this node waits, how many nodes are there, how many
+        are awaited (read from the state torch's thread last synced; no store call)."""
+        waited = time.monotonic() - self._waiting_since
+        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
+        config = self.config
+        wanted = f"{config.min_nodes}" + (
+            f" to {config.max_nodes}" if config.max_nodes != config.min_nodes else ""
+        )
+        count = ""
+        participants = getattr(state, "participants", None)
+        if isinstance(participants, dict):
+            here = len(participants)
+            awaited = max(0, config.min_nodes - here)
+            count = f": {here} of {wanted} node(s) there, {awaited} more awaited"
+            if getattr(state, "complete", False) and self.round is None:
+                count = f": the round is complete with {here} node(s); this node waits as a spare"
+        else:
+            count = f": waiting for {wanted} node(s)"
+        sys.stderr.write(f"numarun: waiting {waited:.0f} s for the {self.where}{count}\n")
+        sys.stderr.flush()
 
     def next_round(self) -> Round:
         """Join the next round (torch's ``next_rendezvous``) and assign ranks (torch's
@@ -226,6 +291,8 @@ class ElasticNode:
         handler = self._handler
         config = self.config
         previous = self.round
+        last_watched, self._last_round = self._last_round, None
+        shared = bool(handler.use_agent_store) and torchcompat.can_clear_worker_store()
 
         def join() -> tuple[Any, Any, list[Any]]:
             from types import SimpleNamespace
@@ -233,14 +300,25 @@ class ElasticNode:
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
             from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
+            if last_watched is not None:  # its thread may sleep in the old round's store
+                with contextlib.suppress(Exception):
+                    storewatch.wake(last_watched)
             if previous is None:
                 info = handler.next_rendezvous()
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
-                    _clear_worker_store(previous)
-                info = _without_first_join_delay(handler.next_rendezvous)
+                    torchcompat.clear_worker_store(previous)
+                info = torchcompat.rejoin(handler)
+            self._delete_posted()
             store_info = info.bootstrap_store_info
-            if handler.use_agent_store:
+            if not shared:
+                # No way to empty the shared store between rounds: a fresh store per round
+                # instead, on a free port of node 0, hosted by its rank 0 worker (torch's own
+                # fallback when the store is not shared).
+                store_info = RendezvousStoreInfo.build(
+                    info.rank, info.store, local_addr=config.local_addr
+                )
+            elif handler.use_agent_store:
                 # torch's handler publishes the workers' store (MASTER_ADDR, MASTER_PORT in
                 # the round's store) only in the first round it is rank 0 in, and its other
                 # nodes read them only in their first round: a node joining a later round
@@ -254,16 +332,18 @@ class ElasticNode:
                     server_port=store_info.master_port,
                 )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
-            # A method that uses none of the agent's state: torch's own rank assignment
-            # (and keys in the store), so torchrun nodes in the same round agree with ours.
-            workers = SimpleElasticAgent._assign_worker_ranks(
-                None, info.store, info.rank, info.world_size, spec
-            )
-            info.store.add(_ALIVE_KEY.format(info.rank), 1)  # "a numarun node", at once
+            workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
+            info.store.add(ALIVE_KEY.format(info.rank), 1)  # "a numarun node", at once
+            info.store.add(NODES_KEY, 1)
             return info, store_info, workers
 
+        self._waiting_since = time.monotonic()
         try:
-            info, store_info, workers = run_blocking(join)
+            info, store_info, workers = run_blocking(
+                join, every=WAIT_LINE_EVERY, tick=self._waiting_line
+            )
+        except UsageError:
+            raise
         except Exception as error:
             name = type(error).__name__
             if name == "RendezvousGracefulExitError":
@@ -282,11 +362,10 @@ class ElasticNode:
                 WorkerPlace(w.global_rank, w.role_rank, w.world_size, w.role_world_size)
                 for w in workers
             ),
-            use_agent_store=bool(handler.use_agent_store),
+            use_agent_store=shared,
         )
         self.change = None
         self._announced = False
-        self._stops_seen = 0
         self._round_started = time.monotonic()
         size = info.world_size
         self._watched = (info.rank + 1) % size if size > 1 else None
@@ -313,64 +392,71 @@ class ElasticNode:
 
     # --- while workers run ---------------------------------------------------------------------
 
-    def watch(self, supervisor: Supervisor) -> None:
-        """Look at the rendezvous every :attr:`poll_interval` seconds from ``supervisor``'s
-        loop; on a change, :attr:`change` is set and the supervisor asked to stop with
-        ``change.reason``."""
+    def watch(self, supervisor: Supervisor, stacks: JobStacks | None = None) -> None:
+        """Hand this round to the ``numarun-store`` thread; on a change, :attr:`change` is set
+        and the supervisor asked to stop with ``change.reason``. With ``stacks``, the whole
+        job's stacks are served and ``--hang-timeout`` is judged over every node."""
+        assert self.round is not None
         self._supervisor = supervisor
-        supervisor.call_every(self.poll_interval, self._look)
+        self._stacks = stacks
+        self._asks.clear()
+        if stacks is not None:
+            stacks.job_wide = self._ask_job_stacks
+        round_ = storewatch.Round(
+            self._store, self._handler, self.round.group_rank, self.round.group_world_size,
+            self._on_result,
+        )  # fmt: skip
+        self._watched_round = round_
+        self._watch.begin(supervisor, round_)
 
-    def _look(self) -> None:
-        if self.change is not None or self.round is None:
-            return
-        me = self.round.group_rank
+    def unwatch(self) -> None:
+        """The attempt is over: the thread lets its round go (and deletes what it posted)."""
+        self._last_round = self._watch.end()
+        self._watched_round = None
+        self._supervisor = None
+        for reply in self._asks.values():
+            reply({"error": "the attempt ended before every node answered"})
+        self._asks.clear()
+
+    def hang_job(self) -> _HangJob:
+        """What ``--hang-timeout`` calls to judge over every node (:mod:`numarun.stacks.hang`)."""
+        return _HangJob(self)
+
+    def _look(self, round_: storewatch.Round) -> list[tuple]:
+        """In the store thread, every look interval: results for :meth:`_on_result`."""
+        if self.change is not None:
+            return []
+        waiting = self._handler.num_nodes_waiting()
+        closed = self._handler.is_closed()  # served from the state just synced
         silent = None
-        try:
-            waiting = self._handler.num_nodes_waiting()
-            closed = self._handler.is_closed()  # served from the state just synced
-            notice = self._new_notice()
-            now = time.monotonic()
-            if now >= self._next_beat:
-                self._next_beat = now + self.beat_interval
-                self._store.add(_ALIVE_KEY.format(me), 1)
-                silent = self._silent_neighbour()
-        except Exception as error:
-            self._stop(END, f"lost the {self.where}: {_first_line(_root(error))}")
-            return
+        now = time.monotonic()
+        if now >= self._next_beat:
+            self._next_beat = now + self.beat_interval
+            round_.store.add(ALIVE_KEY.format(round_.me), 1)
+            silent = self._silent_neighbour(round_)
         if closed:
-            self._stop(END, f"{self.where} was closed by another node" + _because(notice))
-        elif notice:
-            self._stop(REJOIN, notice)
-        elif waiting > 0:
-            self._stop(REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")
-        elif silent is not None:
+            message = f"{self.where} was closed by another node" + _because(self.last_notice)
+            return [("change", END, message)]
+        if waiting > 0:
+            return [("change", REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
+        if silent is not None:
             message = (
                 f"node {silent} stopped answering (no heartbeat for "
                 f"{self.silence_limit:g} s: its launcher is gone)"
             )
-            self.announce(message)
-            self._stop(REJOIN, message)
+            key = _post_notice(round_.store, round_.me, self._notice_text(message), b"")
+            self._posted.append((round_.store, key))
+            self._announced = True
+            return [("change", REJOIN, message)]
+        return []
 
-    def _new_notice(self) -> str | None:
-        count = self._store.add(_STOPS_KEY, 0)
-        if count <= self._stops_seen:
-            return None
-        self._stops_seen = count
-        assert self.round is not None
-        for rank in range(self.round.group_world_size):
-            key = _STOP_KEY.format(rank)
-            if rank != self.round.group_rank and self._store.check([key]):
-                self.last_notice = self._store.get(key).decode("utf-8", "replace")
-                return self.last_notice
-        return None  # only our own notice
-
-    def _silent_neighbour(self) -> int | None:
+    def _silent_neighbour(self, round_: storewatch.Round) -> int | None:
         """The watched node's group rank once its beat stood still for the silence limit.
         A node that never beat (a torchrun node) is passed over for the next one."""
-        if self._watched is None or self.round is None:
+        if self._watched is None:
             return None
         now = time.monotonic()
-        beat = self._store.add(_ALIVE_KEY.format(self._watched), 0)
+        beat = round_.store.add(ALIVE_KEY.format(self._watched), 0)
         if beat != self._watched_beat:
             self._watched_beat = beat
             self._watched_since = now
@@ -378,38 +464,116 @@ class ElasticNode:
         if now - self._watched_since < self.silence_limit:
             return None
         if beat == 0:
-            following = (self._watched + 1) % self.round.group_world_size
-            self._watched = None if following == self.round.group_rank else following
+            following = (self._watched + 1) % round_.size
+            self._watched = None if following == round_.me else following
             self._watched_since = now
             return None
         return self._watched
 
+    def _on_result(self, result: tuple) -> None:
+        """In the supervisor's loop: what the store thread found."""
+        kind = result[0]
+        if kind == "change":
+            self._stop(result[1], result[2])
+        elif kind == "lost":
+            self._stop(END, f"lost the {self.where}: {_first_line(_root(result[1]))}")
+        elif kind == "notice":
+            notice, post = result[1], result[2]
+            self.last_notice = notice
+            if self.change is None and self._stacks is not None:
+                # This node's ranks go through the same post as the other node's, so that
+                # identical stacks group together.
+                own = self._post_of(self._take())
+                self._stacks.note_notice(notice, _decode_posts([post, own] if post else [own]))
+            self._stop(REJOIN, notice)
+        elif kind == "ask":
+            self._watch.answer(result[1], self._post_of(self._take()))
+        elif kind == "answer":
+            reply = self._asks.pop(result[1], None)
+            if reply is not None:
+                reply(_job_fields(result[2], self.round))
+        elif kind == "hang" and self._stacks is not None and self._stacks.hang is not None:
+            posts = result[1]
+            self._stacks.hang.declare(_decode_posts(posts), nodes=len(posts))
+
+    def _take(self) -> list[Any]:
+        return self._stacks.take() if self._stacks is not None else []
+
+    def _post_of(self, stacks: list[Any]) -> bytes:
+        from numarun.stacks.remote import encode_post
+
+        assert self.round is not None
+        return encode_post(stacks, group_rank=self.round.group_rank, host=self.host,
+                           pid=os.getpid())  # fmt: skip
+
+    def _ask_job_stacks(self, reply: Callable[[dict], None]) -> None:
+        """A ``numarun stacks`` request for the whole job, from the loop: posted
+        fire-and-forget; every node (this one too) answers through its thread, which on this
+        node collects the answers and hands them to ``reply``."""
+        round_ = self._watched_round
+        if round_ is None:
+            reply({"error": "the job is between attempts; ask again"})
+            return
+        token = os.urandom(6).hex()
+        self._asks[token] = reply
+        store, me = round_.store, round_.me
+
+        def ask() -> None:
+            number = store.add(EVENTS_KEY, 1)
+            store.set(EVENT_KEY.format(number), f"stacks {me} {token}".encode())
+
+        StoreWatch.post(ask)
+
     def _stop(self, kind: str, message: str) -> None:
+        if self.change is not None:
+            return
         self.change = Change(kind, message)
         if self._supervisor is not None:
             self._supervisor.request_stop(self.change.reason)
 
     def on_worker_failure(self, ended: WorkerExit) -> None:
-        """The supervisor's ``on_failure``: tell the other nodes at once."""
+        """The supervisor's ``on_failure``: tell the other nodes at once, with where this
+        node's other ranks were (the stacks taken at the failure, when there are)."""
         code = ended.exit_code
         what = f"signal {ended.signal_name}" if ended.signal_name else f"exit code {code}"
-        self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}")
+        post = b""
+        at_failure = self._stacks.at_failure if self._stacks is not None else None
+        if at_failure is not None and self.round is not None:
+            post = self._post_of(list(at_failure[1]))
+        self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}", post)
 
-    def announce(self, message: str) -> None:
-        """Post ``message`` (prefixed with this node) for the other numarun nodes of the
-        round; once per round, best effort (a store that is gone loses nothing here)."""
-        if self._announced or self.round is None or self._store is None:
-            return
-        self._announced = True
+    def _notice_text(self, message: str) -> str:
+        assert self.round is not None
         me = self.round.group_rank
-        text = f"node {me} ({self.host}): {message}"
         if message.startswith(f"node {me} "):
-            text = message
-        try:
-            self._store.set(_STOP_KEY.format(me), text.encode())
-            self._stops_seen = self._store.add(_STOPS_KEY, 1)
-        except Exception:
-            pass
+            return message
+        return f"node {me} ({self.host}): {message}"
+
+    def announce(self, message: str, post: bytes = b"") -> threading.Event:
+        """Post ``message`` (prefixed with this node) for the other numarun nodes of the round,
+        with ``post`` (this node's stacks), from a short-lived thread nobody waits for; once per
+        round, best effort (a store that is gone loses nothing here). Returns an event set once
+        it was posted (or failed)."""
+        posted = threading.Event()
+        if self._announced or self.round is None or self._store is None:
+            posted.set()
+            return posted
+        self._announced = True
+        store, me, text = self._store, self.round.group_rank, self._notice_text(message)
+
+        def send() -> None:
+            try:
+                self._posted.append((store, _post_notice(store, me, text, post)))
+            finally:
+                posted.set()
+
+        StoreWatch.post(send)
+        return posted
+
+    def announce_and_linger(self, message: str) -> None:
+        """:meth:`announce`, then wait at most :data:`_ANNOUNCE_WAIT` seconds for it to leave
+        (the launcher is about to exit or re-join; a frozen store costs no more)."""
+        self.announce(message).wait(_ANNOUNCE_WAIT)
 
     # --- the end -------------------------------------------------------------------------------
 
@@ -441,52 +605,75 @@ class ElasticNode:
                     f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {_first_line(_root(error))}"
                 )
         try:
-            run_blocking(self._handler.shutdown)
+            # Bounded: a store that stopped answering must not hold the summary for the
+            # store's own timeout.
+            run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
         except Exception as error:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
 
+    def _delete_posted(self) -> None:
+        """Delete the notices this node posted (store calls: not from the loop)."""
+        while self._posted:
+            store, key = self._posted.pop()
+            with contextlib.suppress(Exception):
+                store.delete_key(key)
 
-def _without_first_join_delay(call: Callable[[], T]) -> T:
-    """``call()`` (torch's ``next_rendezvous``) without the random 0-0.3 s sleep torch takes
-    while the rendezvous is in round 0, meant to spread the nodes' *first* joins: the round
-    stays 0 until the first re-rendezvous, so every job's first restart paid it too (0.15 s
-    on average, a third of a restart on one node). Only that random sleep (torch's
-    ``_delay`` called with a range) is skipped; the one-second waits between polls stay."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    original = getattr(dynamic_rendezvous, "_delay", None)
-    if original is None:  # another torch: nothing to skip
-        return call()
-
-    def delay(seconds: float | tuple[float, float]) -> None:
-        if not isinstance(seconds, tuple):
-            original(seconds)
-
-    dynamic_rendezvous._delay = delay
-    try:
-        return call()
-    finally:
-        dynamic_rendezvous._delay = original
+    def close(self) -> None:
+        """The job is over: the store thread ends (at most half a second); the notices this
+        node posted are deleted, best effort, waited for at most half a second."""
+        self._watch.close(self._last_round or self._watched_round)
+        if self._posted:
+            with contextlib.suppress(Exception):
+                run_blocking(self._delete_posted, limit=0.5)
 
 
-def _clear_worker_store(previous: Round) -> None:
-    """Delete every key the last attempt's workers left in the store this node hosts for them
-    (torch's shared TCPStore, MASTER_ADDR:MASTER_PORT), before the next round.
+class _HangJob:
+    """``--hang-timeout`` over every node: this node's still/moving marks go to the store
+    thread (:mod:`numarun.launch.storewatch`)."""
 
-    torch gives every attempt the same store without a per-attempt prefix, so without this
-    the next attempt's workers can read a dead worker's address (gloo: "Connection refused",
-    or a hang). Only the node that hosted the store in the last round does it, before it
-    rejoins: no worker of the next round can start before the round completes."""
-    from datetime import timedelta
+    def __init__(self, node: ElasticNode) -> None:
+        self._node = node
 
-    from torch.distributed import TCPStore
+    def still(self, stacks: list[Any], idle: float) -> None:
+        self._node._watch.mark_still(self._node._post_of(stacks))
 
-    store = TCPStore(
-        previous.master_addr, previous.master_port, is_master=False, timeout=timedelta(seconds=10)
-    )
-    for key in store.list_keys():
-        store.delete_key(key)
+    def moving(self) -> None:
+        self._node._watch.mark_moving()
+
+
+def _post_notice(store: Any, me: int, text: str, post: bytes) -> str:
+    """Post a stop notice (``text``, with ``post``: this node's stacks) as the round's next
+    event; returns its key."""
+    number = store.add(EVENTS_KEY, 1)
+    body = text.replace("\n", " ").encode("utf-8", "replace")
+    key = EVENT_KEY.format(number)
+    store.set(key, f"stop {me}\n".encode() + body + b"\n" + post)
+    return key
+
+
+def _decode_posts(posts: list[bytes]) -> list[Any]:
+    """Every rank's stacks of the posts that read as numarun's (others are left out)."""
+    from numarun.stacks.remote import decode_post
+
+    stacks: list[Any] = []
+    for post in posts:
+        with contextlib.suppress(ValueError):
+            stacks.extend(decode_post(post)[3])
+    return stacks
+
+
+def _job_fields(replies: list[tuple[int, bytes | None, str]], round_: Round | None) -> dict:
+    """The reply fields of a whole-job ``numarun stacks`` request: each node's post (text)
+    and the nodes that did not answer, with why."""
+    posts, missing = [], []
+    for rank, post, why in replies:
+        if post is not None:
+            posts.append(post.decode("utf-8", "replace"))
+        else:
+            missing.append({"node": rank, "why": why})
+    size = round_.group_world_size if round_ is not None else len(replies)
+    return {"job_wide": True, "nodes": size, "posts": posts, "missing": missing}
 
 
 def _because(notice: str | None) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "attempt_line",
     "describe_exit",
     "format_attempts",
+    "format_job_stacks",
     "format_lost_logs",
     "format_summary",
     "rank_report",
@@ -158,7 +159,7 @@ def format_summary(
     ``stacks_at_failure`` (the failed global rank, the other ranks'
     :class:`numarun.stacks.parse.RankStacks`): a section "Other ranks when rank N failed:" after the
     other ranks' states, grouped by identical stacks, each group's main thread cut to its
-    innermost frames. ``hang`` (a :class:`numarun.stacks.dumps.HangReport`): the header says
+    innermost frames. ``hang`` (a :class:`numarun.stacks.hang.HangReport`): the header says
     HUNG and a hang block replaces the root cause: how long nothing moved, the likely culprits
     (:func:`numarun.stacks.parse.odd_ones_out`: the ranks whose stacks differ from the majority)
     with file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
@@ -401,6 +402,12 @@ def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
     return [indent + _printable(line) for line in lines]
 
 
+def format_job_stacks(heading: str, stacks: Sequence[Any]) -> str:
+    """``heading``, then the ranks of a whole job grouped by identical stacks, each group with
+    its nodes and its main thread's innermost frames (escaped: other nodes' posts are shown)."""
+    return "\n".join([heading, *_stacks_lines(stacks)])
+
+
 def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
     """What the summary says about a hang: the rule that fired, the likely culprits, the
     stacks of every rank grouped (the culprits first)."""
@@ -416,22 +423,27 @@ def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
         "stacks unchanged; their output is not read by numarun (no --redirects/--tee), "
         "so only stacks counted"
     )
+    nodes = getattr(hang, "nodes", 1)
+    who = f"no rank on any of the {nodes} nodes" if nodes > 1 else "no rank"
     lines = [
-        f"Hang: no rank made progress for {hang.idle:.1f} s (--hang-timeout {hang.timeout:g}): "
+        f"Hang: {who} made progress for {hang.idle:.1f} s (--hang-timeout {hang.timeout:g}): "
         f"{counted}.",
     ]
     groups = group_ranks(hang.stacks)
     majority, odd = odd_ones_out(groups)
-    pids = {item.rank: item.pid for item in hang.stacks}
+    by_rank = {item.rank: item for item in hang.stacks}
     if odd and majority is not None:
         label = "Likely culprit" if len(odd) == 1 and len(odd[0].ranks) == 1 else "Likely culprits"
         lines.append(f"{label} (stacks differ from the other ranks'):")
         for group in odd:
-            pid = pids.get(group.ranks[0]) if len(group.ranks) == 1 else None
+            item = by_rank.get(group.ranks[0]) if len(group.ranks) == 1 else None
             text = heading(group)
-            if pid:
+            details = [f"pid {item.pid}"] if item is not None and item.pid else []
+            if item is not None and item.node is not None:
+                details.insert(0, f"on {item.node}")
+            if details:
                 label, _, where = text.partition(": ")
-                text = f"{label} (pid {pid}): {where}"
+                text = f"{label} ({', '.join(details)}): {where}"
             lines.append(f"  {_printable(text)}")
         lines.append(f"  while {_printable(heading(majority))}")
     elif odd:

@@ -12,7 +12,6 @@ and once its workers are under way the failure report's modules are imported in 
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import signal
@@ -48,7 +47,7 @@ if TYPE_CHECKING:
     from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
-    from numarun.stacks.dumps import JobStacks
+    from numarun.stacks.job import JobStacks
 
 
 class Interrupted(BaseException):
@@ -109,7 +108,7 @@ class _Attempt:
         self.directory = directory
         self.result = result
         self.lost = lost
-        self.stacks = stacks  # numarun.stacks.dumps.JobStacks (closed) or None
+        self.stacks = stacks  # numarun.stacks.job.JobStacks (closed) or None
         self.line = ""
 
 
@@ -204,11 +203,16 @@ class Job:
             with SignalGuard(config.teardown_signals):
                 return self._loop(run_dir, first, port)
         except Interrupted as stop:
+            if self.node is not None:
+                self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
             sys.stderr.write(
                 f"numarun: stopped on {signal_text(stop.signum)} while {self.waiting_for}; "
                 "no worker was running\n"
             )
             return 128 + stop.signum
+        finally:
+            if self.node is not None:
+                self.node.close()
 
     def _loop(self, run_dir: Directory, first: Directory, port: int) -> int:
         config = self.config
@@ -245,12 +249,14 @@ class Job:
                 return self.report(attempt)
             if ours and change is not None and change.kind == "rejoin":
                 attempt.line = f"{name}: stopped: {change.message} (no restart used)"
-                sys.stderr.write(f"numarun: {attempt.line}\n")
+                sys.stderr.write(f"numarun: {attempt.line}\n" + _notice_stacks(attempt))
                 reforms += 1
                 continue
             if ours and change is not None:
                 attempt.line = f"{name}: stopped: {change.message}"
-                sys.stderr.write(f"numarun: {change.message}; this node stops\n")
+                sys.stderr.write(
+                    _notice_stacks(attempt) + f"numarun: {change.message}; this node stops\n"
+                )
                 return 1
             if exit_code_for(result) == 0:
                 if self.node is not None:
@@ -276,13 +282,10 @@ class Job:
                 port = workerenv.free_port()  # the old store's port may still be held
 
     def _announce(self, message: str) -> None:
+        # Fire-and-forget from a helper thread, waited for at most a second: a store that
+        # stopped answering must not hold the exit.
         assert self.node is not None
-        from numarun.launch.elastic import run_blocking
-
-        node = self.node
-        # Best effort, bounded: a store that stopped answering must not hold the exit.
-        with contextlib.suppress(TimeoutError):
-            run_blocking(lambda: node.announce(message), limit=5.0)
+        self.node.announce_and_linger(message)
 
     def run_attempt(
         self, group: Round | None, port: int, name: str, directory: Directory, restart_count: int
@@ -326,7 +329,7 @@ class Job:
                 ]
                 # This attempt's ranks (under a torch rendezvous they come from the round).
                 ranks = [(local_rank, int(env["RANK"])) for local_rank, env in enumerate(envs)]
-                stacks = _job_stacks(config, ranks)
+                stacks = _job_stacks(config, ranks, self.node)
                 for local_rank, env in enumerate(envs):
                     binding = rank_binding(plan, local_rank)
                     if stacks is not None:
@@ -375,7 +378,7 @@ class Job:
                 remove_if_killed=self.remove_if_killed,
             )
             if self.node is not None:
-                self.node.watch(supervisor)
+                self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
             if stacks is not None:
                 stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
             # Everything allocated so far lives until exit; freezing it keeps the collector
@@ -395,6 +398,8 @@ class Job:
                 raise
             finally:
                 close_sinks(specs)  # closed already when the run ended; not when start failed
+                if self.node is not None:
+                    self.node.unwatch()
             self.started = True
         finally:
             if stacks is not None:
@@ -411,13 +416,14 @@ class Job:
         return attempt
 
     def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
-        """What runs at a local worker's failure, before the others are stopped: the notice
-        to the other nodes first (it is quick), then the other ranks' stacks (at most ~1 s)."""
+        """What runs at a local worker's failure, before the others are stopped: the other
+        ranks' stacks (at most ~1 s, typically milliseconds), then the notice to the other
+        nodes with them (posted by a helper thread; the teardown does not wait for it)."""
         calls = []
-        if self.node is not None:
-            calls.append(self.node.on_worker_failure)
         if stacks is not None:
             calls.append(stacks.on_failure)  # type: ignore[attr-defined]
+        if self.node is not None:
+            calls.append(self.node.on_worker_failure)
         if not calls:
             return None
 
@@ -467,13 +473,27 @@ class Job:
         return code
 
 
-def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]) -> JobStacks | None:
-    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.dumps`)
-    for its ``(local rank, global rank)`` pairs.
+def _notice_stacks(attempt: _Attempt) -> str:
+    """Where every rank of the job was when another node's failure stopped this attempt (the
+    notice's stacks and this node's own), as lines for stderr; empty without them."""
+    at_notice = getattr(attempt.stacks, "at_notice", None)
+    if not at_notice or not at_notice[1]:
+        return ""
+    from numarun.launch.failures import format_job_stacks
+
+    return format_job_stacks("numarun: where every rank of the job was:", at_notice[1]) + "\n"
+
+
+def _job_stacks(
+    config: LaunchConfig, ranks: Sequence[tuple[int, int]], node: ElasticNode | None
+) -> JobStacks | None:
+    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.job`)
+    for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``node``) the whole
+    job's stacks and hang verdict.
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
-    from numarun.stacks.dumps import JobStacks
+    from numarun.stacks.job import JobStacks
 
     entrypoint = " ".join([config.entrypoint, *config.args])
     try:
@@ -481,8 +501,11 @@ def _job_stacks(config: LaunchConfig, ranks: Sequence[tuple[int, int]]) -> JobSt
             ranks,
             python=config.entrypoint_kind != "binary",
             describe={"run_id": config.run_id, "host": os.uname().nodename,
-                      "entrypoint": entrypoint[:200]},
+                      "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
+                      "backend": config.rdzv_backend},
             hang_timeout=config.hang_timeout,
+            hang_job=node.hang_job() if node is not None else None,
+            scope="job" if node is not None else ("node" if config.max_nodes > 1 else "all"),
         )  # fmt: skip
     except (NumarunError, OSError) as error:
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):

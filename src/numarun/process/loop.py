@@ -33,9 +33,11 @@ caller's select timeout; :meth:`Loop.run_due` calls each due timer in the order 
 while ``go_on()`` holds (checked before each: a timer may end the run), and makes its next call
 due one interval after this one ends, so a slow callback never makes calls pile up.
 
-Readers. :meth:`Loop.add_reader` watches an fd of the caller's (never closed here) in the lane
-:data:`READERS`, from :meth:`Loop.open` on when added before it, until :meth:`Loop.remove_reader`
-or :meth:`Loop.close`, which forgets them all.
+Readers and writers. :meth:`Loop.add_reader` watches an fd of the caller's (never closed here) in
+the lane :data:`READERS`, from :meth:`Loop.open` on when added before it, until
+:meth:`Loop.remove_reader` or :meth:`Loop.close`, which forgets them all; :meth:`Loop.add_writer`
+the same for an fd to be written when it can take data (a reply to a slow client, say). An fd has
+a reader or a writer, not both.
 
 fds. The selector's fd and both sockets are in the fd registry of
 :mod:`numarun.process.children` while open, so that ``"fork"`` workers close them.
@@ -90,6 +92,7 @@ class Loop:
         self.wakeup: socket.socket | None = None  # for signal.set_wakeup_fd, while open
         self._timers: list[_Timer] = []
         self._readers: dict[int, Callable[[], None]] = {}
+        self._writers: dict[int, Callable[[], None]] = {}
 
     @property
     def is_open(self) -> bool:
@@ -113,12 +116,16 @@ class Loop:
         self._selector.register(self._wakeup_r, READ, (SIGNALS, self._read_signals))
         for fd, callback in self._readers.items():
             self._selector.register(fd, READ, (READERS, callback))
+        for fd, callback in self._writers.items():
+            self._selector.register(fd, WRITE, (READERS, callback))
 
     def close(self) -> None:
-        """Forget the readers, close the selector and the sockets; idempotent."""
+        """Forget the readers and writers, close the selector and the sockets; idempotent."""
         if self._selector is not None:
             for fd in list(self._readers):
                 self.remove_reader(fd)
+            for fd in list(self._writers):
+                self.remove_writer(fd)
             children.close_untracked(self._selector.fileno())
             self._selector.close()
             self._selector = None
@@ -229,5 +236,20 @@ class Loop:
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
         if self._readers.pop(fd, None) is not None and self._selector is not None:
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(fd)
+
+    def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
+        """Call ``callback()`` whenever ``fd`` (the caller's) can be written to without
+        blocking; UsageError when ``fd`` already has a reader or a writer."""
+        if fd in self._writers or fd in self._readers:
+            raise UsageError(f"fd {fd} is already watched; remove it first")
+        self._writers[fd] = callback
+        if self._selector is not None:
+            self._selector.register(fd, WRITE, (READERS, callback))
+
+    def remove_writer(self, fd: int) -> None:
+        """Stop watching ``fd`` for writing; nothing happens when it is not watched."""
+        if self._writers.pop(fd, None) is not None and self._selector is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(fd)

@@ -181,7 +181,8 @@ class Supervisor:
     loop while it runs, so it must bound its own time.
 
     Callers extend the loop without threads: :meth:`call_every` (timers),
-    :meth:`add_reader` (an fd of the caller's, such as a listening socket),
+    :meth:`add_reader` / :meth:`add_writer` (an fd of the caller's, such as a listening
+    socket, or a pipe a helper thread writes to),
     :meth:`send_signal` (to workers only, not their trees) and :meth:`request_stop` (a
     teardown begun from a callback, recorded as ``RunResult.stop_reason``). Callbacks run in the
     thread that runs the loop, between events; an exception from one tears everything down and
@@ -405,6 +406,13 @@ class Supervisor:
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
         self._loop.remove_reader(fd)
+
+    def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
+        """:meth:`add_reader` for an fd to write to when it can take data (not both)."""
+        self._loop.add_writer(fd, callback)
+
+    def remove_writer(self, fd: int) -> None:
+        self._loop.remove_writer(fd)
 
     def send_signal(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
         """Send ``signum`` to each running worker process (not its process group or

@@ -238,7 +238,7 @@ def _start(
 
     from numarun.process.supervisor import Supervisor
     from numarun.spawning.caller import WorkerRun
-    from numarun.stacks.dumps import for_spawn
+    from numarun.stacks.job import for_spawn
 
     run = WorkerRun(nprocs, method)
     stacks = None

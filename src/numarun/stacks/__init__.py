@@ -8,10 +8,12 @@
   writing to this rank's file. Imports only ``os`` and ``faulthandler``.
 - ``parse``: faulthandler text -> ``RankStacks`` / ``Thread`` / ``Frame``; grouping identical
   stacks, the odd ones out (likely culprits), text and JSON. Pure.
-- ``dumps``: the launcher's side: ``RankDumps`` (ask and take every rank's dump),
-  ``HangWatch`` (the hang verdict), ``JobStacks`` (all of it wired into one supervisor).
+- ``dumps``: the launcher's side: ``RankDumps`` (ask and take every rank's dump).
+- ``hang``: ``HangWatch`` (the hang verdict, this node's or with the launcher the whole job's).
+- ``job``: ``JobStacks`` (all of it wired into one supervisor), ``for_spawn``.
+- ``remote``: one node's stacks as posted for the other nodes of a job, and read back. Pure.
 - ``channel``: the per-user runtime directory, ``JobServer`` (serving ``numarun stacks`` from
-  the supervisor's loop) and the client side of ``numarun stacks``.
+  the supervisor's loop, never blocking it) and the client side of ``numarun stacks``.
 
 May import: ``numarun.process``, ``numarun.placement``, ``numarun.machine``, ``numarun.errors``
 and this package.

@@ -14,12 +14,14 @@ reads a byte: a peer whose uid is not the launcher's effective uid (root include
 disconnected without an answer. No other user can list jobs, read stacks or make numarun
 signal anything.
 
-Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}``; one reply line
+Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}`` (with ``"scope":
+"job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.job`); one reply line
 of JSON; the connection is closed. The server runs inside the supervisor's loop
-(:meth:`Supervisor.add_reader`): while it answers, the loop waits (a few milliseconds; at most
-about 1 s for the dumps plus 2 s for a client that does not read its reply). A socket whose
-launcher died (nothing listens: ``ECONNREFUSED``) is stale; the client removes it and its dump
-directory. Names carry a random part, so a stale name is never reused by a new job.
+(:meth:`Supervisor.add_reader`), every connection non-blocking with a deadline, a bound on its
+request and on how many are served at once (:class:`JobServer`): a client never blocks the loop;
+the loop waits only while this node's dumps are read (milliseconds, at most about 1 s). A socket
+whose launcher died (nothing listens: ``ECONNREFUSED``) is stale; the client removes it and its
+dump directory. Names carry a random part, so a stale name is never reused by a new job.
 """
 
 from __future__ import annotations
@@ -36,13 +38,14 @@ from numarun.errors import NumarunError, UsageError
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
-    from typing import Any
 
     from numarun.process.supervisor import Supervisor
 
-_REQUEST_LIMIT = 4096
-_READ_TIMEOUT = 0.5  # a client sends its request right after connecting
-_SEND_TIMEOUT = 2.0
+REQUEST_LIMIT = 4096  # bytes of one request line
+MAX_CONNECTIONS = 8  # clients served at once; more are closed at once
+REQUEST_DEADLINE = 1.0  # seconds from connecting to the end of the request, in all
+ANSWER_DEADLINE = 5.0  # seconds for the job to answer (a whole-job request takes up to ~2.5)
+REPLY_DEADLINE = 1.0  # seconds for the client to take the reply once it is ready
 CLIENT_TIMEOUT = 5.0
 RUNTIME_DIR_ENV = "NUMARUN_RUNTIME_DIR"  # one directory instead of the default places
 
@@ -119,18 +122,44 @@ def peer_uid(conn: socket.socket) -> int:
     return struct.unpack("3i", creds)[1]
 
 
-class JobServer:
-    """The listening socket of one job, served from the supervisor's loop.
+class _Connection:
+    """One client of a :class:`JobServer`: its socket, what it sent, what waits to be sent, and
+    when it is cut off."""
 
-    ``answer(op)`` returns the reply (a JSON-able dict) for ``"info"`` or ``"stacks"``.
+    __slots__ = ("deadline", "outbox", "request", "sock")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.request = b""
+        self.outbox = b""
+
+
+class JobServer:
+    """The listening socket of one job, served from the supervisor's loop without ever blocking it.
+
+    ``answer(op, request, reply)`` is called from the loop with the request's ``"op"``
+    (``"info"`` or ``"stacks"``) and the whole request object; it calls ``reply(dict)`` once,
+    then or later (a whole-job request answers once the other nodes did). Each connection is
+    non-blocking and served as its bytes come: at most :data:`MAX_CONNECTIONS` at once (more are
+    closed at once), a request of at most :data:`REQUEST_LIMIT` bytes that must arrive within
+    :data:`REQUEST_DEADLINE` seconds of the connection in all (not per byte), a reply that must
+    be taken within :data:`REPLY_DEADLINE` seconds of being ready, and :data:`ANSWER_DEADLINE`
+    for the answer itself. A connection past its deadline is closed the next time the loop looks
+    at it or at a new connection; one that does not read its reply never blocks the loop. So a
+    client that dribbles, idles or never reads costs the job nothing but one of the slots.
     """
 
-    def __init__(self, directory: str, name: str, answer: Callable[[str], dict]) -> None:
+    def __init__(
+        self, directory: str, name: str, answer: Callable[[str, dict, Callable[[dict], None]], None]
+    ) -> None:
         from numarun.process import children
 
         _check_private(directory)
         self.path = os.path.join(directory, f"{name}.sock")
         self._answer = answer
+        self._supervisor: Supervisor | None = None
+        self._connections: dict[int, _Connection] = {}
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             self._sock.bind(self.path)
@@ -148,47 +177,119 @@ class JobServer:
         return self._sock.fileno()
 
     def attach(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
         supervisor.add_reader(self._sock.fileno(), self._accept)
 
     def _accept(self) -> None:
+        from numarun.process import children
+
         while True:
             try:
                 conn, _ = self._sock.accept()
             except OSError:  # BlockingIOError: nobody more waits
                 return
-            # A client's mistake must never end the job: nothing raises from here.
-            with conn, contextlib.suppress(Exception):
-                self._serve(conn)
+            now = time.monotonic()
+            self._expire(now)
+            try:
+                if peer_uid(conn) != os.geteuid() or len(self._connections) >= MAX_CONNECTIONS:
+                    conn.close()  # not the owner (not a byte read), or too many at once
+                    continue
+                conn.setblocking(False)
+                children.track(conn.fileno())
+                connection = _Connection(conn, now + REQUEST_DEADLINE)
+                self._connections[conn.fileno()] = connection
+                assert self._supervisor is not None
+                self._supervisor.add_reader(conn.fileno(), lambda c=connection: self._read(c))
+            except Exception:  # a client's mistake must never end the job
+                self._drop(conn)
 
-    def _serve(self, conn: socket.socket) -> None:
-        if peer_uid(conn) != os.geteuid():
-            return  # not the owner: not a byte read, nothing done
+    def _expire(self, now: float) -> None:
+        for connection in list(self._connections.values()):
+            if now > connection.deadline:
+                self._drop(connection.sock)
+
+    def _drop(self, conn: socket.socket) -> None:
+        from numarun.process import children
+
+        fd = conn.fileno()
+        if fd >= 0:
+            if self._supervisor is not None:
+                self._supervisor.remove_reader(fd)
+                self._supervisor.remove_writer(fd)
+            self._connections.pop(fd, None)
+            children.close_untracked(fd)
+        conn.close()
+
+    def _read(self, connection: _Connection) -> None:
         import json
 
-        conn.settimeout(_READ_TIMEOUT)
-        request = b""
-        while b"\n" not in request and len(request) < _REQUEST_LIMIT:
-            chunk = conn.recv(_REQUEST_LIMIT)
-            if not chunk:
-                break
-            request += chunk
+        if time.monotonic() > connection.deadline:
+            self._drop(connection.sock)
+            return
         try:
-            op = json.loads(request.decode("utf-8")).get("op")
+            chunk = connection.sock.recv(REQUEST_LIMIT)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self._drop(connection.sock)
+            return
+        connection.request += chunk
+        if b"\n" not in connection.request:
+            if len(connection.request) >= REQUEST_LIMIT:
+                self._drop(connection.sock)
+            return
+        assert self._supervisor is not None
+        self._supervisor.remove_reader(connection.sock.fileno())
+        connection.deadline = time.monotonic() + ANSWER_DEADLINE
+        try:
+            request = json.loads(connection.request.split(b"\n", 1)[0].decode("utf-8"))
+            op = request.get("op")
         except (ValueError, AttributeError):
-            op = None
+            request, op = {}, None
         if op not in ("info", "stacks"):
-            reply: dict[str, Any] = {"error": "unknown request; send {\"op\": \"stacks\"}"}
-        else:
-            try:
-                reply = self._answer(op)
-            except Exception as error:  # told to the client; the job goes on
-                reply = {"error": f"{type(error).__name__}: {error}"}
-        conn.settimeout(_SEND_TIMEOUT)
-        conn.sendall(json.dumps(reply).encode() + b"\n")
+            self._reply(connection, {"error": "unknown request; send {\"op\": \"stacks\"}"})
+            return
+        try:
+            self._answer(op, request, lambda reply: self._reply(connection, reply))
+        except Exception as error:  # told to the client; the job goes on
+            self._reply(connection, {"error": f"{type(error).__name__}: {error}"})
+
+    def _reply(self, connection: _Connection, reply: dict) -> None:
+        """Send ``reply`` as far as the socket takes it now; the rest when it can take more."""
+        import json
+
+        fd = connection.sock.fileno()
+        if fd < 0 or self._connections.get(fd) is not connection or connection.outbox:
+            return  # cut off meanwhile, or answered already
+        connection.outbox = json.dumps(reply).encode() + b"\n"
+        connection.deadline = time.monotonic() + REPLY_DEADLINE
+        self._write(connection)
+        if connection.outbox and self._supervisor is not None:
+            with contextlib.suppress(Exception):
+                self._supervisor.add_writer(fd, lambda: self._write(connection))
+
+    def _write(self, connection: _Connection) -> None:
+        if time.monotonic() > connection.deadline:
+            self._drop(connection.sock)
+            return
+        try:
+            sent = connection.sock.send(connection.outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._drop(connection.sock)
+            return
+        connection.outbox = connection.outbox[sent:]
+        if not connection.outbox:
+            self._drop(connection.sock)
 
     def close(self, supervisor: Supervisor | None = None) -> None:
         from numarun.process import children
 
+        for connection in list(self._connections.values()):
+            self._drop(connection.sock)
         if self._sock.fileno() >= 0:
             if supervisor is not None:
                 supervisor.remove_reader(self._sock.fileno())
@@ -215,16 +316,16 @@ class Job:
         return os.path.basename(self.path)[: -len(".sock")]
 
 
-def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT) -> dict:
-    """Send one request to the job listening on ``path``; its reply. Raises OSError
-    (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
+def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT, **fields: str) -> dict:
+    """Send one request (``op`` and ``fields``) to the job listening on ``path``; its reply.
+    Raises OSError (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
     import json
 
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         conn.settimeout(timeout)
         conn.connect(path)
-        conn.sendall(json.dumps({"op": op}).encode() + b"\n")
+        conn.sendall(json.dumps({"op": op, **fields}).encode() + b"\n")
         chunks = []
         while True:
             conn.settimeout(max(0.01, deadline - time.monotonic()))
@@ -281,12 +382,43 @@ def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[Job]:
     return sorted(jobs, key=lambda job: (job.info.get("started") or 0, job.path))
 
 
+def _parent(pid: int) -> int:
+    """The parent of ``pid`` (0 when it is gone or unreadable)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+        return int(data[data.rindex(b")") + 2 :].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _lineage(pid: int) -> list[int]:
+    """``pid`` and its ancestors, nearest first (at most 64)."""
+    chain = []
+    while pid > 1 and len(chain) < 64:
+        chain.append(pid)
+        pid = _parent(pid)
+    return chain
+
+
 def _matches(job: Job, wanted: str) -> bool:
+    """``wanted`` names the job: its run id, its socket's name, or a pid -- the launcher's, any
+    process of the job (a worker, a worker's child), or an ancestor of the launcher (the pid
+    ``$!`` gives after ``timeout 600 numarun ... &``)."""
     info = job.info
-    return wanted in (job.name, str(info.get("run_id")), str(info.get("pid")))
+    if wanted in (job.name, str(info.get("run_id")), str(info.get("pid"))):
+        return True
+    if not wanted.isdigit() or not isinstance(info.get("pid"), int):
+        return False
+    pid, launcher = int(wanted), info["pid"]
+    workers = {item.get("pid") for item in info.get("ranks") or () if isinstance(item, dict)}
+    return launcher in _lineage(pid) or pid in _lineage(launcher) or bool(
+        workers & set(_lineage(pid))
+    )
 
 
 def format_job_list(jobs: Sequence[Job]) -> str:
+    """One line per job: run id, launcher pid, ranks on this host, start time, command."""
     lines = [f"  {'RUN_ID':<14} {'PID':>8} {'RANKS':>5}  {'STARTED':<8}  COMMAND"]
     for job in jobs:
         info = job.info
@@ -325,18 +457,27 @@ def choose_job(jobs: Sequence[Job], wanted: str | None) -> Job:
 
 
 def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
-    """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks; exit status."""
+    """``numarun stacks [RUN_ID] [--json]``: print the chosen job's stacks -- every node's
+    under a torch rendezvous, this node's otherwise (a static job over several nodes says
+    so); exit status."""
     from numarun.stacks import parse
 
     job = choose_job(find_jobs(timeout), wanted)
     if job.error is not None:
         raise JobsError(f"job {job.name} {job.error}")
+    scope = job.info.get("scope")
     try:
-        reply = ask(job.path, "stacks", timeout)
+        if scope == "job":
+            reply = ask(job.path, "stacks", timeout, scope="job")
+        else:
+            reply = ask(job.path, "stacks", timeout)
     except (OSError, ValueError) as error:
         raise JobsError(f"job {job.name} did not answer: {error or type(error).__name__}") from None
     if "error" in reply:
         raise JobsError(f"job {job.name}: {reply['error']}")
+    fields = {key: reply.get(key) for key in ("run_id", "name", "pid", "host", "entrypoint")}
+    if reply.get("job_wide"):
+        return _print_job_wide(reply, fields, as_json)
     ranks = [
         parse.rank_stacks(
             item.get("rank", -1),
@@ -347,7 +488,6 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
         )
         for item in reply.get("dumps", [])
     ]
-    fields = {key: reply.get(key) for key in ("run_id", "name", "pid", "host", "entrypoint")}
     if as_json:
         import json
 
@@ -357,7 +497,52 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     lines = [
         f"numarun stacks: job {fields['run_id']} (launcher pid {fields['pid']}, {count} "
         f"rank{'s' if count != 1 else ''} on {fields['host']}): {fields['entrypoint']}",
+    ]
+    if scope == "node":
+        lines.append(
+            f"numarun stacks: this node's ranks only, of a job on {reply.get('nnodes')} nodes: "
+            "with the static rendezvous the launchers share no store; run `numarun stacks` on "
+            "each node, or launch with --rdzv-backend c10d to see every node's ranks from any"
+        )
+    lines.extend(parse.format_groups(parse.group_ranks(ranks)))
+    sys.stdout.write("\n".join(lines) + "\n")
+    return 0
+
+
+def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
+    """The whole job's stacks: every answering node's ranks grouped together, each group
+    naming its nodes; the nodes that did not answer, and why."""
+    from numarun.stacks import parse, remote
+
+    ranks: list[parse.RankStacks] = []
+    nodes: list[str] = []
+    for text in reply.get("posts") or ():
+        try:
+            group_rank, host, pid, stacks = remote.decode_post(str(text).encode())
+        except ValueError:
+            continue
+        nodes.append(f"{remote.node_label(group_rank, host)}: launcher pid {pid}")
+        ranks.extend(stacks)
+    missing = [
+        f"node {item.get('node')}: {item.get('why')}"
+        for item in reply.get("missing") or ()
+        if isinstance(item, dict)
+    ]
+    if as_json:
+        import json
+
+        document = parse.stacks_to_json(ranks, **fields)
+        document["nodes"] = nodes
+        document["missing_nodes"] = missing
+        print(json.dumps(document, indent=1))
+        return 0
+    count = len(ranks)
+    lines = [
+        f"numarun stacks: job {fields['run_id']} ({count} rank{'s' if count != 1 else ''} on "
+        f"{len(nodes)} of {reply.get('nodes')} nodes): {fields['entrypoint']}",
+        *(f"  {line}" for line in nodes),
+        *(f"  {line}" for line in missing),
         *parse.format_groups(parse.group_ranks(ranks)),
     ]
-    sys.stdout.write("\n".join(lines) + "\n")
+    sys.stdout.write("\n".join(remote.printable(line) for line in lines) + "\n")
     return 0

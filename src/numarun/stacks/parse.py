@@ -43,6 +43,7 @@ __all__ = [
     "format_groups",
     "format_ranks",
     "group_ranks",
+    "nodes_line",
     "odd_ones_out",
     "parse_dump",
     "stacks_to_json",
@@ -97,7 +98,9 @@ class RankStacks:
 
     ``threads`` in faulthandler's order (the main thread last), empty when ``problem`` says
     why there are no stacks (``"not a Python process"``, ``"exited"``, ...). ``more_threads``:
-    faulthandler stopped at 100 threads. ``text`` is the dump exactly as written.
+    faulthandler stopped at 100 threads. ``text`` is the dump exactly as written. ``node``:
+    which node of a multi-node job the rank runs on (``node 1 (host-b)``), set for the stacks of
+    a whole job (:mod:`numarun.stacks.remote`); None for one node's own view.
     """
 
     rank: int
@@ -107,6 +110,7 @@ class RankStacks:
     problem: str | None = None
     text: str = ""
     more_threads: bool = False
+    node: str | None = None
 
     @property
     def main_thread(self) -> Thread | None:
@@ -312,6 +316,22 @@ def heading(group: Group) -> str:
     return f"{label} {format_ranks(group.ranks)}: {where(group.sample)}"
 
 
+def nodes_line(group: Group) -> str:
+    """``on node 0 (host-a): ranks 0,1; node 1 (host-b): rank 2`` for the ranks of a whole job
+    (:attr:`RankStacks.node` set); empty for one node's own ranks."""
+    by_node: dict[str, list[int]] = {}
+    for member in group.members:
+        if member.node is not None:
+            by_node.setdefault(member.node, []).append(member.rank)
+    if not by_node:
+        return ""
+    parts = [
+        f"{node}: {'rank' if len(ranks) == 1 else 'ranks'} {format_ranks(ranks)}"
+        for node, ranks in sorted(by_node.items(), key=lambda item: min(item[1]))
+    ]
+    return "on " + "; ".join(parts)
+
+
 def format_groups(
     groups: Sequence[Group], *, max_frames: int | None = None, other_threads: bool = True
 ) -> list[str]:
@@ -322,6 +342,9 @@ def format_groups(
     lines: list[str] = []
     for group in groups:
         lines.append(heading(group))
+        where_run = nodes_line(group)
+        if where_run:
+            lines.append(f"    {where_run}")
         sample = group.sample
         if not sample.threads:
             continue
@@ -384,6 +407,7 @@ def stacks_to_json(ranks: Sequence[RankStacks], **job: object) -> dict[str, obje
             {
                 "rank": stacks.rank,
                 "local_rank": stacks.local_rank,
+                **({"node": stacks.node} if stacks.node is not None else {}),
                 "pid": stacks.pid,
                 "problem": stacks.problem,
                 "more_threads": stacks.more_threads,
@@ -403,12 +427,19 @@ def stacks_to_json(ranks: Sequence[RankStacks], **job: object) -> dict[str, obje
 
 
 def rank_stacks(
-    rank: int, local_rank: int, pid: int | None, text: str | None, problem: str | None
+    rank: int,
+    local_rank: int,
+    pid: int | None,
+    text: str | None,
+    problem: str | None,
+    node: str | None = None,
 ) -> RankStacks:
     """A :class:`RankStacks` from a dump's text (None or empty: ``problem`` says why)."""
     if not text:
-        return RankStacks(rank, local_rank, pid, problem=problem or "no stacks")
+        return RankStacks(rank, local_rank, pid, problem=problem or "no stacks", node=node)
     threads, more = parse_dump(text)
     if not threads:
-        return RankStacks(rank, local_rank, pid, problem=problem or "unreadable dump", text=text)
-    return RankStacks(rank, local_rank, pid, threads, problem, text, more)
+        return RankStacks(
+            rank, local_rank, pid, problem=problem or "unreadable dump", text=text, node=node
+        )
+    return RankStacks(rank, local_rank, pid, threads, problem, text, more, node)

@@ -1,0 +1,241 @@
+"""The hang verdict of ``--hang-timeout``: :class:`HangWatch` samples every rank's stacks through
+:class:`numarun.stacks.dumps.RankDumps` on the supervisor's timer and ends the run when nothing
+progressed; :class:`HangReport` is what the summary shows.
+
+Hang rule (``--hang-timeout SECONDS``, :class:`HangWatch`): every ``interval`` seconds (``timeout /
+100``, between 1 and 2 s; at least 1 s per 8 ranks) the dumps asked for at the previous tick are
+read and new ones are asked for: nothing waits. Progress is any of: a rank's stacks differ from its
+previous sample (every thread's file, line and function), a byte of output from any rank that
+numarun reads (``--redirects``/``--tee``/``--local-ranks-filter``; output that goes straight to the
+terminal is invisible to the launcher), a rank that exited, a rank not yet armed. A hang is declared
+once nothing progressed for ``timeout`` seconds; a rank whose own code took signal 42 over and a
+``--no-python`` rank are judged by their output alone, a rank that does not answer counts as not
+moving, and a job in which nothing at all can be observed is never declared hung.
+
+Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
+``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
+long C call) shows the same stack in all ``n = timeout / interval`` samples of a window with
+probability ``p ** n``, and then looks hung. Choose a timeout many steps long (300 s on 8
+ranks: 150 samples; ``0.95 ** 150`` is 5e-4 per window), let numarun read the output (``--tee``/
+``--redirects``) when the job logs regularly, and expect a single C call longer than the
+timeout (a blocking read, a huge matmul) to look hung. Conversely a rank that loops on one
+line (``while not ready: time.sleep(1)``) looks still: that is a hang by this rule.
+
+Over several nodes (a torch rendezvous, ``job`` given): a hang is judged over the whole job, no
+rank on any numarun node made progress for the timeout. This node's watch then never ends the run
+by itself: once its own ranks have been still for the timeout it calls ``job.still(stacks, idle)``
+(the last samples of its ranks; the launcher posts them for the other nodes), and
+``job.moving()`` when one of them moves again; the launcher calls :meth:`HangWatch.declare` with
+every node's stacks once every numarun node is still, on every node alike.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from numarun.stacks.dumps import (
+    EXITED,
+    HANG_REASON,
+    NOT_ARMED,
+    NOT_PYTHON,
+    PENDING,
+    REPLACED,
+    RankDumps,
+    normalized,
+)
+
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    from numarun.process.supervisor import Supervisor
+    from numarun.stacks.parse import RankStacks
+
+    class JobHang(Protocol):
+        """The launcher's side of a hang judged over several nodes."""
+
+        def still(self, stacks: list[RankStacks], idle: float) -> None: ...
+        def moving(self) -> None: ...
+
+
+class HangReport:
+    """What :class:`HangWatch` saw when it declared the hang: ``stacks`` of every rank (the
+    last samples; over several nodes every node's ranks, each with its ``node``), ``idle``
+    seconds without progress, whether output counted, and ``nodes``: how many nodes were
+    judged (1: this node alone)."""
+
+    def __init__(
+        self,
+        timeout: float,
+        idle: float,
+        stacks: Sequence[RankStacks],
+        output_watched: bool,
+        nodes: int = 1,
+    ) -> None:
+        self.timeout = timeout
+        self.idle = idle
+        self.stacks = stacks
+        self.output_watched = output_watched
+        self.nodes = nodes
+
+
+class HangWatch:
+    """``--hang-timeout``: samples every rank's stacks on the supervisor's timer and stops the
+    run through :meth:`Supervisor.request_stop` (``"hang: ..."``) when nothing progressed for
+    ``timeout`` seconds (the rule is in the module docstring). ``report`` is then set. With
+    ``job``, the verdict is the whole job's (module docstring): :meth:`declare`."""
+
+    def __init__(
+        self, dumps: RankDumps, timeout: float, *, output_watched: bool, job: JobHang | None = None
+    ) -> None:
+        self.dumps = dumps
+        self.job = job
+        self.still = False  # job-wide: this node told the job its ranks are still
+        self.timeout = float(timeout)
+        # timeout / 100 between 1 and 2 s, and at least 1 s per 8 ranks: the launcher's CPU
+        # stays near 0.5 ms per second of wall time whatever the number of ranks.
+        ranks = len(dumps.local_ranks)
+        self.interval = max(min(max(self.timeout / 100, 1.0), 2.0), ranks / 8)
+        self.output_watched = output_watched
+        self.report: HangReport | None = None
+        self._output = 0
+        self._seen_output = 0
+        self._last: dict[int, bytes] = {}
+        self._exited: set[int] = set()
+        self._unasked: dict[int, str] = {}  # local rank -> why the last tick did not ask it
+        self._progress_at = time.monotonic()
+        self._supervisor: Supervisor | None = None
+
+    def count_output(self, sinks: Iterable[Any]) -> None:
+        """Count what these output sinks receive as progress. The sink's own ``feed`` is
+        wrapped on the instance, so the sink keeps its type
+        (:func:`numarun.process.sinks.log_loss`)."""
+        for sink in sinks:
+            if sink is None:
+                continue
+            inner = sink.feed
+
+            def feed(data: bytes, inner: Callable[[bytes], None] = inner) -> None:
+                self._output += 1
+                inner(data)
+
+            sink.feed = feed
+
+    def attach(self, supervisor: Supervisor) -> None:
+        self._supervisor = supervisor
+        self._progress_at = time.monotonic()
+        supervisor.call_every(self.interval, self.tick)
+
+    def tick(self) -> None:
+        """Read the dumps asked for at the last tick, judge progress, ask again. An I/O error
+        skips this tick (an exception here would end the job)."""
+        with contextlib.suppress(OSError):
+            self._tick()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        dumps = self.dumps
+        progress = self._output != self._seen_output
+        self._seen_output = self._output
+        observable = self.output_watched
+        for local_rank in dumps.local_ranks:
+            state = dumps._ranks[local_rank]
+            if state.exited:
+                if local_rank not in self._exited:
+                    self._exited.add(local_rank)
+                    progress = True
+                continue
+            if state.fd is None or state.replaced:
+                continue  # judged by its output alone
+            unasked = self._unasked.get(local_rank)
+            if unasked == NOT_ARMED:
+                progress = True  # still starting up (or exec'd): not hung
+                continue
+            if unasked == PENDING:
+                observable = True  # does not answer: counts as not moving
+                continue
+            if state.asked_at is None:
+                continue  # first tick: nothing asked yet
+            data = dumps.read(local_rank)
+            problem = None if data else dumps.answer_problem(local_rank, data, final=True)
+            if problem == PENDING:
+                observable = True
+                continue
+            if not data:
+                continue
+            observable = True
+            sample = normalized(data)
+            if self._last.get(local_rank) != sample:
+                self._last[local_rank] = sample
+                progress = True
+        if progress or not observable:
+            self._progress_at = now
+            if self.still and self.job is not None:
+                self.still = False
+                self.job.moving()
+        elif now - self._progress_at >= self.timeout:
+            if self.job is None:
+                self._declare(now)
+                return
+            if not self.still:
+                self.still = True
+                self.job.still(self.last_stacks(), now - self._progress_at)
+        self._unasked = dumps.ask(dumps.live())
+
+    def idle(self) -> float:
+        """Seconds since this node's ranks last made progress."""
+        return time.monotonic() - self._progress_at
+
+    def declare(self, stacks: Sequence[RankStacks], nodes: int) -> None:
+        """The whole job is hung (every one of ``nodes`` numarun nodes still): set
+        :attr:`report` with ``stacks`` (every node's ranks) and stop the run, as a local verdict
+        does, on every node alike (also one whose ranks moved since it said they were still:
+        the job as a whole was still). Does nothing once a verdict was given."""
+        if self.report is not None:
+            return
+        idle = self.idle()
+        self.report = HangReport(self.timeout, idle, stacks, self.output_watched, nodes)
+        assert self._supervisor is not None
+        self._supervisor.request_stop(
+            f"{HANG_REASON}no rank of the {nodes} nodes made progress for {idle:.1f} s "
+            f"(--hang-timeout {self.timeout:g})"
+        )
+
+    def last_stacks(self) -> list[RankStacks]:
+        """This node's ranks as last sampled (a rank without a sample: why)."""
+        from numarun.stacks.parse import rank_stacks
+
+        dumps = self.dumps
+        stacks = []
+        for local_rank in dumps.local_ranks:
+            state = dumps._ranks[local_rank]
+            problem = None
+            if state.fd is None:
+                problem = NOT_PYTHON
+            elif state.exited:
+                problem = EXITED
+            elif state.replaced:
+                problem = REPLACED
+            text = self._last.get(local_rank, b"") if problem is None else b""
+            if problem is None and not text:
+                problem = PENDING
+            stacks.append(
+                rank_stacks(
+                    state.rank, local_rank, state.pid or None, text.decode("utf-8", "replace"),
+                    problem,
+                )
+            )  # fmt: skip
+        return stacks
+
+    def _declare(self, now: float) -> None:
+        stacks = self.last_stacks()
+        idle = now - self._progress_at
+        self.report = HangReport(self.timeout, idle, stacks, self.output_watched)
+        assert self._supervisor is not None
+        self._supervisor.request_stop(
+            f"{HANG_REASON}no rank made progress for {idle:.1f} s (--hang-timeout {self.timeout:g})"
+        )
+
+

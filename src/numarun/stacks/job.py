@@ -1,0 +1,268 @@
+"""One job's stacks wired into its supervisor: the dump files (:mod:`numarun.stacks.dumps`), the
+``numarun stacks`` socket (:mod:`numarun.stacks.channel`), the hang watch
+(:mod:`numarun.stacks.hang`), the stacks taken at the first failure, and the files the summary
+points to. :func:`for_spawn` does the same for :func:`numarun.spawn`.
+
+Over several nodes (a torch rendezvous) the launcher adds the rest of the job through three
+hooks, set before the run: :attr:`JobStacks.job_wide` answers a ``numarun stacks`` request for
+the whole job (asynchronously: the answer comes back through the supervisor's loop once every
+node answered or about 2 s passed), ``hang_job`` (:mod:`numarun.stacks.hang`) judges a hang over
+the whole job, and :meth:`JobStacks.note_notice` records another node's failure with where every
+rank of the job was.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+
+from numarun.errors import NumarunError
+from numarun.stacks.dumps import RankDumps
+
+TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+if TYPE_CHECKING:
+    from typing import Any
+
+    from numarun.process.spec import WorkerExit
+    from numarun.process.supervisor import Supervisor
+    from numarun.stacks.hang import HangWatch, JobHang
+    from numarun.stacks.parse import RankStacks
+
+Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
+
+
+class JobStacks:
+    """Everything stacks need for one job: the dump files (:class:`RankDumps`), the
+    ``numarun stacks`` socket (:class:`numarun.stacks.channel.JobServer`), the hang watch and the
+    stacks taken at the first failure. Made before the workers (their environment needs
+    :meth:`worker_env`), attached to the supervisor, closed at the end.
+
+    ``hang_job``: judge ``--hang-timeout`` over the whole job (:mod:`numarun.stacks.hang`).
+    :attr:`job_wide`, when set, is called as ``job_wide(reply)`` for a ``numarun stacks``
+    request of scope ``"job"`` and calls ``reply(fields)`` once, from the loop (``fields`` joins
+    this job's description in the reply). :attr:`scope` says what ``numarun stacks`` can see
+    of the job: ``"job"`` (every node), ``"node"`` (a static rendezvous over several nodes:
+    this node only) or ``"all"`` (one node: everything)."""
+
+    def __init__(
+        self,
+        ranks: Sequence[tuple[int, int]],
+        *,
+        python: bool,
+        describe: Mapping[str, object],
+        hang_timeout: float | None = None,
+        close_when_done: bool = False,
+        hang_job: JobHang | None = None,
+        scope: str = "all",
+    ) -> None:
+        from numarun.stacks import channel
+
+        self.runtime_dir = channel.runtime_dir(create=True)
+        self.name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        directory = None
+        if python:
+            directory = os.path.join(self.runtime_dir, f"{self.name}.d")
+            os.mkdir(directory, 0o700)
+        try:
+            self.dumps = RankDumps(ranks, directory)
+        except BaseException:
+            if directory is not None:
+                with contextlib.suppress(OSError):  # gone already: RankDumps.close removed it
+                    os.rmdir(directory)
+            raise
+        self.describe = {**describe, "name": self.name, "pid": os.getpid(),
+                         "started": time.time()}  # fmt: skip
+        self.hang: HangWatch | None = None
+        if hang_timeout:  # loaded only for --hang-timeout: the launcher's start-up path
+            from numarun.stacks.hang import HangWatch
+
+            self.hang = HangWatch(self.dumps, hang_timeout, output_watched=False, job=hang_job)
+        self.scope = scope
+        self.job_wide: Callable[[Reply], None] | None = None
+        self.at_failure: tuple[WorkerExit, list[RankStacks]] | None = None
+        # Another node's failure: (its notice, every rank of the job with its node).
+        self.at_notice: tuple[str, list[RankStacks]] | None = None
+        self._close_when_done = close_when_done
+        self._server: Any = None
+        self._supervisor: Supervisor | None = None
+
+    def worker_env(self, local_rank: int) -> dict[str, str]:
+        return self.dumps.worker_env(local_rank)
+
+    def count_output(self, sinks: Iterable[Any]) -> None:
+        """Output through these sinks counts as progress for ``--hang-timeout``."""
+        if self.hang is not None:
+            present = [sink for sink in sinks if sink is not None]
+            if present:
+                self.hang.output_watched = True
+                self.hang.count_output(present)
+
+    def attach(self, supervisor: Supervisor) -> None:
+        """Before :meth:`Supervisor.run`: the hang timer; the socket opens in :meth:`listen`."""
+        self._supervisor = supervisor
+        self.dumps.attach(supervisor)
+        if self.hang is not None:
+            self.hang.attach(supervisor)
+
+    def listen(self) -> None:
+        """Open the ``numarun stacks`` socket and watch it from the supervisor's loop (called
+        once the workers started: nothing of it delays them)."""
+        from numarun.stacks import channel
+
+        assert self._supervisor is not None
+        self._server = channel.JobServer(self.runtime_dir, self.name, self._answer)
+        self._server.attach(self._supervisor)
+
+    def on_exit(self, ended: WorkerExit) -> None:
+        """The supervisor's ``on_exit``; with ``close_when_done``, the last rank's end closes
+        everything (the :func:`numarun.spawn` case: no launcher around it to do so)."""
+        self.dumps.note_exit(ended)
+        if self._close_when_done and not self.dumps.live():
+            self.close()
+
+    def on_failure(self, ended: WorkerExit) -> None:
+        """The supervisor's ``on_failure``: the other ranks' stacks, before anyone is signalled
+        (at most :data:`TAKE_LIMIT` seconds)."""
+        self.dumps.note_exit(ended)
+        others = [r for r in self.dumps.live() if r != ended.local_rank]
+        with contextlib.suppress(OSError):  # no stacks then: the teardown must go on
+            self.at_failure = (ended, self.dumps.take(others) if others else [])
+
+    def take(self) -> list[RankStacks]:
+        """Every live rank's stacks now (at most :data:`TAKE_LIMIT` seconds); an exited rank
+        says so. An I/O error gives no stacks rather than an exception."""
+        try:
+            return self.dumps.take()
+        except OSError:
+            return []
+
+    def note_notice(self, notice: str, stacks: Sequence[RankStacks]) -> None:
+        """Another node's failure (``notice``) and where every rank of the job was (that
+        node's ranks from its notice, this node's taken at once, before the teardown), kept
+        for what this node prints (the first notice of the run only)."""
+        if self.at_notice is None:
+            self.at_notice = (notice, list(stacks))
+
+    def _answer(self, op: str, request: dict, reply: Reply) -> None:
+        info: dict[str, object] = {
+            **self.describe,
+            "scope": self.scope,
+            "ranks": [
+                {"local_rank": r, "rank": self.dumps._ranks[r].rank,
+                 "pid": self.dumps._ranks[r].pid or None}
+                for r in self.dumps.local_ranks
+            ],
+        }  # fmt: skip
+        if op != "stacks":
+            reply(info)
+            return
+        if request.get("scope") == "job" and self.job_wide is not None:
+            self.job_wide(lambda fields: reply({**info, **fields}))
+            return
+        info["dumps"] = [
+            {
+                "rank": item.rank,
+                "local_rank": item.local_rank,
+                "pid": item.pid,
+                "problem": item.problem,
+                "text": item.text,
+            }
+            for item in self.dumps.take()
+        ]
+        reply(info)
+
+    def summary_fields(self, attempt_dir: str | None) -> dict[str, object]:
+        """Keyword arguments for :func:`numarun.launch.failures.format_summary`: the hang report or
+        the stacks taken at the first failure; with ``attempt_dir`` (the run's kept log
+        directory) each rank's full stacks are written to ``<attempt_dir>/<local rank>/
+        stacks.log`` first."""
+        fields: dict[str, object] = {}
+        if self.hang is not None and self.hang.report is not None:
+            report = self.hang.report
+            fields["hang"] = report
+            stacks = report.stacks
+            header = f"when --hang-timeout {report.timeout:g} found the job hung"
+        elif self.at_failure is not None:
+            ended, stacks = self.at_failure
+            fields["stacks_at_failure"] = (ended.rank, stacks)
+            header = f"when rank {ended.rank} failed"
+        else:
+            return fields
+        # Over several nodes the stacks hold every node's ranks: files for this node's only.
+        mine = {self.dumps._ranks[r].rank for r in self.dumps.local_ranks}
+        own = [item for item in stacks if item.rank in mine]
+        if own and attempt_dir is not None:
+            log_dirs = {item.local_rank: os.path.join(attempt_dir, str(item.local_rank))
+                        for item in own}  # fmt: skip
+            if write_stacks_files(log_dirs, own, header):
+                fields["stacks_logs"] = os.path.join(attempt_dir, "<local_rank>", "stacks.log")
+        return fields
+
+    def close(self) -> None:
+        """Close the socket and remove the dump files; idempotent."""
+        if self._close_when_done:
+            import atexit
+
+            atexit.unregister(self.close)
+        if self._server is not None:
+            self._server.close(self._supervisor)
+            self._server = None
+        self.dumps.close()
+
+
+def write_stacks_files(
+    log_dirs: Mapping[int, str], stacks: Sequence[RankStacks], header: str
+) -> list[str]:
+    """Each rank's full dump (as faulthandler wrote it) to ``<its log dir>/stacks.log`` after a
+    ``# numarun: ...`` header line; returns the paths written. Errors are skipped: a full disk
+    must not hide the summary."""
+    written = []
+    for item in stacks:
+        directory = log_dirs.get(item.local_rank)
+        if directory is None:
+            continue
+        path = os.path.join(directory, "stacks.log")
+        body = item.text if item.text else f"(no stacks: {item.problem})\n"
+        try:
+            with open(path, "w", encoding="utf-8") as file:
+                file.write(
+                    f"# numarun: rank {item.rank} (local_rank {item.local_rank}, pid "
+                    f"{item.pid}) {header}\n{body}"
+                )
+        except OSError:
+            continue
+        written.append(path)
+    return written
+
+
+def for_spawn(specs: Sequence[Any], fn: object) -> tuple[list[Any], JobStacks | None]:
+    """:func:`numarun.spawn`'s workers with their dump files added to their environment, and
+    the :class:`JobStacks` to attach (``numarun stacks`` answers while the parent waits in
+    ``join``); it closes itself when the last worker ends, or at interpreter exit. Where
+    stacks cannot be set up, the specs unchanged, None, and a :class:`RuntimeWarning`."""
+    import dataclasses
+
+    name = getattr(fn, "__qualname__", None) or type(fn).__name__
+    try:
+        job = JobStacks(
+            [(spec.local_rank, spec.rank) for spec in specs],
+            python=True,
+            describe={"run_id": f"spawn-{os.getpid()}", "host": os.uname().nodename,
+                      "entrypoint": f"numarun.spawn({name}) in {' '.join(sys.argv)[:150]}"},
+            close_when_done=True,
+        )  # fmt: skip
+    except (NumarunError, OSError) as error:
+        import warnings
+
+        warnings.warn(f"`numarun stacks` will not reach these workers: {error}",
+                      RuntimeWarning, stacklevel=3)  # fmt: skip
+        return list(specs), None
+    import atexit
+
+    atexit.register(job.close)
+    env = job.worker_env
+    return [dataclasses.replace(s, env={**s.env, **env(s.local_rank)}) for s in specs], job
+
