@@ -679,3 +679,105 @@ def test_without_pynvml_the_gpu_is_only_its_index(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setitem(sys.modules, "pynvml", None)  # import pynvml raises ImportError
     seen = seen_gpu(0, {})
     assert seen["visible_entry"] == "0" and seen["source"] is None and seen["pci_address"] is None
+
+
+def test_a_failed_probe_job_fails_the_check_even_when_every_rank_was_bound() -> None:
+    results = [probe_result(0, 0, 1), probe_result(1, 1, 0)]
+    document = two_node_document(results)
+    assert document["exit_code"] == 0
+    planned = [entry["planned"] for entry in document["ranks"]]
+    failed = report.build_document(
+        document["settings"], document["machine"], planned, results, document["phases"],
+        {0: 1, 1: 0}, launch_code=1,
+    )  # fmt: skip
+    assert failed["summary"]["bound_as_planned"] == 2 and failed["exit_code"] == 1
+    assert failed["verdict"].endswith("; the probes' job failed (exit status 1)")
+
+
+# --- the copy phases, with a stand-in for torch (no GPU here) -------------------------------------
+
+
+class FakeTensor:
+    def __init__(self, data: memoryview) -> None:
+        self.data = data
+
+    def copy_(self, other: FakeTensor, non_blocking: bool = False) -> None:
+        self.data[:] = other.data
+
+
+def fake_torch(registered: list[tuple[int, int]], unregistered: list[int]) -> Any:
+    """What :class:`numarun.check.gpu.PinnedCopies` uses of torch, on the CPU: copies are
+    memoryview copies, registrations are recorded."""
+    import types
+
+    def register(address: int, size: int, flags: int) -> int:
+        registered.append((address, size))
+        return 0
+
+    def unregister(address: int) -> int:
+        unregistered.append(address)
+        return 0
+
+    cudart = types.SimpleNamespace(cudaHostRegister=register, cudaHostUnregister=unregister)
+    props = types.SimpleNamespace(
+        name="Fake H100", uuid="1234-5678", pci_domain_id=0, pci_bus_id=0x18, pci_device_id=0
+    )
+    cuda = types.SimpleNamespace(
+        is_available=lambda: True,
+        set_device=lambda device: None,
+        synchronize=lambda device=None: None,
+        get_device_properties=lambda device: props,
+        cudart=lambda: cudart,
+    )
+    module = types.ModuleType("torch")
+    module.cuda = cuda  # type: ignore[attr-defined]
+    module.uint8 = "uint8"  # type: ignore[attr-defined]
+    module.device = lambda kind, index: (kind, index)  # type: ignore[attr-defined]
+    module.empty = lambda size, dtype, device: FakeTensor(memoryview(bytearray(size)))  # type: ignore[attr-defined]
+    module.frombuffer = lambda array, dtype: FakeTensor(memoryview(array).cast("B"))  # type: ignore[attr-defined]
+    return module
+
+
+def test_pinned_copies_place_register_copy_and_release(monkeypatch: pytest.MonkeyPatch) -> None:
+    from numarun.check.gpu import PinnedCopies
+
+    registered: list[tuple[int, int]] = []
+    unregistered: list[int] = []
+    copies = PinnedCopies(fake_torch(registered, unregistered), 0, 1 << 20)
+    host = copies.host_buffer(0)
+    assert copies.host_buffer(0) is host  # one buffer per node
+    assert registered == [(copies._hosts[0][0].address, 1 << 20)]
+    assert copies._hosts[0][0].page_nodes()[0] == {0: 256}
+    assert copies.rate(host, "h2d", 0.01) > 0
+    assert bytes(copies.on_device.data[:4]) == b"\x01\x01\x01\x01"  # the touched host bytes
+    assert copies.rate(host, "d2h", 0.01) > 0
+    assert copies.describe() == {
+        "name": "Fake H100", "uuid": "GPU-1234-5678", "pci_address": "0000:18:00.0",
+    }  # fmt: skip
+    copies.close()
+    assert unregistered == [registered[0][0]]
+
+
+def test_the_probe_runs_the_copy_phases_when_torch_has_cuda(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from numarun.check import probe
+
+    monkeypatch.setitem(sys.modules, "torch", fake_torch([], []))
+    monkeypatch.setitem(sys.modules, "pynvml", None)
+    instructions = instructions_for(
+        ["memory-local", "h2d-planned", "h2d-far", "d2h-planned", "d2h-far"], 0
+    )
+    run = probe.Probe(str(tmp_path), 0, instructions, {"LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"})
+    run.read_binding()
+    run.measure()
+    result = run.result
+    assert set(result["h2d_gbs"]) == {"planned"} and result["h2d_gbs"]["planned"]["node"] == 0
+    assert set(result["d2h_gbs"]) == {"planned"}
+    assert result["gpu"]["cuda"]["pci_address"] == "0000:18:00.0"
+    far = [line for line in result["not_measured"] if "(far)" in line]
+    assert far == [
+        "H2D bandwidth (far): one NUMA node with CPUs and memory",
+        "D2H bandwidth (far): one NUMA node with CPUs and memory",
+    ]
+    assert result["late_phases"] == []

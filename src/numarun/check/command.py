@@ -88,7 +88,8 @@ def run_check(
 ) -> dict[str, Any]:
     """Run ``numarun check`` for the job ``argv`` (see :func:`launch_argv`); return the report
     document (:func:`numarun.check.report.build_document`), whose ``exit_code`` is 0 when
-    every rank was bound as planned and 1 when not (a rank without a result counts as not).
+    every rank was bound as planned and 1 when not (a rank without a result counts as not), or
+    when the probes' job failed (its summary is on stderr, as for any job).
 
     ``argv`` with ``--dry-run`` starts nothing: the document holds the plan, each rank's home
     and farthest nodes and the phases that would run (``--sysfs-root`` needs it, as for a job).

@@ -64,8 +64,10 @@ def load_torch_cuda() -> tuple[Any, str | None]:
     """``(torch, None)`` when torch is installed and sees a CUDA device; ``(None, why not)``
     otherwise. torch is imported only when its package is found."""
     import importlib.util
+    import sys
 
-    if importlib.util.find_spec("torch") is None:
+    # Already imported (by a sitecustomize, say): find_spec would look at its __spec__.
+    if "torch" not in sys.modules and importlib.util.find_spec("torch") is None:
         return None, "torch is not installed"
     try:
         import torch  # type: ignore[import-not-found]
@@ -91,7 +93,7 @@ class PinnedCopies:
         torch.cuda.set_device(self.device)
         self.size = size
         self.on_device = torch.empty(size, dtype=torch.uint8, device=self.device)
-        self._hosts: list[tuple[Buffer, Any]] = []
+        self._hosts: dict[int, tuple[Buffer, Any]] = {}
 
     def describe(self) -> dict[str, Any]:
         """The device as CUDA numbers it: ``name``, ``uuid``, ``pci_address`` (None where this
@@ -110,9 +112,11 @@ class PinnedCopies:
         }
 
     def host_buffer(self, node: int) -> Any:
-        """A page-locked host tensor of ``size`` bytes whose pages are on ``node``. Raises
-        :class:`OSError` when the node cannot be bound, :class:`RuntimeError` when CUDA refuses
-        to register the pages."""
+        """A page-locked host tensor of ``size`` bytes whose pages are on ``node`` (one per node,
+        made at the first call). Raises :class:`OSError` when the node cannot be bound,
+        :class:`RuntimeError` when CUDA refuses to register the pages."""
+        if node in self._hosts:
+            return self._hosts[node][1]
         buffer = Buffer(self.size, node)
         try:
             buffer.touch()
@@ -124,7 +128,7 @@ class PinnedCopies:
             raise
         array = (ctypes.c_ubyte * buffer.size).from_address(buffer.address)
         tensor = self.torch.frombuffer(array, dtype=self.torch.uint8)
-        self._hosts.append((buffer, tensor))
+        self._hosts[node] = (buffer, tensor)
         return tensor
 
     def rate(self, host: Any, direction: str, seconds: float) -> float:
@@ -147,7 +151,7 @@ class PinnedCopies:
         return copies * self.size / elapsed / 1e9
 
     def close(self) -> None:
-        for buffer, _tensor in self._hosts:
+        for buffer, _tensor in self._hosts.values():
             try:
                 self.torch.cuda.cudart().cudaHostUnregister(buffer.address)
             finally:

@@ -4,8 +4,8 @@ A rank is *bound as planned* when the CPUs its probe read in its first statement
 the planned ones and the memory policy in force is the planned one (the launcher's own when the
 plan sets none); a rank without a result is not. Its memory is *local* when every page it
 touched landed on its memory nodes (on its CPUs' nodes when it has none); unknown (None) when
-the page locations could not be read. The exit status is 0 when every rank is bound as planned,
-1 otherwise; memory locality and bandwidth are reported, never judged.
+the page locations could not be read. The exit status is 0 when every rank is bound as planned and
+the probes' job succeeded, 1 otherwise; memory locality and bandwidth are reported, never judged.
 
 The JSON document (``schema``: :data:`SCHEMA`; a field is added without changing it, a field
 removed or changing meaning changes it) is::
@@ -150,7 +150,8 @@ def build_document(
     if dry_run:
         document["verdict"] = f"dry run: {len(ranks)} ranks planned, nothing started"
         return document
-    document["exit_code"] = 0 if summary["bound_as_planned"] == len(ranks) else 1
+    failed = launch_code not in (None, 0)
+    document["exit_code"] = 0 if summary["bound_as_planned"] == len(ranks) and not failed else 1
     document["verdict"] = verdict_line(summary, document["not_measured"])
     return document
 
@@ -252,6 +253,8 @@ def verdict_line(summary: Mapping[str, Any], not_measured: Sequence[str]) -> str
             )
         elif kind == "h2d":
             parts.append(f"H2D/D2H not measured ({_why(not_measured, 'H2D/D2H bandwidth')})")
+    if summary["launch_exit_code"]:
+        parts.append(f"the probes' job failed (exit status {summary['launch_exit_code']})")
     return "; ".join(parts)
 
 
