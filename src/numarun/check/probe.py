@@ -180,7 +180,10 @@ class Probe:
         """The node farthest from home that this rank may use, or (None, why not)."""
         if self.home is None:
             return None, "the rank's home node is unknown"
-        far = self.instructions["far_of"].get(str(self.home))
+        far_of = self.instructions["far_of"]
+        if str(self.home) not in far_of:
+            return None, f"node {self.home}, where its memory is, has no CPUs to compare from"
+        far = far_of[str(self.home)]
         if far is None:
             return None, "one NUMA node with CPUs and memory"
         allowed = self.result["mems_allowed"]
