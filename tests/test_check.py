@@ -589,8 +589,9 @@ def test_the_json_of_a_real_run_follows_the_schema() -> None:
 
 
 def test_bad_check_options_are_one_line() -> None:
-    for args in (["--seconds", "0"], ["--buffer-mib", "0"], ["--mem-binding", "bind"],
-                 ["--numa-binding", "nodes"], ["--frobnicate"]):  # fmt: skip
+    for args in (["--seconds", "0"], ["--seconds", "inf"], ["--seconds", "nan"],
+                 ["--buffer-mib", "0"], ["--mem-binding", "bind"], ["--numa-binding", "nodes"],
+                 ["--frobnicate"]):  # fmt: skip
         done = run_check(*args)
         assert done.returncode == 2, args
         # The last line says it; no traceback (a start line may come first).

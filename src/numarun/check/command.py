@@ -104,8 +104,8 @@ def run_check(
     from numarun.launch.config import parse_args
     from numarun.machine.topology import read_topology
 
-    if not seconds > 0:
-        raise UsageError(f"--seconds must be a number of seconds > 0, not {seconds}")
+    if not 0 < seconds < 86400:
+        raise UsageError(f"--seconds must be a number of seconds > 0 (under a day), not {seconds}")
     if buffer_mib < 1:
         raise UsageError(f"--buffer-mib must be at least 1, not {buffer_mib}")
     env = dict(os.environ if environ is None else environ)
