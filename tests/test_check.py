@@ -70,6 +70,8 @@ def assert_bound_as_planned(document: dict[str, Any], nprocs: int) -> None:
         # Its memory node(s): where the plan puts it and where its pages really are.
         assert entry["planned"]["local_nodes"]
         assert entry["actual"]["pages"]["nodes"]
+        nodes = entry["actual"]["memory_nodes"]
+        assert nodes and set(nodes) <= set(entry["planned"]["local_nodes"])
         assert entry["memory_local"] is True
         assert entry["memory_gbs"]["local"]["gbs"] > 0
     assert document["verdict"].startswith(f"bound as planned: {nprocs}/{nprocs} ranks")
@@ -557,7 +559,8 @@ PLANNED_KEYS = {
     "local_rank", "rank", "cpus", "mems", "policy", "home", "local_nodes", "gpu", "pci_address",
 }  # fmt: skip
 ACTUAL_KEYS = {
-    "cpus", "cpus_at_end", "policy", "mems_allowed", "pages", "home", "gpu", "threads",
+    "cpus", "cpus_at_end", "policy", "mems_allowed", "pages", "memory_nodes", "home", "gpu",
+    "threads",
 }  # fmt: skip
 
 

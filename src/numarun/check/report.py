@@ -19,7 +19,7 @@ removed or changing meaning changes it) is::
                 planned: {cpus, mems, policy: {mode, nodes}, home, local_nodes, gpu,
                           pci_address},
                 actual: {cpus, cpus_at_end, policy, mems_allowed, pages: {method, nodes} |
-                         {error}, home, gpu, threads} | null,
+                         {error}, memory_nodes, home, gpu, threads} | null,
                 cpus_as_planned, policy_as_planned, bound_as_planned, memory_local,
                 gpu_as_planned, gpu_local_by_nvml,
                 memory_gbs: {local: {node, gbs}, far: {node, gbs}}, h2d_gbs, d2h_gbs,
@@ -76,6 +76,7 @@ def rank_verdict(planned: Mapping[str, Any], actual: Mapping[str, Any] | None) -
         "policy": actual.get("mem_policy"),
         "mems_allowed": actual.get("mems_allowed"),
         "pages": actual.get("pages"),
+        "memory_nodes": _nodes_with_pages(actual.get("pages")),
         "home": actual.get("home"),
         "gpu": actual.get("gpu"),
         "threads": actual.get("threads"),
@@ -104,13 +105,18 @@ def _same_policy(planned: Mapping[str, Any] | None, actual: Mapping[str, Any] | 
     return planned["mode"] == actual["mode"] and sorted(planned["nodes"]) == sorted(actual["nodes"])
 
 
-def _memory_local(local_nodes: Sequence[int], pages: Mapping[str, Any] | None) -> bool | None:
+def _nodes_with_pages(pages: Mapping[str, Any] | None) -> list[int] | None:
+    """The nodes the rank's touched pages landed on; None when unknown."""
     if not pages or "nodes" not in pages:
         return None
-    placed = {int(node) for node, count in pages["nodes"].items() if int(node) >= 0 and count}
+    return sorted(int(node) for node, count in pages["nodes"].items() if int(node) >= 0 and count)
+
+
+def _memory_local(local_nodes: Sequence[int], pages: Mapping[str, Any] | None) -> bool | None:
+    placed = _nodes_with_pages(pages)
     if not placed:
         return None
-    return placed <= set(local_nodes)
+    return set(placed) <= set(local_nodes)
 
 
 def build_document(
