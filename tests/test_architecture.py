@@ -19,7 +19,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "src" / "numarun"
 
 # What each wing may import besides itself, lowest first. ``base`` is imported by everyone.
 BASE = {"numarun.errors", "numarun._version"}
-WINGS = ["machine", "placement", "process", "stacks", "spawning", "launch"]
+WINGS = ["machine", "placement", "process", "stacks", "spawning", "launch", "check"]
 MAY_IMPORT = {
     "machine": set(),
     "placement": {"machine"},
@@ -27,6 +27,7 @@ MAY_IMPORT = {
     "stacks": {"process", "placement", "machine"},
     "spawning": {"stacks", "process", "placement", "machine"},
     "launch": {"stacks", "process", "placement", "machine"},
+    "check": {"launch", "stacks", "process", "placement", "machine"},
 }
 MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 500

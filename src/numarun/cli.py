@@ -3,7 +3,8 @@
 ``numarun topo | plan | snapshot | stacks | help ...`` are subcommands; anything else is a launch,
 handled by :mod:`numarun.launch.launcher` with torchrun-compatible flags (``numarun --nproc-per-node
 8 train.py``), whose ``--help`` lists the subcommands too. A binary literally named ``topo``,
-``plan``, ``snapshot``, ``stacks`` or ``help`` is launched as ``./topo``.
+``plan``, ``snapshot``, ``stacks`` or ``help`` is launched as ``./topo``. ``numarun check``
+(:mod:`numarun.check`) is one too: a binary named ``check`` is launched as ``./check``.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from collections.abc import Sequence
 
 from numarun.errors import NumarunError, UsageError
 
-SUBCOMMANDS = ("topo", "plan", "snapshot", "stacks")
+SUBCOMMANDS = ("topo", "plan", "check", "snapshot", "stacks")
 
 # One line each for `numarun --help`; a subcommand is listed once it is in SUBCOMMANDS.
 SUMMARIES = {
     "topo": "show the machine: packages, NUMA nodes, caches, GPUs and NICs",
     "plan": "print each local rank's GPU, CPUs and memory nodes; starts nothing",
+    "check": "start the planned ranks, prove each got its CPUs and memory, measure the gain",
     "snapshot": "save the sysfs files numarun reads (replay with --sysfs-root)",
     "stacks": "print the Python stacks of every rank of a running job of yours, grouped",
     "help": "this help, or a subcommand's: numarun help plan",
@@ -236,6 +238,66 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
     return stacks_command(args.run_id, as_json=args.json, timeout=args.timeout)
 
 
+def _cmd_check(argv: Sequence[str]) -> int:
+    from numarun.check.command import DEFAULT_BUFFER_MIB, DEFAULT_SECONDS
+
+    parser = _Parser(
+        prog="numarun check",
+        description="Start the planned ranks exactly as a job's (bound at birth by numarun's "
+        "supervisor), each running a built-in probe: it reads the CPUs it really has in its first "
+        "statement, the memory policy in force, where its pages land and the GPU it sees; then "
+        "all ranks at once measure memory bandwidth on their own node and on the farthest one "
+        "(and, with torch and CUDA, pinned H2D/D2H bandwidth near and far). Prints a table "
+        "whose last line is the verdict. Exit status: 0 when every rank was bound as planned, "
+        "1 when not, 2 for bad input.",
+    )
+    parser.add_argument("--nproc-per-node", "--nproc_per_node", metavar="N", default=None,
+                        help="ranks, as for a job: an integer, gpu, cpu or auto (default 1)")
+    parser.add_argument("--numa-binding", "--numa_binding", metavar="MODE", default=None,
+                        help="the binding mode to check, as for a job (default: none)")
+    parser.add_argument("--rank-cpus", "--rank_cpus", metavar="LIST", action="append",
+                        default=None, help="explicit CPUs of the next rank (repeat per rank)")
+    parser.add_argument("--mem-binding", "--mem_binding", metavar="POLICY", default=None,
+                        help="memory policy: none (default), local, preferred, bind, interleave")
+    parser.add_argument("--binding-fallback", "--binding_fallback", action="store_true",
+                        default=None, help="as for a job: run with less binding instead of failing")
+    parser.add_argument("--cpus-allowed", "--cpus_allowed", metavar="LIST", default=None,
+                        help="plan within these CPUs instead of this process's affinity")
+    parser.add_argument("--sysfs-root", "--sysfs_root", metavar="DIR", default=None,
+                        help="with --dry-run: plan for the machine under DIR")
+    parser.add_argument("--dry-run", "--dry_run", action="store_true",
+                        help="print what would be checked and measured; start nothing")
+    parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
+                        help=f"measuring time, shared by the phases (default {DEFAULT_SECONDS:g})")
+    parser.add_argument("--buffer-mib", "--buffer_mib", type=int, default=DEFAULT_BUFFER_MIB,
+                        metavar="MIB", help="size of each copy buffer per rank "
+                        f"(default {DEFAULT_BUFFER_MIB}; lowered to fit memory)")
+    parser.add_argument("--json", action="store_true", help="print JSON for programs")
+    args = parser.parse_args(argv)  # fmt: skip
+    from numarun.check.command import launch_argv, run_check
+    from numarun.check.report import format_text
+
+    document = run_check(
+        launch_argv(
+            nproc_per_node=args.nproc_per_node,
+            numa_binding=args.numa_binding,
+            rank_cpus=args.rank_cpus,
+            mem_binding=args.mem_binding,
+            binding_fallback=bool(args.binding_fallback),
+            cpus_allowed=args.cpus_allowed,
+            sysfs_root=args.sysfs_root,
+            dry_run=args.dry_run,
+        ),
+        seconds=args.seconds,
+        buffer_mib=args.buffer_mib,
+    )
+    if args.json:
+        print(_json_one_rank_per_line(document))
+    else:
+        print(format_text(document))
+    return document["exit_code"]
+
+
 def _cmd_help(argv: Sequence[str]) -> int:
     if len(argv) > 1 or (argv and argv[0] not in SUBCOMMANDS):
         raise UsageError(
@@ -272,6 +334,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             command = {
                 "topo": _cmd_topo,
                 "plan": _cmd_plan,
+                "check": _cmd_check,
                 "snapshot": _cmd_snapshot,
                 "stacks": _cmd_stacks,
             }[args[0]]

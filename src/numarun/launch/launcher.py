@@ -44,6 +44,7 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 
 
@@ -103,7 +104,7 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     if config.virtual_local_rank:
         # Too few devices: refused before anything starts.
         workers.virtual_device(base, config.nproc_per_node - 1)
-    plan = _make_plan(config)
+    plan = make_plan(config)
     if plan is not None:
         for warning in plan.warnings:
             print(f"numarun: warning: {warning}", file=sys.stderr)
@@ -190,14 +191,22 @@ def _resolve_binary(binary: str, env: Mapping[str, str]) -> str:
     return found
 
 
-def _make_plan(config: LaunchConfig) -> Plan | None:
+def make_plan(config: LaunchConfig, topology: Topology | None = None) -> Plan | None:
+    """The plan :func:`run` binds the workers by: None without ``--numa-binding``.
+
+    ``topology`` (default: read from ``config.sysfs_root`` with ``config.cpus_allowed``) lets a
+    caller that has read the machine already plan on the same reading (``numarun check``).
+    Raises :class:`numarun.errors.PlanError` as :func:`numarun.placement.plan.make_plan` does.
+    """
     if config.numa_binding is None:
         return None
-    from numarun.machine.topology import read_topology
-    from numarun.placement.plan import make_plan
+    from numarun.placement import plan
 
-    topology = read_topology(config.sysfs_root, cpus_allowed=config.cpus_allowed)
-    return make_plan(
+    if topology is None:
+        from numarun.machine.topology import read_topology
+
+        topology = read_topology(config.sysfs_root, cpus_allowed=config.cpus_allowed)
+    return plan.make_plan(
         topology,
         config.nproc_per_node,
         config.numa_binding,
