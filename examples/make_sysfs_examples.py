@@ -4,7 +4,8 @@
 
 Each ``<name>.tar.gz`` is what ``numarun snapshot`` would save on that machine: the sysfs files
 numarun reads, built from the fake machines of ``tests/sysfs_fixtures.py`` (needs pytest, as
-the tests do). Replay one with::
+the tests do). The output is byte-identical from run to run (fixed timestamps), so the
+tracked archives change only when a machine does. Replay one with::
 
     mkdir -p /tmp/dgx-a100 && tar -xzf examples/sysfs/dgx-a100.tar.gz -C /tmp/dgx-a100
     numarun topo --sysfs-root /tmp/dgx-a100
@@ -23,6 +24,10 @@ sys.path.insert(0, str(HERE.parent / "src"))
 import sysfs_fixtures  # noqa: E402
 from numarun.machine.topology import snapshot  # noqa: E402
 
+# Every entry's and the gzip header's timestamp: 2026-01-01T00:00:00Z, so that regenerating
+# an unchanged machine rewrites the same bytes.
+MTIME = 1767225600
+
 # archive name -> the machine function in tests/sysfs_fixtures.py
 EXAMPLES = {
     "dgx-a100": "dgx_a100",
@@ -39,7 +44,7 @@ def main(argv: list[str]) -> int:
         for name, shape in EXAMPLES.items():
             machine = getattr(sysfs_fixtures, shape)()
             root = sysfs_fixtures.write_sysfs(machine, Path(scratch) / name)
-            count = snapshot(root, out_dir / f"{name}.tar.gz")
+            count = snapshot(root, out_dir / f"{name}.tar.gz", mtime=MTIME)
             print(f"wrote {out_dir / name}.tar.gz ({count} files)")
     return 0
 
