@@ -37,10 +37,13 @@ def commands_help() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage as one line (exit 2) instead of usage + error."""
+    """argparse that reports bad usage as one line (exit 2) instead of usage + error, with a
+    "did you mean" for an unknown option, as the launcher's parser."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        from numarun.launch.options import usage_error
+
+        raise usage_error(self, message, f"{self.prog} --help")
 
 
 def _topology_args(parser: argparse.ArgumentParser) -> None:

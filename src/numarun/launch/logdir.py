@@ -17,7 +17,7 @@ in an attempt; :func:`make_attempt_dir` and :func:`next_attempt_dir` make an att
 Without ``--log-dir`` the base is a fresh private directory (:func:`temp_log_dir`), and what it
 holds (:func:`temp_dir_holds`) decides its end: :data:`ERRORS` (only error files) is removed at
 the end, :data:`COPIES` (log files the console showed in full) is kept only after a failure,
-:data:`LOGS` (output that is nowhere else) is kept; :func:`announce_log_dir` says so on stderr.
+:data:`LOGS` (output that is nowhere else) is kept; :func:`log_dir_note` says so in the start line.
 Imported on every launch's start-up path: :mod:`tempfile` and :mod:`pathlib` load only in
 :func:`make_log_dirs` and the ``Path`` helpers.
 """
@@ -180,33 +180,35 @@ def temp_log_dir() -> str:
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
 
 
-def announce_log_dir(log_base: str, holds: str) -> None:
-    """One line on stderr where the temporary directory holds log files, and whether it stays."""
-    if holds == LOGS:
-        print(f"numarun: worker logs go to {log_base}", file=sys.stderr)
-    elif holds == COPIES:
-        print(
-            f"numarun: worker logs go to {log_base} (removed if the run succeeds; "
-            "--log-dir keeps them)",
-            file=sys.stderr,
-        )
+def log_dir_note(log_dir: str, holds: str) -> str:
+    """Where the workers' logs go, for the start line: ``logs in DIR`` (``DIR`` the
+    ``--log-dir`` run directory, or the temporary directory when it holds log files), whether
+    a temporary one stays, or that none is kept (it holds only error files, removed at the
+    end)."""
+    if holds == COPIES:
+        return f"logs in {log_dir} (removed if the run succeeds; --log-dir keeps them)"
+    if holds == ERRORS:
+        return "logs: console only"
+    return f"logs in {log_dir}"
 
 
-def make_attempt_dir(log_base: str, run_id: str, nprocs: int, *, fresh: bool) -> str:
+def make_attempt_dir(
+    log_base: str, run_id: str, nprocs: int, *, fresh: bool, announce: bool = True
+) -> str:
     """``log_base/<run_id>/attempt_0/<local_rank>/`` for ``nprocs`` ranks; returns the attempt
     dir.
 
     A ``fresh`` base (our own new temporary directory) cannot hold stale files, so the
     directories are made directly; otherwise :func:`make_log_dirs` claims them, taking
-    ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes), so an old
-    ``error.json`` of the same run id is never read as ours.
+    ``<run_id>_<random>/`` when ``<run_id>/`` already exists (it never deletes, and says so on
+    stderr if ``announce``), so an old ``error.json`` of the same run id is never read as ours.
     """
     if fresh:
         attempt_dir = os.path.join(log_base, run_id, "attempt_0")
         for local_rank in range(nprocs):
             os.makedirs(os.path.join(attempt_dir, str(local_rank)))
         return attempt_dir
-    return str(make_log_dirs(log_base, run_id, nprocs))
+    return str(make_log_dirs(log_base, run_id, nprocs, announce=announce))
 
 
 def next_attempt_dir(first_dir: str, name: str, nproc: int) -> str:
