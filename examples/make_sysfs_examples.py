@@ -13,6 +13,7 @@ tracked archives change only when a machine does. Replay one with::
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -40,7 +41,9 @@ EXAMPLES = {
 def main(argv: list[str]) -> int:
     out_dir = Path(argv[0]) if argv else HERE / "sysfs"
     out_dir.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as scratch:
+    # On tmpfs where there is one: a DGX tree is thousands of small files.
+    shm = "/dev/shm" if os.access("/dev/shm", os.W_OK) else None
+    with tempfile.TemporaryDirectory(dir=shm) as scratch:
         for name, shape in EXAMPLES.items():
             machine = getattr(sysfs_fixtures, shape)()
             root = sysfs_fixtures.write_sysfs(machine, Path(scratch) / name)

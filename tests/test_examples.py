@@ -7,7 +7,10 @@ same bytes (a tracked file that changes on every run hides real changes).
 
 from __future__ import annotations
 
+import ast
 import gzip
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -39,3 +42,72 @@ def test_regenerating_the_example_machines_writes_the_same_bytes(tmp_path: Path)
         # ... and the gzip header carries the same fixed time and no file name.
         assert data[:10] == tracked[:10], name
         assert data[3] & 0x08 == 0, name  # FNAME: no temporary path recorded
+
+
+# --- errors of the Python API speak its keywords --------------------------------------------------
+
+SPAWN_ON_NO_GPUS = """
+import numarun
+
+
+def train(local_rank):
+    return local_rank
+
+
+if __name__ == "__main__":
+    numarun.spawn(train, nprocs=2, binding="exclusive")
+"""
+
+
+def test_spawn_without_gpus_names_the_keyword_in_a_short_traceback(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text(SPAWN_ON_NO_GPUS)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "", "ROCR_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "job.py"], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[-1] == (
+        "numarun.errors.PlanError: binding='exclusive' binds ranks to GPUs but there are no "
+        "visible GPUs: use binding='cpu', or check CUDA_VISIBLE_DEVICES"
+    )
+    assert len(lines) <= 8, done.stderr  # the caller's line and spawn's, not the planner's
+    assert "placement" not in done.stderr
+
+
+def _flags_named_in(path: Path) -> set[str]:
+    """Every ``--flag`` in the string literals of ``path`` (docstrings left out)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef)
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    flags = set()
+    for node in ast.walk(tree):
+        literal = isinstance(node, ast.Constant) and isinstance(node.value, str)
+        if literal and id(node) not in docstrings:
+            flags.update(re.findall(r"--[a-z][a-z-]+", node.value))
+    return flags
+
+
+def test_every_flag_the_planner_names_has_a_python_keyword() -> None:
+    from numarun.spawning.ranks import in_python_terms
+
+    placement = ROOT / "src" / "numarun" / "placement"
+    flags = _flags_named_in(placement / "plan.py") | _flags_named_in(placement / "binding.py")
+    assert {"--numa-binding", "--mem-binding", "--binding-fallback"} <= flags
+    for flag in sorted(flags):
+        for text in (f"use {flag}", f"use {flag} cpu", f"check {flag} and this process's"):
+            assert "--" not in in_python_terms(text), (flag, in_python_terms(text))
+    assert in_python_terms("use --numa-binding node or core-complex") == (
+        "use binding='node' or core-complex"
+    )
+    assert in_python_terms("unknown --numa-binding mode 'x'") == "unknown binding mode 'x'"
+    assert in_python_terms("--mem-binding preferred works, or pass --binding-fallback") == (
+        "mem_binding='preferred' works, or pass binding_fallback=True"
+    )

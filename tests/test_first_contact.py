@@ -11,20 +11,26 @@ numarun to errors and the failure summary. A master address that does not resolv
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+import sysfs_fixtures
+from numarun.cli import main
 from numarun.machine.cpulist import format_cpulist
+from numarun.machine.topology import read_topology
 
 LIMIT = 60
 HELLO = "import os\nprint('hello from', os.environ['RANK'], os.environ['WORLD_SIZE'])\n"
 START = re.compile(r"numarun: run (?P<run>[\w-]+): (?P<rest>.*)")
+shape_root = sysfs_fixtures.shape_root
 
 
 def numarun(*argv: str, cwd: Path, merge: bool = False) -> subprocess.CompletedProcess[str]:
@@ -265,3 +271,104 @@ def test_an_unknown_option_with_nothing_close_is_refused_as_before(tmp_path: Pat
     assert done.stderr == (
         "numarun: error: unrecognized arguments: --frobnicate (see 'numarun --help')\n"
     )
+
+
+# --- items 7 and 8: numarun plan without flags, and why ------------------------------------------
+
+
+def test_plan_without_flags_plans_for_this_machine_and_says_what_it_chose(
+    tmp_path: Path,
+) -> None:
+    topo = read_topology("/")
+    nodes = [n for n in topo.nodes if set(n.cpus) & set(topo.allowed_cpus)]
+    done = numarun("plan", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    if topo.gpus:  # pragma: no cover - the test machines have none
+        assert lines[0].startswith("numarun plan: planned with --nproc-per-node")
+        return
+    assert lines[0] == (
+        f"numarun plan: planned with --nproc-per-node {len(nodes)} --numa-binding cpu for "
+        "this machine (no visible GPUs, one rank per NUMA node with allowed CPUs)"
+    )
+    assert lines[1] == "numa-binding: cpu (bound)"
+    rows = [line.split() for line in lines[3:] if line[:1].isdigit()]
+    assert [row[0] for row in rows] == [str(rank) for rank in range(len(nodes))]
+    if len(rows) == 1:
+        assert rows[0][3] == format_cpulist(topo.allowed_cpus)
+    alone = numarun("plan", "--numa-binding", "cpu", cwd=tmp_path)  # asked for --nproc-per-node
+    assert alone.returncode == 0, alone.stderr
+    assert alone.stdout.startswith(
+        f"numarun plan: planned with --nproc-per-node {len(nodes)} for this machine"
+    )
+
+
+@pytest.mark.parametrize(
+    ("shape", "note"),
+    [
+        ("dgx_h100", "--nproc-per-node 8 --numa-binding exclusive for this machine "
+                     "(8 visible GPUs, one rank per GPU)"),
+        ("crowded_node", "--nproc-per-node 4 --numa-binding node for this machine (4 visible "
+                         "GPUs, a node with more GPUs than cores, one rank per GPU)"),
+        ("no_gpus", "--nproc-per-node 2 --numa-binding cpu for this machine (no visible GPUs, "
+                    "one rank per NUMA node with allowed CPUs)"),
+    ],
+)  # fmt: skip
+def test_plan_without_flags_on_saved_machines(
+    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str], shape: str, note: str
+) -> None:
+    assert main(["plan", "--sysfs-root", str(shape_root(shape))]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"numarun plan: planned with {note}"
+    # Given flags, nothing is chosen and nothing is said (a GPU mode always had one rank
+    # per GPU).
+    h100 = str(shape_root("dgx_h100"))
+    assert main(["plan", "--sysfs-root", h100, "--numa-binding", "node"]) == 0
+    assert capsys.readouterr().out.startswith("numa-binding: node (bound)\n")
+
+
+def test_plan_explain_says_why_each_rank_got_its_cpus(
+    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(shape_root("dgx_h100"))
+    assert main(["plan", "--sysfs-root", root, "--numa-binding", "exclusive", "--explain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    why = lines.index(next(line for line in lines if line.startswith("why (exclusive: ")))
+    assert lines[why + 1] == (
+        "  rank 0: GPU 0 (0000:18:00.0) on NUMA node 0; 14 cores (28 CPUs) on node 0: its share "
+        "of node 0's 56 allowed cores, split among GPUs 0-3; shares no CPU, memory node 0 with "
+        "ranks 1-3"
+    )
+    assert lines[why + 5].startswith("  rank 4: GPU 4 (0000:9a:00.0) on NUMA node 1; ")
+    assert main(["plan", "--sysfs-root", root, "--numa-binding", "node", "--explain"]) == 0
+    node = capsys.readouterr().out
+    assert "rank 2: GPU 2 (0000:3a:00.0) on NUMA node 0; 56 cores (112 CPUs) on node 0: its " \
+           "GPU's node; shares CPUs with ranks 0-1,3, memory node 0 with ranks 0-1,3" in node
+    argv = ["plan", "--sysfs-root", root, "--numa-binding", "node", "--json", "--explain"]
+    assert main(argv) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["version"] == 1
+    assert document["rule"].startswith("node: each rank gets every allowed CPU of its GPU's")
+    assert document["ranks"][5]["why"].startswith("GPU 5 (0000:ab:00.0) on NUMA node 1; ")
+
+
+def test_cpu_mode_on_a_gpu_machine_warns_about_ranks_far_from_their_gpu(
+    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
+) -> None:
+    root = str(shape_root("dgx_h100"))
+    argv = ["plan", "--sysfs-root", root, "--numa-binding", "cpu", "--nproc-per-node", "16"]
+    assert main([*argv, "--explain"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert (
+        "warning: --numa-binding cpu splits the cores without regard to GPUs: ranks 4-7 run on "
+        "another NUMA node than the GPU of the same index (rank 4: GPU 4 on node 1, CPUs on "
+        "node 0); for GPU jobs use --numa-binding node, socket, exclusive or core-complex"
+    ) in lines
+    (rank4,) = [line for line in lines if line.startswith("  rank 4: ")]
+    assert rank4.startswith(
+        "  rank 4: GPU 4 (0000:9a:00.0) on NUMA node 1; 7 cores (14 CPUs) on node 0: its GPU is "
+        "on node 1, another node (cpu mode)"
+    )
+    assert main(["plan", "--sysfs-root", root, "--numa-binding", "cpu", "--nproc-per-node", "8"]) \
+        == 0  # fmt: skip
+    assert "warning:" not in capsys.readouterr().out  # 8 ranks: each on its GPU's node
