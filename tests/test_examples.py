@@ -11,8 +11,10 @@ import ast
 import gzip
 import os
 import re
+import shlex
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -111,3 +113,94 @@ def test_every_flag_the_planner_names_has_a_python_keyword() -> None:
     assert in_python_terms("--mem-binding preferred works, or pass --binding-fallback") == (
         "mem_binding='preferred' works, or pass binding_fallback=True"
     )
+
+
+# --- the README's examples, run as written --------------------------------------------------------
+
+SAVED = "/tmp/dgx-a100"  # where the README extracts the saved DGX A100
+
+
+def _blocks(text: str) -> list[tuple[str, list[str]]]:
+    """(language, lines) of every fenced block."""
+    blocks, language, lines = [], None, []
+    for line in text.splitlines():
+        if line.startswith("```"):
+            if language is None:
+                language, lines = line[3:].strip(), []
+            else:
+                blocks.append((language, lines))
+                language = None
+        elif language is not None:
+            lines.append(line)
+    return blocks
+
+
+def _commands(language: str, lines: list[str]) -> list[tuple[list[str], list[str]]]:
+    """(numarun's argv, output lines shown after it) for each command a block runs: ``sh``
+    lines up to a ``# needs ...`` comment (GPUs, several machines), ``console`` lines after
+    ``$``; other commands (pip, tar) are the test's own set-up."""
+    found: list[tuple[list[str], list[str]]] = []
+    if language not in ("sh", "console"):
+        return found
+    for line in lines:
+        if language == "sh" and line.startswith("# needs"):
+            break
+        if language == "console" and not line.startswith("$ "):
+            if found:
+                found[-1][1].append(line)
+            continue
+        words = shlex.split(line.removeprefix("$ "), comments=True)
+        if words[:1] == ["numarun"] and words[1:2] != ["stacks"]:  # stacks: a running job's
+            found.append(([word.replace(SAVED, "{saved}") for word in words[1:]], []))
+    return found
+
+
+def _in_order(expected: list[str], actual: list[str]) -> bool:
+    """Every shown line (``...`` skips any number) appears in ``actual``, in order."""
+    position = 0
+    for line in expected:
+        if line.strip() == "...":
+            continue
+        try:
+            position = actual.index(line, position) + 1
+        except ValueError:
+            return False
+    return True
+
+
+def test_every_readme_example_runs_as_written(tmp_path: Path) -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert f"mkdir -p {SAVED} && tar -xzf examples/sysfs/dgx-a100.tar.gz -C {SAVED}" in readme
+    saved = tmp_path / "dgx-a100"
+    saved.mkdir()
+    with tarfile.open(EXAMPLES / "sysfs" / "dgx-a100.tar.gz") as archive:
+        archive.extractall(saved, filter="data")
+    work = tmp_path / "work"
+    (work / "pkg").mkdir(parents=True)
+    train = "import os, sys\nprint('rank', os.environ['RANK'], sys.argv[1:])\n"
+    (work / "train.py").write_text(train)
+    (work / "pkg" / "__init__.py").write_text("")
+    (work / "pkg" / "train.py").write_text(train)
+    (work / "bench").write_text('#!/bin/sh\necho "bench $RANK $*"\n')
+    (work / "bench").chmod(0o755)
+    ran = []
+    for language, lines in _blocks(readme):
+        if language == "python" and 'if __name__ == "__main__":' in lines:
+            (work / "example.py").write_text("\n".join(lines) + "\n")
+            done = subprocess.run([sys.executable, "example.py"], cwd=work, capture_output=True,
+                                  text=True, timeout=120)  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            shown = [line.split("# ")[-1] for line in lines if "print(" in line]
+            assert done.stdout.split("\n")[: len(shown)] == shown
+            ran.append("python")
+            continue
+        for argv, shown in _commands(language, lines):
+            argv = [word.replace("{saved}", str(saved)) for word in argv]
+            done = subprocess.run([sys.executable, "-m", "numarun", *argv], cwd=work,
+                                  capture_output=True, text=True, timeout=180)  # fmt: skip
+            assert done.returncode == 0, (argv, done.stderr)
+            assert _in_order(shown, done.stdout.splitlines()), (argv, done.stdout)
+            ran.append(" ".join(argv[:3]))
+    # The blocks above were found: topo, plan (twice), the launches, c10d on one node, spawn.
+    assert len(ran) >= 10 and "python" in ran, ran
+    assert (work / "plan.svg").is_file()
