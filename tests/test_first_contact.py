@@ -151,6 +151,27 @@ def test_a_static_multi_node_job_says_where_its_workers_meet(tmp_path: Path, hel
         assert stdout == f"hello from {rank} 2\n"
 
 
+def test_under_a_torch_rendezvous_the_start_line_comes_from_the_round(
+    tmp_path: Path, hello: str
+) -> None:
+    # --nnodes 1:2: the round (formed after last_call_timeout) decides the node and its ranks.
+    done = numarun(
+        "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "last_call_timeout=1", hello,
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    starts = [line for line in done.stderr.splitlines() if line.startswith("numarun: run ")]
+    assert len(starts) == 1, done.stderr
+    rest = START.fullmatch(starts[0])["rest"]  # type: ignore[index]
+    assert re.fullmatch(
+        r"node 0 of 1, 2 workers \(ranks 0-1\), meeting at \S+:\d+, CPUs: unbound, "
+        r"logs: console only",
+        rest,
+    ), rest
+    assert sorted(done.stdout.splitlines()) == ["hello from 0 2", "hello from 1 2"]
+
+
 def test_a_master_address_that_does_not_resolve_is_one_line_before_anything_starts(
     tmp_path: Path, marker_script: tuple[str, Path]
 ) -> None:

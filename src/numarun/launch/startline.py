@@ -58,7 +58,7 @@ def start_line(
         addr, meet_port = config.master_addr, port
     else:
         node, nodes = group.group_rank, group.group_world_size
-        ranks = [place[0] for place in group.workers]
+        ranks = [place.rank for place in group.workers]
         addr, meet_port = group.master_addr, group.master_port
     count = config.nproc_per_node
     parts = [
