@@ -28,7 +28,12 @@ from numarun.machine.cpulist import format_cpulist
 from numarun.machine.topology import read_topology
 
 LIMIT = 60
-HELLO = "import os\nprint('hello from', os.environ['RANK'], os.environ['WORLD_SIZE'])\n"
+# One write per line: workers run unbuffered (python -u), and print's pieces from two workers
+# sharing a pipe would interleave.
+HELLO = (
+    "import os\n"
+    "os.write(1, f\"hello from {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\".encode())\n"
+)
 START = re.compile(r"numarun: run (?P<run>[\w-]+): (?P<rest>.*)")
 shape_root = sysfs_fixtures.shape_root
 
