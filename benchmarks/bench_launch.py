@@ -10,6 +10,10 @@ Two figures, measured side by side in one run and printed as a markdown table wi
   the launcher's exit being seen here, while the other workers sleep and honour SIGTERM.
   Target for numarun: < 50 ms (torchrun: about 0.7 s).
 
+torchrun runs twice: with its static rendezvous (``--rdzv-backend static --master-port P``,
+numarun's default path on one node) and ``--standalone`` (c10d on ``localhost:0``, torchrun's
+own default on one node), so that each ratio can name the same backend on both sides.
+
 Also prints what the ``numarun.launch.bootstrap`` bootstrap costs a worker, started as the launcher
 starts it (``python -u -c "from numarun.launch.bootstrap import main; main()" -- worker.py``)
 against ``python -u worker.py``, one at a time (``benchmarks/bench_bootstrap.py`` measures it
@@ -69,11 +73,26 @@ def _numarun(nproc: int, script: str, *args: str) -> list[str]:
     return [sys.executable, "-m", "numarun", "--nproc-per-node", str(nproc), script, *args]
 
 
-def _torchrun(nproc: int, script: str, *args: str) -> list[str]:
+def _torchrun(nproc: int, script: str, *args: str, backend: str = "c10d") -> list[str]:
+    """torchrun on one node: ``--standalone`` (c10d, its default) or its static rendezvous on
+    a port free now (its agent hosts the store there)."""
+    if backend == "c10d":
+        rendezvous = ["--standalone"]
+    else:
+        import socket
+
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        rendezvous = ["--rdzv-backend", "static", "--master-addr", "127.0.0.1",
+                      "--master-port", str(port)]  # fmt: skip
     return [
-        sys.executable, "-m", "torch.distributed.run", "--standalone",
+        sys.executable, "-m", "torch.distributed.run", *rendezvous,
         "--nproc-per-node", str(nproc), script, *args,
     ]  # fmt: skip
+
+
+TORCHRUNS = {"static": "torchrun (static)", "c10d": "torchrun --standalone (c10d)"}
 
 
 def _read_stamps(folder: Path) -> list[float]:
@@ -198,12 +217,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         failure_calls: dict[str, Callable[[], float]] = {
             "numarun": lambda: failure_latency(_numarun(n, str(failing), out, "0.3"), folder),
         }
-        if with_torchrun:
-            startup_calls["torchrun"] = lambda: startup_launcher(
-                _torchrun(n, str(started), out), n, folder
+        for backend, name in TORCHRUNS.items() if with_torchrun else ():
+            startup_calls[name] = lambda backend=backend: startup_launcher(
+                _torchrun(n, str(started), out, backend=backend), n, folder
             )
-            failure_calls["torchrun"] = lambda: failure_latency(
-                _torchrun(n, str(failing), out, "0.3"), folder
+            failure_calls[name] = lambda backend=backend: failure_latency(
+                _torchrun(n, str(failing), out, "0.3", backend=backend), folder
             )
         startup = _measure(args.runs, startup_calls)
         failure = _measure(args.failure_runs, failure_calls)
@@ -218,16 +237,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|")
     anchor = statistics.median(startup["bare"])
     print(_row(f"{n} bare interpreters in parallel (anchor)", startup["bare"], anchor))
-    print(_row("numarun", startup["numarun"], anchor))
-    if "torchrun" in startup:
-        print(_row("torchrun --standalone", startup["torchrun"], anchor))
+    print(_row("numarun (static)", startup["numarun"], anchor))
+    for name in TORCHRUNS.values():
+        if name in startup:
+            print(_row(name, startup[name], anchor))
     print()
-    print("| failure: worker exit -> launcher exit | median ms | IQR ms | vs numarun |")
+    print("| failure: worker exit -> launcher exit | median ms | IQR ms | vs numarun (static) |")
     print("|---|---|---|---|")
     fail_anchor = statistics.median(failure["numarun"])
-    print(_row("numarun", failure["numarun"], fail_anchor))
-    if "torchrun" in failure:
-        print(_row("torchrun --standalone", failure["torchrun"], fail_anchor))
+    print(_row("numarun (static)", failure["numarun"], fail_anchor))
+    for name in TORCHRUNS.values():
+        if name in failure:
+            print(_row(name, failure[name], fail_anchor))
     print()
     print(
         f"numarun.launch.bootstrap bootstrap, one worker alone: {plain * 1e3:.1f} ms bare, "

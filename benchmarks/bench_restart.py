@@ -5,9 +5,12 @@ Two figures, printed as markdown tables:
 * restart: one node, N workers, ``--max-restarts 1``. On the first attempt rank 0 records
   ``CLOCK_MONOTONIC`` and exits 1 while the others sleep; every worker records the moment it
   starts. The figure is from rank 0's exit to the last worker of the second attempt running
-  its first line. numarun with its static rendezvous (torch-free) and with c10d
-  (``--rdzv-backend c10d --rdzv-endpoint localhost:0``); torchrun with c10d, its own default
-  for one node. Target: numarun at most one fifth of torchrun's time. Two workers: ``python3
+  its first line. Each launcher with each backend, and each numarun row compared with
+  torchrun's row of the same backend, workers and run: the static rendezvous (numarun's is
+  torch-free and picks a free port; torchrun's, ``--rdzv-backend static --master-port P``,
+  hosts its store in the agent) and c10d (``--rdzv-backend c10d --rdzv-endpoint
+  localhost:0``, torchrun's own default for one node). Target: numarun at most one fifth of
+  torchrun's time. Two kinds of worker: ``python3
   -S -c CODE`` started with ``--no-python`` (an interpreter without ``site``, about 10 ms to
   start: the figure is mostly the launchers' own restart machinery), and a plain script
   (``python -u worker.py`` through each launcher's usual path: N interpreters starting on
@@ -68,14 +71,39 @@ def _quiet_env() -> dict[str, str]:
     return env
 
 
-def _launchers(nproc: int) -> dict[str, list[str]]:
-    numarun = [sys.executable, "-m", "numarun", "--nproc-per-node", str(nproc)]
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc)]
-    return {
-        "numarun (static)": numarun,
-        "numarun (c10d)": [*numarun, *C10D],
-        "torchrun (c10d)": [*torchrun, *C10D],
-    }
+# (launcher, backend) in table order; each numarun row is compared with torchrun's row of the
+# same backend.
+ROWS = (
+    ("numarun", "static"),
+    ("torchrun", "static"),
+    ("numarun", "c10d"),
+    ("torchrun", "c10d"),
+)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _launcher(name: str, backend: str, nproc: int) -> list[str]:
+    """The command line of ``name`` with ``backend`` on one node (a fresh port for torchrun's
+    static rendezvous on every call: its agent hosts the store there)."""
+    module = "numarun" if name == "numarun" else "torch.distributed.run"
+    command = [sys.executable, "-m", module, "--nproc-per-node", str(nproc)]
+    if backend == "c10d":
+        return [*command, *C10D]
+    if name == "torchrun":  # without a port, torchrun's one node would use c10d on localhost:0
+        return [*command, "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
+                "--master-port", str(_free_port())]  # fmt: skip
+    return command  # numarun's static rendezvous picks a free port itself
+
+
+def _label(name: str, backend: str) -> str:
+    return f"{name} ({backend})"
 
 
 def _worker(kind: str, script: str) -> list[str]:
@@ -86,20 +114,21 @@ def _worker(kind: str, script: str) -> list[str]:
 
 
 def restart_latency(
-    launcher: list[str], worker: list[str], folder: Path, nproc: int
+    launcher: Callable[[], list[str]], worker: list[str], folder: Path, nproc: int
 ) -> float:
     """Seconds from the failing worker's exit to the last worker of attempt 1 starting."""
     for path in folder.glob("start.*"):
         path.unlink()
     (folder / "failed").unlink(missing_ok=True)
+    command = launcher()
     done = subprocess.run(
-        [*launcher, "--max-restarts", "1", *worker, str(folder), "fail"],
+        [*command, "--max-restarts", "1", *worker, str(folder), "fail"],
         env=_quiet_env(),
         capture_output=True,
         timeout=300,
     )
     if done.returncode != 0:
-        raise SystemExit(f"{launcher[2:]} failed: {done.stderr.decode()[-2000:]}")
+        raise SystemExit(f"{command[2:]} failed: {done.stderr.decode()[-2000:]}")
     second = [float(path.read_text()) for path in folder.glob("start.1.*")]
     if len(second) != nproc:
         raise SystemExit(f"expected {nproc} workers in attempt 1, saw {len(second)}")
@@ -160,30 +189,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=4, help="workers per run")
     parser.add_argument("--cpu-seconds", type=float, default=20.0, help="CPU measuring span")
     args = parser.parse_args(argv)
-    launchers = _launchers(args.nproc)
     with tempfile.TemporaryDirectory(prefix="bench_restart_") as tmp:
         folder = Path(tmp)
         script = folder / "worker.py"
         script.write_text(WORKER)
-        calls: dict[tuple[str, str], Callable[[], float]] = {
-            (kind, name): (
-                lambda command=command, kind=kind: restart_latency(
-                    command, _worker(kind, str(script)), folder, args.nproc
+        calls: dict[tuple[str, str, str], Callable[[], float]] = {
+            (kind, name, backend): (
+                lambda name=name, backend=backend, kind=kind: restart_latency(
+                    lambda: _launcher(name, backend, args.nproc),
+                    _worker(kind, str(script)),
+                    folder,
+                    args.nproc,
                 )
             )
             for kind in ("fast", "script")
-            for name, command in launchers.items()
+            for name, backend in ROWS
         }
         for call in calls.values():  # warm-up: bytecode caches, page cache
             call()
-        restart: dict[tuple[str, str], list[float]] = {key: [] for key in calls}
+        restart: dict[tuple[str, str, str], list[float]] = {key: [] for key in calls}
         for _ in range(args.runs):  # interleaved, so load from elsewhere hits all alike
             for key, call in calls.items():
                 restart[key].append(call())
         cpu = {
-            name: launcher_cpu(launchers[name], str(script), folder, args.nproc, args.cpu_seconds)
-            for name in ("numarun (c10d)", "torchrun (c10d)")
-        }
+            _label(name, "c10d"): launcher_cpu(
+                _launcher(name, "c10d", args.nproc), str(script), folder, args.nproc,
+                args.cpu_seconds,
+            )
+            for name in ("numarun", "torchrun")
+        }  # fmt: skip
 
     cpus = len(os.sched_getaffinity(0))
     print(
@@ -192,15 +226,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     print()
     print("| a worker's failure -> every worker of the next attempt running | workers | "
-          "median ms | IQR ms | vs torchrun |")  # fmt: skip
+          "median ms | IQR ms | vs torchrun, same backend |")  # fmt: skip
     print("|---|---|---|---|---|")
     for kind, label in (("fast", "`python3 -S -c`"), ("script", "`python -u` script")):
-        anchor = statistics.median(restart[(kind, "torchrun (c10d)")])
-        for name in launchers:
-            median, low, high = _stats(restart[(kind, name)])
+        for name, backend in ROWS:
+            anchor = statistics.median(restart[(kind, "torchrun", backend)])
+            median, low, high = _stats(restart[(kind, name, backend)])
             print(
-                f"| {name} | {label} | {median * 1e3:.1f} | {low * 1e3:.1f}-{high * 1e3:.1f} | "
-                f"{median / anchor:.2f}x |"
+                f"| {_label(name, backend)} | {label} | {median * 1e3:.1f} | "
+                f"{low * 1e3:.1f}-{high * 1e3:.1f} | {median / anchor:.2f}x |"
             )
     print()
     print(f"| launcher CPU while {args.nproc} workers run ({args.cpu_seconds:g} s) | ms per s |")

@@ -675,3 +675,28 @@ def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> No
     assert "Root cause: rank 1 (local_rank 1" in text and "exit code 1" in text
     assert "    ValueError: rank 1 gave up" in text.splitlines()
     assert 'worker.py", line 8, in <module>' in text
+
+
+def test_no_empty_stacks_heading_when_the_other_ranks_had_all_ended() -> None:
+    # Rank 0 finished, then rank 1 called sys.exit(3): nobody was left to take stacks from.
+    reports = [_report(0, "succeeded", 0), _report(1, "failed", 3)]
+    text = format_summary(
+        reports, entrypoint="x", host="h", log_dir=None, stacks_at_failure=(1, [])
+    )
+    assert "Other ranks when rank 1 failed:" not in text
+    assert "Root cause: rank 1 (local_rank 1, pid 4001) failed with exit code 3" in text
+
+
+def test_a_rank_still_starting_is_described_in_the_users_words() -> None:
+    from numarun.stacks.dumps import NOT_ARMED
+    from numarun.stacks.parse import RankStacks
+
+    # A syntax error in the script: another rank had not reached the program yet.
+    still_starting = RankStacks(rank=1, local_rank=1, pid=4001, problem=NOT_ARMED)
+    reports = [_report(0, "failed", 1), _report(1, "terminated", -15)]
+    text = format_summary(
+        reports, entrypoint="x", host="h", log_dir=None, stacks_at_failure=(0, [still_starting])
+    )
+    (line,) = [line for line in text.splitlines() if line.startswith("  rank 1: no stacks")]
+    assert "had not started the program's code" in line
+    assert "signal" not in line and "handler" not in line  # numarun's internals stay inside

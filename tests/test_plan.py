@@ -609,7 +609,8 @@ def test_json_contract(topo: Reader) -> None:
     t = dataclasses.replace(topo("dgx_h100"), gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),))
     data = plan_to_json(make_plan(t, 8, "exclusive"), t)
     assert json.loads(json.dumps(data)) == data
-    assert list(data) == ["mode", "bound", "ranks", "env", "warnings"]
+    assert list(data) == ["version", "mode", "bound", "ranks", "env", "warnings"]
+    assert data["version"] == 1  # as the topology's JSON: a program can check the shape
     assert data["mode"] == "exclusive" and data["bound"] is True
     assert data["env"] == {"CUDA_VISIBLE_DEVICES": "0,1"}
     assert data["warnings"] == list(t.warnings)

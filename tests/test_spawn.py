@@ -496,7 +496,7 @@ class _Unpicklable:
         ({"env": {"A": 1}}, UsageError, "env must be a mapping of str to str"),
         ({"binding": [[0]], "nprocs": 2}, UsageError, "binding lists CPUs for 1 ranks"),
         ({"binding": [["x"]]}, UsageError, "invalid CPU list"),
-        ({"binding": "bogus"}, UsageError, "unknown --numa-binding mode 'bogus'"),
+        ({"binding": "bogus"}, UsageError, "unknown binding mode 'bogus'"),
         ({"binding": [[0], [7]], "nprocs": 2}, PlanError, "7"),
         ({"binding": "cpu", "nprocs": 3}, PlanError, ""),
         ({"mem_binding": "bind"}, UsageError, "needs memory nodes from a CPU binding"),

@@ -88,6 +88,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "signals_to_handle": ((), ("SIGUSR1", "SIGNOPE")),
     "grace_period": ((), ("7", "-1")),
     "dry_run": ((), ("1", "x")),
+    "quiet": ((), ("1", "x")),
     "sysfs_root": (("--dry-run",), ("/nonexistent",)),
     "cpus_allowed": (("--numa-binding", "cpu"), ("0", "x")),
     "hang_timeout": ((), ("30", "x")),

@@ -40,10 +40,13 @@ def commands_help() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage as one line (exit 2) instead of usage + error."""
+    """argparse that reports bad usage as one line (exit 2) instead of usage + error, with a
+    "did you mean" for an unknown option, as the launcher's parser."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see '{self.prog} --help')")
+        from numarun.launch.options import usage_error
+
+        raise usage_error(self, message, f"{self.prog} --help")
 
 
 def _topology_args(parser: argparse.ArgumentParser) -> None:
@@ -73,10 +76,21 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     parser = _Parser(prog="numarun topo", description="Show the machine as numarun sees it.")
     _topology_args(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
+    parser.add_argument(
+        "--svg",
+        metavar="FILE",
+        default=None,
+        help="also draw the machine as nested boxes (packages, NUMA nodes, L3 complexes, "
+        "cores, their threads; GPUs and NICs) in an SVG file any browser shows",
+    )
     args = parser.parse_args(argv)
     topo = _read(args)
     from numarun.machine.view import render_topology, topology_to_json
 
+    if args.svg is not None:
+        from numarun.machine.drawing import topology_svg
+
+        _write_text(args.svg, topology_svg(topo))
     if args.json:
         import json
 
@@ -102,27 +116,93 @@ def _nprocs(text: str, topo) -> int:  # topo: Topology
     return value
 
 
+def _plan_defaults(
+    topo, mode: str | None, nproc_text: str | None, rank_cpus: list | None
+) -> tuple[int, str, str | None]:  # topo: Topology
+    """(ranks, mode, a note saying what was chosen and why, or None) for ``numarun plan``.
+
+    Whatever is not given is chosen for this machine: with visible GPUs one rank per GPU in
+    ``exclusive`` mode (``node`` when a node has more GPUs than allowed cores); without, in
+    ``cpu`` mode, one rank per NUMA node with allowed CPUs. A GPU mode without
+    ``--nproc-per-node`` has one rank per visible GPU, ``cpu`` one per such node."""
+    from numarun.placement.plan import GPU_MODES
+
+    chosen = []
+    why = []
+    if rank_cpus is not None:
+        nprocs = len(rank_cpus) if nproc_text is None else _nprocs(nproc_text, topo)
+        return nprocs, "explicit", None
+    if nproc_text is not None:
+        nprocs = _nprocs(nproc_text, topo)
+    if mode is None:
+        if topo.gpus and (nproc_text is None or nprocs <= len(topo.gpus)):
+            mode = "exclusive" if _exclusive_fits(topo) else "node"
+            why.append(
+                f"{len(topo.gpus)} visible GPU{'s' if len(topo.gpus) != 1 else ''}"
+                + ("" if mode == "exclusive" else ", a node with more GPUs than cores")
+            )
+        else:
+            mode = "cpu"
+            why.append("no visible GPUs" if not topo.gpus else "more ranks than GPUs")
+        chosen.append(f"--numa-binding {mode}")
+    if nproc_text is None:
+        if mode in GPU_MODES:
+            nprocs = _nprocs("gpu", topo)  # as before --numa-binding had a default: no note
+            if chosen:
+                why.append("one rank per GPU")
+                chosen.insert(0, f"--nproc-per-node {nprocs}")
+        else:
+            nodes = [node for node in topo.nodes if set(node.cpus) & set(topo.allowed_cpus)]
+            nprocs = max(1, len(nodes))
+            why.append("one rank per NUMA node with allowed CPUs")
+            chosen.insert(0, f"--nproc-per-node {nprocs}")
+    note = None
+    if chosen:
+        note = f"planned with {' '.join(chosen)} for this machine ({', '.join(why)})"
+    return nprocs, mode, note
+
+
+def _exclusive_fits(topo) -> bool:  # topo: Topology
+    """Whether ``exclusive`` can give each visible GPU at least one core of its node."""
+    allowed = set(topo.allowed_cpus)
+    for node in {gpu.numa_node for gpu in topo.gpus}:
+        gpus = sum(1 for gpu in topo.gpus if gpu.numa_node == node)
+        cores = {
+            cpu.core
+            for cpu in topo.cpus
+            if cpu.id in allowed and (node is None or cpu.node == node)
+        }
+        if len(cores) < gpus:
+            return False
+    return True
+
+
 def _cmd_plan(argv: Sequence[str]) -> int:
     from numarun.placement.plan import MODES
 
     parser = _Parser(
         prog="numarun plan",
-        description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing.",
+        description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing. "
+        "Without --numa-binding or --nproc-per-node, both are chosen for this machine "
+        "(one rank per GPU in exclusive mode; without GPUs, one per NUMA node in cpu mode) "
+        "and the first line says so.",
     )
     _topology_args(parser)
     parser.add_argument(
         "--nproc-per-node",
         "--nproc_per_node",
         metavar="N",
-        default="gpu",
-        help="ranks on this node: an integer or 'gpu' (one per visible GPU; the default)",
+        default=None,
+        help="ranks on this node: an integer or 'gpu' (one per visible GPU); default: one "
+        "per visible GPU in a GPU mode, one per NUMA node in cpu mode",
     )
     parser.add_argument(
         "--numa-binding",
         "--numa_binding",
         metavar="MODE",
         default=None,
-        help=f"one of {', '.join(MODES)}; 'explicit' is implied by --rank-cpus",
+        help=f"one of {', '.join(MODES)}; 'explicit' is implied by --rank-cpus; default: "
+        "exclusive with GPUs, cpu without",
     )
     parser.add_argument(
         "--rank-cpus",
@@ -138,7 +218,19 @@ def _cmd_plan(argv: Sequence[str]) -> int:
         action="store_true",
         help="when binding is impossible, plan unbound with a warning instead of failing",
     )
+    parser.add_argument(
+        "--explain",
+        action="store_true",
+        help="say why: the mode's rule, each rank's GPU (PCI address, NUMA node), what it "
+        "got there and what it shares with whom",
+    )
     parser.add_argument("--json", action="store_true", help="print the plan as JSON")
+    parser.add_argument(
+        "--svg",
+        metavar="FILE",
+        default=None,
+        help="also draw the machine with each rank's CPUs coloured, as SVG (any browser)",
+    )
     args = parser.parse_args(argv)
 
     from numarun.machine.cpulist import parse_cpulist
@@ -155,23 +247,48 @@ def _cmd_plan(argv: Sequence[str]) -> int:
         rank_cpus = [parse_cpulist(text) for text in args.rank_cpus]
     if mode is not None and mode not in MODES:
         raise UsageError(f"unknown --numa-binding mode {mode!r}; choose one of {', '.join(MODES)}")
-    if mode is None:
-        raise UsageError(
-            "numarun plan needs --numa-binding MODE or --rank-cpus LIST "
-            f"(modes: {', '.join(MODES)})"
-        )
+    if mode == "explicit" and rank_cpus is None:
+        raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per rank")
     topo = _read(args)
-    nprocs = (
-        len(rank_cpus)
-        if rank_cpus is not None and args.nproc_per_node == "gpu"
-        else (_nprocs(args.nproc_per_node, topo))
-    )
+    nprocs, mode, note = _plan_defaults(topo, mode, args.nproc_per_node, rank_cpus)
     plan = make_plan(topo, nprocs, mode, rank_cpus=rank_cpus, allow_unbound=args.binding_fallback)
+    if args.svg is not None:
+        from numarun.placement.picture import plan_svg
+
+        _write_text(args.svg, plan_svg(plan, topo))
     if args.json:
-        print(_json_one_rank_per_line(plan_to_json(plan, topo)))
-    else:
-        print(format_plan_table(plan, topo))
+        document = plan_to_json(plan, topo)
+        if args.explain:
+            from numarun.placement.explain import explain_ranks, mode_rule
+
+            document["rule"] = mode_rule(plan)
+            for rank, line in zip(document["ranks"], explain_ranks(plan, topo), strict=True):
+                rank["why"] = line.partition(": ")[2]
+        if note is not None:
+            print(f"numarun plan: {note}", file=sys.stderr)
+        print(_json_one_rank_per_line(document))
+        return 0
+    if note is not None:
+        print(f"numarun plan: {note}")
+    print(format_plan_table(plan, topo))
+    if args.explain:
+        from numarun.placement.explain import explain_ranks, mode_rule
+
+        print(f"why ({mode_rule(plan)}):")
+        for line in explain_ranks(plan, topo):
+            print(f"  {line}")
+    if args.svg is not None:
+        print(f"picture: {args.svg}")
     return 0
+
+
+def _write_text(path: str, text: str) -> None:
+    """Write ``text`` to ``path``; an unwritable path is one line (exit 2)."""
+    try:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
+    except OSError as error:
+        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
 
 
 def _json_one_rank_per_line(document: dict) -> str:

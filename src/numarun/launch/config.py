@@ -63,7 +63,8 @@ class LaunchConfig:
     checked. ``max_restarts``: how many times a failed local worker group is restarted.
     ``monitor_interval``: seconds between looks at the rendezvous while workers run (None:
     numarun's default). ``local_addr``: this node's address in the rendezvous. ``warnings``:
-    lines to print before starting (flags that torchrun also ignores).
+    lines to print before starting (flags that torchrun also ignores). ``quiet`` (``-q``):
+    numarun prints only errors and the failure summary.
     """
 
     entrypoint: str
@@ -108,6 +109,7 @@ class LaunchConfig:
     monitor_interval: float | None = None
     local_addr: str | None = None
     warnings: tuple[str, ...] = ()
+    quiet: bool = False  # -q: numarun prints errors and the failure summary only
 
     @property
     def elastic(self) -> bool:
@@ -243,6 +245,7 @@ def parse_args(
         monitor_interval=monitor_interval,
         local_addr=(ns.local_addr or "").strip() or None,
         warnings=(*nodes.warnings, *output_warnings),
+        quiet=ns.quiet,
     )
 
 

@@ -159,8 +159,9 @@ def format_summary(
     ``stacks_at_failure`` (the failed global rank, the other ranks'
     :class:`numarun.stacks.parse.RankStacks`): a section "Other ranks when rank N failed:" after the
     other ranks' states, grouped by identical stacks, each group's main thread cut to its
-    innermost frames. ``hang`` (a :class:`numarun.stacks.hang.HangReport`): the header says
-    HUNG and a hang block replaces the root cause: how long nothing moved, the likely culprits
+    innermost frames; no section when there are no stacks (every other rank had ended).
+    ``hang`` (a :class:`numarun.stacks.hang.HangReport`): the header says HUNG and a hang
+    block replaces the root cause: how long nothing moved, the likely culprits
     (:func:`numarun.stacks.parse.odd_ones_out`: the ranks whose stacks differ from the majority)
     with file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
     stacks were written, named after either section.
@@ -189,7 +190,8 @@ def format_summary(
         lines.append("Other ranks:" if hang is None else "Ranks:")
         why = "the hang" if hang is not None else None
         lines.extend(f"  {line}" for line in _grouped_states(others, cause, why))
-    if stacks_at_failure is not None and hang is None:
+    if stacks_at_failure is not None and stacks_at_failure[1] and hang is None:
+        # No heading without stacks under it: the others had all ended before the failure.
         failed_rank, stacks = stacks_at_failure
         lines.append(_THIN)
         lines.append(f"Other ranks when rank {failed_rank} failed:")

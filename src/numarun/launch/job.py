@@ -167,7 +167,7 @@ class Job:
         outputs: tuple[dict[int, int], dict[int, int], set[int]],
         shown_log_dir: str | None,
         *,
-        announce: Callable[[], None] | None = None,
+        announce: Callable[[Round | None], None] | None = None,
         remove_if_killed: str | None = None,
     ) -> None:
         self.config = config
@@ -177,7 +177,9 @@ class Job:
         self.mem_policies = mem_policies
         self.outputs = outputs
         self.shown_log_dir = shown_log_dir
-        self.announce = announce  # once the first attempt's files are set up
+        # The start line: once the first attempt's files are set up, with its round (a torch
+        # rendezvous) or None (static).
+        self.announce = announce
         self.remove_if_killed = remove_if_killed
         self.started = False  # once workers ran: the log directory may hold their output
         self.last: _Attempt | None = None  # the attempt that ran last, whole
@@ -249,7 +251,8 @@ class Job:
                 return self.report(attempt)
             if ours and change is not None and change.kind == "rejoin":
                 attempt.line = f"{name}: stopped: {change.message} (no restart used)"
-                sys.stderr.write(f"numarun: {attempt.line}\n" + _notice_stacks(attempt))
+                if not config.quiet:
+                    sys.stderr.write(f"numarun: {attempt.line}\n" + _notice_stacks(attempt))
                 reforms += 1
                 continue
             if ours and change is not None:
@@ -262,7 +265,7 @@ class Job:
                 if self.node is not None:
                     self.waiting_for = f"waiting for the other nodes to finish ({self.node.where})"
                     warning = self.node.finish(succeeded=True)
-                    if warning:
+                    if warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
             self._describe_failure(attempt)
@@ -274,10 +277,11 @@ class Job:
                 return self.report(attempt)
             restart_count += 1
             reforms = 0
-            sys.stderr.write(
-                f"numarun: {attempt.line}; restarting (restart {restart_count} of "
-                f"{config.max_restarts})\n"
-            )
+            if not config.quiet:
+                sys.stderr.write(
+                    f"numarun: {attempt.line}; restarting (restart {restart_count} of "
+                    f"{config.max_restarts})\n"
+                )
             if self.node is None and config.master_port is None:
                 port = workerenv.free_port()  # the old store's port may still be held
 
@@ -360,7 +364,7 @@ class Job:
             finally:
                 directory.close()  # the files are open: nothing more is made in it
             if self.announce is not None:
-                self.announce()
+                self.announce(group)
                 self.announce = None
             supervisor = Supervisor(
                 specs,
@@ -466,7 +470,7 @@ class Job:
         if earlier or lost:
             from numarun.launch import failures
 
-            if earlier:
+            if earlier and not self.config.quiet:
                 sys.stderr.write(failures.format_attempts(earlier) + "\n")
             if lost:
                 sys.stderr.write(failures.format_lost_logs(lost) + "\n")
@@ -512,8 +516,9 @@ def _job_stacks(
             raise setup_error(error, config) from None  # the workers cannot start either
         if config.hang_timeout is not None:
             raise UsageError(f"--hang-timeout needs numarun's stack dumps: {error}") from None
-        print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
-              file=sys.stderr)  # fmt: skip
+        if not config.quiet:
+            print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
+                  file=sys.stderr)  # fmt: skip
         return None
 
 

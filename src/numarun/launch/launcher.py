@@ -44,6 +44,7 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from numarun.launch.rendezvous import Round
     from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 
@@ -98,14 +99,15 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     launcher's start-up objects are never collected afterwards.
     """
     base = dict(os.environ if environ is None else environ)
-    for warning in config.warnings:
-        print(f"numarun: warning: {warning}", file=sys.stderr)
+    if not config.quiet:
+        for warning in config.warnings:
+            print(f"numarun: warning: {warning}", file=sys.stderr)
     binary_path = check_entrypoint(config, base)
     if config.virtual_local_rank:
         # Too few devices: refused before anything starts.
         workers.virtual_device(base, config.nproc_per_node - 1)
     plan = make_plan(config)
-    if plan is not None:
+    if plan is not None and not config.quiet:
         for warning in plan.warnings:
             print(f"numarun: warning: {warning}", file=sys.stderr)
     if config.elastic:
@@ -115,7 +117,38 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     if config.dry_run:
         print(_dry_run_text(config, plan, base, port, binary_path), end="")
         return 0
+    check_meeting_point(config, port)
     return _launch(config, plan, base, port, binary_path)
+
+
+def check_meeting_point(config: LaunchConfig, port: int) -> None:
+    """Raise :class:`UsageError` before anything starts when the workers could never meet: the
+    master address (or a torch rendezvous's endpoint host) does not resolve, or, on the node
+    whose rank 0 worker hosts the store (static rendezvous, node rank 0), a fixed
+    ``--master-port`` is already in use on this host (a free port picked here needs no check).
+    """
+    from numarun.launch import startline
+
+    if config.elastic:
+        host = _endpoint_host(config)
+        if host:
+            startline.check_host_resolves(host, "--rdzv-endpoint host")
+        return
+    source = "--master-addr"
+    if config.node_source != "flags":
+        source = f"the master address from the {config.node_source} environment"
+    startline.check_host_resolves(config.master_addr, source)
+    if config.node_rank == 0 and config.master_port is not None:
+        startline.check_port_free(port, "--master-port")
+
+
+def _endpoint_host(config: LaunchConfig) -> str | None:
+    """The host of ``--rdzv-endpoint`` (None for a file store, whose endpoint is a path)."""
+    if dict(config.rdzv_conf).get("store_type", "tcp").strip().lower() == "file":
+        return None
+    from numarun.launch.nodes import split_endpoint
+
+    return split_endpoint(config.rdzv_endpoint)[0]
 
 
 def check_entrypoint(config: LaunchConfig, env: Mapping[str, str]) -> str | None:
@@ -134,7 +167,7 @@ def check_entrypoint(config: LaunchConfig, env: Mapping[str, str]) -> str | None
             if not os.path.isfile(os.path.join(path, "__main__.py")):
                 raise UsageError(f"training script {path!r} is a directory without __main__.py")
         elif not os.path.isfile(path):
-            raise UsageError(f"training script {path!r} not found")
+            raise UsageError(f"training script {path!r} not found{_script_hint(config)}")
         return None
     if config.entrypoint_kind == "module":
         if config.python_exec == sys.executable:
@@ -143,10 +176,32 @@ def check_entrypoint(config: LaunchConfig, env: Mapping[str, str]) -> str | None
     return _resolve_binary(config.entrypoint, env)
 
 
+def _script_hint(config: LaunchConfig) -> str:
+    """What a user who typed ``numarun python train.py`` (as after ``torchrun``'s cousins,
+    ``mpirun python ...``) meant: numarun starts the interpreter itself."""
+    import re
+
+    name = os.path.basename(config.entrypoint)
+    if not re.fullmatch(r"python[0-9.]*", name):
+        return ""
+    args = list(config.args)
+    if "-m" in args[:-1]:
+        meant = f"-m {args[args.index('-m') + 1]}"
+    else:
+        meant = next((arg for arg in args if not arg.startswith("-")), "train.py")
+    return f": numarun runs Python itself; drop {name!r} (numarun [options] {meant} ...)"
+
+
 def _check_module(name: str) -> None:
     import importlib.machinery
     import importlib.util
 
+    if name.endswith(".py"):
+        module = name[:-3].replace("/", ".")
+        raise UsageError(
+            f"-m takes a module name, not a file: numarun {name} runs the file, "
+            f"numarun -m {module} the module"
+        )
     parts = name.split(".")
     if not all(part.isidentifier() for part in parts):
         raise UsageError(f"-m {name!r} is not a valid module name")
@@ -187,7 +242,13 @@ def _resolve_binary(binary: str, env: Mapping[str, str]) -> str:
         return binary
     found = shutil.which(binary, path=env.get("PATH", os.defpath))
     if found is None:
-        raise UsageError(f"--no-python binary {binary!r} not found on PATH")
+        hint = ""
+        if binary.endswith(".py"):
+            hint = f": a Python script runs without --no-python (numarun {binary})"
+        elif os.path.isfile(binary):
+            # As in a shell, a name without a slash is looked up on PATH only.
+            hint = f": a file in this directory is named with a path (--no-python ./{binary})"
+        raise UsageError(f"--no-python binary {binary!r} not found on PATH{hint}")
     return found
 
 
@@ -317,8 +378,25 @@ def _launch(
         guard.__enter__()
         with log_root:
             run_dir, first = logdir.make_run(
-                log_root, config.run_id, config.nproc_per_node, fresh=temporary
-            )
+                log_root, config.run_id, config.nproc_per_node, fresh=temporary,
+                announce=not config.quiet,
+            )  # fmt: skip
+        logs = logdir.log_dir_note(log_base if temporary else run_dir.path, holds)
+
+        def announce(group: Round | None) -> None:
+            """The start line (and, for a static multi-node job, where the workers wait),
+            once the first attempt's files are set up and its ranks known."""
+            if config.quiet:
+                return
+            from numarun.launch.startline import meeting_note, start_line
+
+            lines = [start_line(config, plan, port=port, logs=logs, group=group)]
+            note = meeting_note(config, port) if group is None else None
+            if note is not None:
+                lines.append(note)
+            sys.stderr.write("\n".join(lines) + "\n")
+            sys.stderr.flush()
+
         job = Job(
             config,
             plan,
@@ -329,7 +407,7 @@ def _launch(
             # The summary names the directory when it stays (it stays after a failure
             # whenever it holds log files).
             log_base if holds != logdir.ERRORS else None,
-            announce=(lambda: logdir.announce_log_dir(log_base, holds)) if temporary else None,
+            announce=announce,
             # Killed (SIGKILL), numarun cannot clean up: its watchdog removes a temporary dir
             # that held nothing but error files; log files stay (the start said where).
             remove_if_killed=log_base if holds == logdir.ERRORS else None,

@@ -19,7 +19,7 @@ directory descriptors; :func:`make_log_dirs` is the three in one. :func:`rank_lo
 Without ``--log-dir`` the base is a fresh private directory (:func:`temp_log_dir`), and what it
 holds (:func:`temp_dir_holds`) decides its end: :data:`ERRORS` (only error files) is removed at
 the end, :data:`COPIES` (log files the console showed in full) is kept only after a failure,
-:data:`LOGS` (output that is nowhere else) is kept; :func:`announce_log_dir` says so on stderr.
+:data:`LOGS` (output that is nowhere else) is kept; :func:`log_dir_note` says so in the start line.
 Imported on every launch's start-up path: :mod:`pathlib` loads only in :func:`make_log_dirs`
 and the ``Path`` helpers.
 """
@@ -221,13 +221,13 @@ def temp_log_dir() -> Directory:
     raise UsageError(f"cannot create a temporary log directory in {base}; give --log-dir")
 
 
-def announce_log_dir(log_base: str, holds: str) -> None:
-    """One line on stderr where the temporary directory holds log files, and whether it stays."""
-    if holds == LOGS:
-        print(f"numarun: worker logs go to {log_base}", file=sys.stderr)
-    elif holds == COPIES:
-        print(
-            f"numarun: worker logs go to {log_base} (removed if the run succeeds; "
-            "--log-dir keeps them)",
-            file=sys.stderr,
-        )
+def log_dir_note(log_dir: str, holds: str) -> str:
+    """Where the workers' logs go, for the start line: ``logs in DIR`` (``DIR`` the
+    ``--log-dir`` run directory, or the temporary directory when it holds log files), whether
+    a temporary one stays, or that none is kept (it holds only error files, removed at the
+    end)."""
+    if holds == COPIES:
+        return f"logs in {log_dir} (removed if the run succeeds; --log-dir keeps them)"
+    if holds == ERRORS:
+        return "logs: console only"
+    return f"logs in {log_dir}"

@@ -73,7 +73,7 @@ def parse_nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> Nodes:
     elif backend != "static":
         return _elastic_nodes(ns, backend, conf, min_nodes, max_nodes)
     warnings.extend(_check_rdzv_conf("static", conf))
-    endpoint_host, endpoint_port = _split_endpoint(ns.rdzv_endpoint or "")
+    endpoint_host, endpoint_port = split_endpoint(ns.rdzv_endpoint or "")
     addr = ns.master_addr
     if addr and endpoint_host and _unbracket(addr) != endpoint_host:
         raise UsageError(
@@ -154,7 +154,7 @@ def _elastic_nodes(
     warnings = list(_check_rdzv_conf(backend, conf))
     endpoint = (ns.rdzv_endpoint or "").strip()
     if dict(conf).get("store_type", "tcp").strip().lower() != "file":
-        _split_endpoint(endpoint)  # a bad port is one line now, not torch's ValueError later
+        split_endpoint(endpoint)  # a bad port is one line now, not torch's ValueError later
     ignored = [
         flag
         for flag, value in (
@@ -200,7 +200,7 @@ def _parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
-def _split_endpoint(endpoint: str) -> tuple[str | None, int | None]:
+def split_endpoint(endpoint: str) -> tuple[str | None, int | None]:
     """``host``, ``host:port`` or ``[v6addr]:port``."""
     endpoint = endpoint.strip()
     if not endpoint:

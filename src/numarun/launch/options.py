@@ -21,10 +21,40 @@ from numarun.errors import UsageError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage as one line (exit 2) instead of usage + error."""
+    """argparse that reports bad usage as one line (exit 2) instead of usage + error, with a
+    "did you mean" for an option it does not know (:func:`usage_error`)."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        raise UsageError(f"{message} (see 'numarun --help')")
+        raise usage_error(self, message, "numarun --help")
+
+
+def usage_error(parser: argparse.ArgumentParser, message: str, help_command: str) -> UsageError:
+    """argparse's ``message`` as one :class:`UsageError` line naming ``help_command``; for
+    ``unrecognized arguments: --nprocs-per-node ...`` the closest of ``parser``'s long options
+    (:func:`did_you_mean`) is named first."""
+    prefix = "unrecognized arguments: "
+    if message.startswith(prefix):
+        unknown = message[len(prefix) :].split()
+        first = next((token for token in unknown if token.startswith("--")), None)
+        if first is not None:
+            names = [name for name in parser._option_string_actions if name.startswith("--")]
+            suggestion = did_you_mean(first.partition("=")[0], names)
+            if suggestion:
+                name = first.partition("=")[0]
+                return UsageError(f"unknown option {name}: did you mean {suggestion}?")
+    return UsageError(f"{message} (see '{help_command}')")
+
+
+def did_you_mean(name: str, names: Sequence[str]) -> str | None:
+    """The option of ``names`` closest to the unknown ``name`` (difflib's ratio >= 0.75, so a
+    typo or a plural matches and an unrelated word does not); None when none is close. Of two
+    spellings of one option the one in ``name``'s style (dashes or underscores) is named."""
+    import difflib
+
+    dashed = "_" not in name[2:]
+    style = [n for n in names if ("_" not in n[2:]) == dashed] or list(names)
+    close = difflib.get_close_matches(name, style, n=1, cutoff=0.75)
+    return close[0] if close else None
 
 
 @dataclass(frozen=True)
@@ -240,6 +270,12 @@ _OPTIONS: tuple[_Option, ...] = (
         "every rank's stacks, naming the ranks stuck elsewhere, stop the job and exit 124; "
         "default off (0)",
         metavar="SECONDS",
+    ),
+    _Option(
+        ("-q", "--quiet"),
+        "numarun prints only errors and the failure summary: no start line, warnings or "
+        "restart notes (the workers' output is untouched)",
+        flag=True,
     ),
     _Option(
         _dual("--dry-run"),

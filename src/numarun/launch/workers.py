@@ -183,7 +183,7 @@ def mem_policies(config: LaunchConfig, plan: Plan | None) -> list:
         binding.check_cpus(rank.cpus, rank=rank.local_rank)
     policies = [binding.mem_policy_for(config.mem_binding, rank.mems) for rank in plan.ranks]
     applied, warnings = binding.check_mem_policy(policies, allow_fallback=config.binding_fallback)
-    for warning in warnings:
+    for warning in warnings if not config.quiet else ():
         print(f"numarun: warning: {warning}", file=sys.stderr)
     return applied
 

@@ -705,7 +705,7 @@ def _gpu_env(
 # Snapshots.
 
 
-def snapshot(root: str | Path, out_path: str | Path) -> int:
+def snapshot(root: str | Path, out_path: str | Path, *, mtime: int | None = None) -> int:
     """Write ``out_path`` (.tar.gz) holding exactly the sysfs files :func:`read_topology` reads.
 
     Paths in the archive are relative to ``root`` (``sys/devices/system/cpu/online``...), and
@@ -713,6 +713,10 @@ def snapshot(root: str | Path, out_path: str | Path) -> int:
     extracted directory gives the same machine (with every online CPU allowed, as for any
     non-``/`` root). NVML is not consulted and visibility variables are ignored. Returns the
     number of files written. Raises :class:`TopologyError` when ``root`` is not a sysfs root.
+
+    Every entry and the gzip header carry ``mtime`` (default: now), owner 0 and sorted paths,
+    so the same tree and ``mtime`` give the same bytes (tracked example archives stay
+    unchanged when regenerated).
     """
     _topology, reader = _read(str(root), None, {}, False)
     entries: dict[str, bytes | None] = {}  # path -> file contents, None for a directory
@@ -727,13 +731,19 @@ def snapshot(root: str | Path, out_path: str | Path) -> int:
         if text is not None:
             _add_parents(entries, rel)
             entries[rel] = text.encode("ascii", errors="replace")
-    now = time.time()
+    import gzip  # only here: read_topology is on the launcher's path, snapshots are not
+
+    stamp = int(time.time()) if mtime is None else mtime
     count = 0
-    with tarfile.open(out_path, "w:gz") as archive:
+    with (
+        open(out_path, "wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=stamp) as packed,
+        tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive,
+    ):
         for rel in sorted(entries):
             data = entries[rel]
             info = tarfile.TarInfo(rel)
-            info.mtime = int(now)
+            info.mtime = stamp
             if data is None:
                 info.type = tarfile.DIRTYPE
                 info.mode = 0o755

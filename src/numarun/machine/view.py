@@ -53,6 +53,9 @@ def render_topology(topo: Topology) -> str:
     if offline:
         lines += ["", f"possible but offline nodes (no CPUs, no memory): {format_cpulist(offline)}"]
     lines += _unknown_node_lines(topo, visible)
+    matrix = render_matrix(topo)
+    if matrix:
+        lines += ["", matrix]
     if topo.gpu_env:
         env = " ".join(f"{k}={v}" for k, v in topo.gpu_env)
         lines += ["", f"workers get: {env}"]
@@ -61,6 +64,73 @@ def render_topology(topo: Topology) -> str:
         for warning in topo.warnings:
             lines += _wrap("  - ", warning.split(), "", "    ", joiner=" ")
     return "\n".join(lines)
+
+
+def render_matrix(topo: Topology) -> str:
+    """The visible GPUs' and the NICs' affinity matrix, as ``nvidia-smi topo -m`` prints it,
+    from what sysfs says (``""`` without visible GPUs; no trailing newline).
+
+    Rows and columns are ``GPU<visible index>`` and ``NIC<k>`` (NICs in PCI order); a cell is
+    ``X`` (itself), ``NODE`` (both on one NUMA node), ``SYS`` (on different nodes: traffic
+    crosses the link between them) or ``?`` (a node unknown). nvidia-smi's finer ``PIX``,
+    ``PXB``, ``PHB`` (PCIe switches, host bridges) and ``NV#`` (NVLink) are not read. Each row
+    ends with the device's NUMA node and CPU affinity (its node's CPUs; its own local CPUs for
+    a GPU whose node is unknown). NIC columns are dropped when the table would be wider than
+    :data:`WIDTH`, the whole table when even that is too wide; a CPU affinity that does not
+    fit is named by its node. NIC names follow the table.
+    """
+    devices: list[tuple[str, int | None, tuple[int, ...]]] = []
+    cpus_of = {node.id: node.cpus for node in topo.nodes}
+    for gpu in topo.gpus:
+        devices.append((f"GPU{gpu.index}", gpu.numa_node, gpu.local_cpus))
+    for k, nic in enumerate(topo.nics):
+        node = nic.numa_node
+        devices.append((f"NIC{k}", node, cpus_of.get(node, ()) if node is not None else ()))
+    if not topo.gpus:
+        return ""  # a NIC alone relates to nothing; its node is in its node's block
+    label = max(len(name) for name, _, _ in devices) + 2
+    cell = max(label, 6)
+
+    def rows(columns: list[tuple[str, int | None, tuple[int, ...]]]) -> list[str] | None:
+        head = " " * label + "".join(f"{name:<{cell}}" for name, _, _ in columns)
+        lines = [head + "NUMA  CPU affinity"]
+        for name, node, cpus in devices:
+            cells = "".join(
+                f"{_relation(name, node, other, other_node):<{cell}}"
+                for other, other_node, _ in columns
+            )
+            numa = "?" if node is None else str(node)
+            line = f"{name:<{label}}{cells}{numa:<6}"
+            affinity = format_cpulist(cpus) or "-"
+            if len(line + affinity) > WIDTH:
+                affinity = "-" if node is None else f"node {node}'s CPUs"
+            line += affinity
+            if len(line) > WIDTH:
+                return None
+            lines.append(line.rstrip())
+        return lines
+
+    gpus_only = [device for device in devices if device[0].startswith("GPU")]
+    table = rows(devices) or (rows(gpus_only) if gpus_only else None)
+    if table is None:
+        return "GPU/NIC matrix: too many devices to show in 100 columns (see numarun topo --json)"
+    legend = (
+        "GPU/NIC matrix (as nvidia-smi topo -m): X itself, NODE the same NUMA node, SYS "
+        "across NUMA nodes, ? node unknown; PCIe switches and NVLink are not read"
+    )
+    lines = [*_wrap("", legend.split(), "", "  ", joiner=" "), *table]
+    for k, nic in enumerate(topo.nics):
+        names = " ".join(nic.names) or "(no interface)"
+        lines += _wrap(f"  NIC{k}: ", [names, nic.kind], "", "    ", joiner=" ")
+    return "\n".join(lines)
+
+
+def _relation(name: str, node: int | None, other: str, other_node: int | None) -> str:
+    if name == other:
+        return "X"
+    if node is None or other_node is None:
+        return "?"
+    return "NODE" if node == other_node else "SYS"
 
 
 def _summary(topo: Topology) -> str:

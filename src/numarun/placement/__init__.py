@@ -4,6 +4,8 @@
   rank (modes ``node``, ``socket``, ``exclusive``, ``core-complex`` with PyTorch's semantics,
   ``cpu``, explicit lists); ``format_plan_table`` and ``plan_to_json`` show it to a person and
   a program.
+- ``explain``: why each rank got its CPUs, in words (``numarun plan --explain``).
+- ``picture``: the plan drawn on the machine's picture, ranks coloured (``numarun plan --svg``).
 - ``binding``: the only code in numarun that calls ``sched_setaffinity``, ``set_mempolicy`` and
   ``prctl``; applied in a freshly forked child, before it runs a single instruction of its own.
 - ``workerenv``: the facts a worker's environment is built from (a free port, the allowed

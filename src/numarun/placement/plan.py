@@ -21,6 +21,7 @@ from numarun.machine.model import Cpu, Gpu, Topology
 GPU_MODES = ("node", "socket", "exclusive", "core-complex")
 MODES = (*GPU_MODES, "cpu", "explicit")
 UNBOUND_MODE = "none"  # Plan.mode when no binding was asked for (mode None)
+JSON_VERSION = 1  # plan_to_json's shape; raised when a key changes meaning or goes away
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,8 @@ def make_plan(
       contiguously into ``nprocs`` slices of floor or ceil of cores/nprocs, choosing among those
       splits the one with the fewest ranks straddling two nodes (ties: the lowest ranks get the
       extra core). ``numa_node`` is the rank's node when it has one, ``mems`` its CPUs' nodes.
-      GPU locality plays no part: rank ``i`` still gets GPU ``i`` when there is one.
+      GPU locality plays no part: rank ``i`` still gets GPU ``i`` when there is one, and a
+      warning names the ranks whose CPUs lie on another node than their GPU.
     * ``explicit``: ``rank_cpus[i]`` is rank ``i``'s CPUs; ``numa_node``/``mems`` follow from
       their nodes. Ranks sharing CPUs get a warning, not an error.
 
@@ -143,13 +145,15 @@ def make_plan(
 def plan_to_json(plan: Plan, topology: Topology | None = None) -> dict:
     """The plan as JSON-ready data: a contract other tools read.
 
-    Exactly ``{"mode", "bound", "ranks", "env", "warnings"}``; each rank is
+    Exactly ``{"version", "mode", "bound", "ranks", "env", "warnings"}`` (``version``: the
+    shape's version, :data:`JSON_VERSION`, as the topology's JSON has one); each rank is
     ``{"local_rank", "gpu", "numa_node", "cpus", "mems", "threads", "pci_address"}`` with
     ``cpus``/``mems`` as sorted integer lists, ranks ordered by ``local_rank``. ``gpu``,
     ``numa_node`` and ``pci_address`` are null when absent. ``topology`` (optional) fills
     ``pci_address`` for ranks built without one.
     """
     return {
+        "version": JSON_VERSION,
         "mode": plan.mode,
         "bound": plan.bound,
         "ranks": [
@@ -231,7 +235,8 @@ def _bound_ranks(
         assert rank_cpus is not None  # checked by _check_rank_cpus_shape
         return _explicit_ranks(machine, rank_cpus)
     if mode == "cpu":
-        return _cpu_ranks(machine, nprocs), []
+        ranks = _cpu_ranks(machine, nprocs)
+        return ranks, _far_from_gpu_warnings(machine, ranks)
     return _gpu_ranks(machine, nprocs, mode)
 
 
@@ -494,6 +499,31 @@ def _cpu_ranks(machine: _Machine, nprocs: int) -> tuple[RankBinding, ...]:
             )
         )
     return tuple(ranks)
+
+
+def _far_from_gpu_warnings(machine: _Machine, ranks: Sequence[RankBinding]) -> list[str]:
+    """``cpu`` mode splits the cores without regard to GPUs, yet local rank ``i`` still gets
+    GPU ``i`` (``LOCAL_RANK`` names it): one warning naming the ranks whose CPUs lie on
+    another NUMA node than that GPU, if any."""
+    gpus = machine.topology.gpus
+    far = []
+    for rank in ranks:
+        if rank.gpu is None or gpus[rank.gpu].numa_node is None:
+            continue
+        nodes = {_node_of(machine, cpu) for cpu in rank.cpus}
+        if gpus[rank.gpu].numa_node not in nodes:
+            far.append(rank)
+    if not far:
+        return []
+    first = far[0]
+    where = format_cpulist({_node_of(machine, cpu) for cpu in first.cpus} - {None})
+    return [
+        f"--numa-binding cpu splits the cores without regard to GPUs: rank"
+        f"{'s' if len(far) > 1 else ''} {format_cpulist(r.local_rank for r in far)} run on "
+        f"another NUMA node than the GPU of the same index (rank {first.local_rank}: GPU "
+        f"{first.gpu} on node {gpus[first.gpu].numa_node}, CPUs on node {where}); for GPU "
+        "jobs use --numa-binding node, socket, exclusive or core-complex"
+    ]
 
 
 def _aligned_sizes(core_nodes: Sequence[int | None], nprocs: int) -> list[int]:

@@ -153,6 +153,7 @@ if TYPE_CHECKING:
 
 
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)
+_DEADLINED = (_TERMINATING, _KILLING, _DRAINING)  # the phases that end at self._deadline
 
 
 class Supervisor:
@@ -468,9 +469,10 @@ class Supervisor:
             if deadline is not None and now >= deadline and passes:
                 return False
             passes += 1
-            timeouts = [
-                t for t in (deadline, self._phase_deadline(), self._next_timer()) if t is not None
-            ]
+            running = self._phase == _RUNNING
+            phase_deadline = self._deadline if self._phase in _DEADLINED else None
+            next_timer = self._loop.next_due() if running else None
+            timeouts = [t for t in (deadline, phase_deadline, next_timer) if t is not None]
             timeout = max(0.0, min(timeouts) - now) if timeouts else None
             must_poll = not self._teardown.all_pinned()
             if must_poll:
@@ -479,16 +481,7 @@ class Supervisor:
             self._loop.poll(timeout)
             if must_poll:
                 self._poll_workers()
-            self._loop.run_due(self._running)
-
-    def _running(self) -> bool:
-        return self._phase == _RUNNING
-
-    def _next_timer(self) -> float | None:
-        return self._loop.next_due() if self._phase == _RUNNING else None
-
-    def _phase_deadline(self) -> float | None:
-        return self._deadline if self._phase in (_TERMINATING, _KILLING, _DRAINING) else None
+            self._loop.run_due(lambda: self._phase == _RUNNING)
 
     def _poll_workers(self) -> None:
         for worker in self._workers:

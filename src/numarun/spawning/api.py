@@ -37,7 +37,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from numarun.errors import InvalidArgument
+from numarun.errors import InvalidArgument, NumarunError
 from numarun.spawning import worker as _worker
 from numarun.spawning.context import ProcessContext, SpawnContext, check_grace_period
 from numarun.spawning.exceptions import (
@@ -162,22 +162,27 @@ def spawn(
     are handled only when joining in the main thread; elsewhere they keep their usual effect on
     this process (the workers, in their own sessions, do not receive the terminal's Ctrl-C).
     """
-    context = _start(
-        fn,
-        args,
-        nprocs,
-        daemon,
-        start_method,
-        binding=binding,
-        mem_binding=mem_binding,
-        grace_period=grace_period,
-        env=env,
-        binding_fallback=binding_fallback,
-        dist_env=dist_env,
-        master_addr=master_addr,
-        master_port=master_port,
-        hold_signals=join,
-    )
+    try:
+        context = _start(
+            fn,
+            args,
+            nprocs,
+            daemon,
+            start_method,
+            binding=binding,
+            mem_binding=mem_binding,
+            grace_period=grace_period,
+            env=env,
+            binding_fallback=binding_fallback,
+            dist_env=dist_env,
+            master_addr=master_addr,
+            master_port=master_port,
+            hold_signals=join,
+        )
+    except NumarunError as error:
+        # Bad input, nothing started: the traceback ends here, at the caller's call, not in
+        # the planner's depths (its message says everything).
+        raise error.with_traceback(None) from None
     if not join:
         return context
     try:

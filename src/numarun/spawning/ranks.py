@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from numarun.errors import InvalidArgument
+from numarun.errors import InvalidArgument, NumarunError
 from numarun.placement import workerenv
 from numarun.spawning.exceptions import warn
 
@@ -38,14 +38,58 @@ def resolve_binding(
     allow_fallback: bool,
     environ: Mapping[str, str],
 ) -> Placement:
-    """Turn ``binding`` / ``mem_binding`` into checked per-rank CPUs and memory policies."""
+    """Turn ``binding`` / ``mem_binding`` into checked per-rank CPUs and memory policies.
+
+    The planner and the binding checks speak the command line's words (``--numa-binding
+    cpu``); their errors and warnings reach the caller in this API's (``binding='cpu'``):
+    :func:`in_python_terms`. Raises what they raise, of the same class."""
+    try:
+        return _resolve_binding(binding, mem_binding, nprocs, allow_fallback, environ)
+    except NumarunError as error:
+        raise type(error)(in_python_terms(str(error))) from None
+
+
+# The command line's words in the planner's and binding checks' messages -> this API's, in
+# order (a flag with its value before the bare flag). tests/test_spawn.py checks that every
+# flag those modules name is here.
+_PYTHON_TERMS = (
+    (r"--numa-binding (node|socket|exclusive|core-complex|cpu|explicit)\b", r"binding='\1'"),
+    (r"--numa-binding", "binding"),
+    (r"--mem-binding (none|local|preferred|bind|interleave)\b", r"mem_binding='\1'"),
+    (r"--mem-binding", "mem_binding"),
+    (r"--binding-fallback", "binding_fallback=True"),
+    (r"--nproc-per-node", "nprocs"),
+    (r"--rank-cpus", "binding's CPU list"),
+    (r"check --cpus-allowed and this", "check this"),
+    (r"--cpus-allowed", "the allowed CPUs"),
+    (r"--sysfs-root", "the sysfs root"),
+)
+
+
+def in_python_terms(message: str) -> str:
+    """``message`` with each command-line flag of :data:`_PYTHON_TERMS` replaced by the
+    keyword argument of :func:`numarun.spawn` that means the same."""
+    import re
+
+    for pattern, replacement in _PYTHON_TERMS:
+        message = re.sub(pattern, replacement, message)
+    return message
+
+
+def _resolve_binding(
+    binding: object,
+    mem_binding: str | None,
+    nprocs: int,
+    allow_fallback: bool,
+    environ: Mapping[str, str],
+) -> Placement:
     if binding is None:
         return _unbound_placement(mem_binding, nprocs)
     from numarun.placement import binding as binding_module
 
     plan = _make_plan(binding, nprocs, allow_fallback, environ)
     for message in plan.warnings:
-        warn(message)
+        warn(in_python_terms(message))
     if not plan.bound:
         if mem_binding not in (None, "none", "local"):
             warn(
@@ -59,7 +103,7 @@ def resolve_binding(
     policies = [binding_module.mem_policy_for(mem_binding, rank.mems) for rank in plan.ranks]
     policies, messages = binding_module.check_mem_policy(policies, allow_fallback=allow_fallback)
     for message in messages:
-        warn(message)
+        warn(in_python_terms(message))
     return Placement(
         cpus=[tuple(rank.cpus) for rank in plan.ranks],
         mems=policies,

@@ -61,10 +61,9 @@ _SIG_BIT = 1 << (STACKS_SIGNAL - 1)
 
 NOT_PYTHON = "not a Python process (--no-python)"
 EXITED = "exited"
-NOT_ARMED = (
-    f"numarun's handler for signal {STACKS_SIGNAL} is not installed (the rank is still "
-    "starting, or runs another program now)"
-)
+# The bootstrap arms the dump just before the program's first line, so a rank without it has
+# not started the program yet (it is still starting up), or has exec'd another program.
+NOT_ARMED = "the rank had not started the program's code yet (or runs another program now)"
 PENDING = (
     f"signal {STACKS_SIGNAL} is still pending (the rank blocks it, or is in uninterruptible "
     "sleep)"
