@@ -244,7 +244,7 @@ def put_environment(local_rank: int, queue: Any) -> None:
 
 def _touch(path: Path, text: str | None = None) -> None:
     """Creates ``path`` at once, whole (holding ``text``, default this process's pid)."""
-    partial = path.with_suffix(".partial")
+    partial = path.with_name(f".{path.name}.partial")  # hidden from the tests' globs
     partial.write_text(str(os.getpid()) if text is None else text)
     partial.rename(path)
 

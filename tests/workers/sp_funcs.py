@@ -100,7 +100,9 @@ def grandchildren_then_fail(local_rank: int, directory: str) -> None:
 
 
 def _write_atomic(path: Path, text: str) -> None:
-    partial = path.with_suffix(".partial")
+    # A hidden name: tests glob for the final names ("worker*"), and a worker killed between
+    # the write and the rename leaves this one behind.
+    partial = path.with_name(f".{path.name}.partial")
     partial.write_text(text)
     partial.rename(path)
 
