@@ -27,7 +27,7 @@ from numarun.launch.output import (
     ranks_filter_warning,
     sinks_for,
 )
-from numarun.process.sinks import FileSink, NullSink, TeeSink, write_all
+from numarun.process.sinks import FileSink, NullSink, TeeSink
 
 # ---------------------------------------------------------------- --redirects / --tee specs
 
@@ -424,20 +424,6 @@ def _drain(fd: int, into: bytearray, start_after: threading.Event | None = None)
         into += chunk
 
 
-def _count_polls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    import select
-
-    calls = [0]
-    real_poll = select.poll
-
-    def counting_poll() -> object:
-        calls[0] += 1  # write_all only polls after a write failed with EAGAIN
-        return real_poll()
-
-    monkeypatch.setattr(select, "poll", counting_poll)
-    return calls
-
-
 def test_tee_queues_on_eagain_instead_of_blocking_or_losing_output(tmp_path: Path) -> None:
     read_end, write_end = _small_nonblocking_pipe()
     received = bytearray()
@@ -457,21 +443,6 @@ def test_tee_queues_on_eagain_instead_of_blocking_or_losing_output(tmp_path: Pat
     os.close(read_end)
     assert bytes(received) == _expected_console(data, b"[rank2]: ")
     assert (tmp_path / "out.log").read_bytes() == data
-
-
-def test_write_all_completes_on_a_full_nonblocking_pipe(monkeypatch: pytest.MonkeyPatch) -> None:
-    polls = _count_polls(monkeypatch)
-    read_end, write_end = _small_nonblocking_pipe()
-    received = bytearray()
-    reader = threading.Thread(target=_drain, args=(read_end, received))
-    reader.start()
-    payload = bytes(range(256)) * 1000
-    write_all(write_end, payload)
-    os.close(write_end)
-    reader.join(timeout=60)
-    os.close(read_end)
-    assert bytes(received) == payload
-    assert polls[0] > 0
 
 
 def test_tee_survives_a_closed_console_and_keeps_the_file(tmp_path: Path) -> None:

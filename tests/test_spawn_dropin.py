@@ -194,11 +194,12 @@ def _torch_spawn_log() -> Iterator[list[logging.LogRecord]]:
 @pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("grace_period", [None, 20])
 def test_join_grace_period_as_torch(method: str, grace_period: float | None) -> None:
-    """Issue 11.3. Rank 0 exits 123; rank 1 would end on its own after 1 s. Without a grace
-    period rank 1 is terminated at once, with torch's warning on torch's logger; with 20 s it
-    ends on its own (exit code 0) and nothing is logged. No process is left either way."""
+    """Issue 11.3. Rank 0 exits 123; rank 1 would end on its own after 4 s (long enough that,
+    on a loaded machine, rank 0 has started and ended before it). Without a grace period rank 1
+    is terminated at once, with torch's warning on torch's logger; with 20 s it ends on its own
+    (exit code 0) and nothing is logged. No process is left either way."""
     context = numarun.start_processes(
-        sp_dropin.exit_rank_zero, args=(123, 1.0), nprocs=2, join=False, start_method=method
+        sp_dropin.exit_rank_zero, args=(123, 4.0), nprocs=2, join=False, start_method=method
     )
     pid1 = context.processes[1].pid
     started = time.monotonic()

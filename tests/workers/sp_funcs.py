@@ -116,15 +116,17 @@ def _wait_for(*paths: Path) -> None:
 
 
 def fail_one_after_another(local_rank: int, directory: str) -> None:
-    """Rank 1 raises first; rank 0, deaf to SIGTERM, raises once rank 1 is dead."""
+    """Rank 1 raises first; rank 0 survives the teardown's SIGTERM and raises once it got it.
+
+    The SIGTERM proves the supervisor saw rank 1's failure first: waiting only for rank 1 to
+    be dead left a window, under load, where the watchdog found both ended at once."""
     rank1 = Path(directory) / "worker1"
     if local_rank == 0:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        terminated: list[int] = []
+        signal.signal(signal.SIGTERM, lambda signum, frame: terminated.append(signum))
         _write_atomic(Path(directory) / "worker0", str(os.getpid()))
-        _wait_for(rank1)
-        pid = int(rank1.read_text())
         deadline = time.monotonic() + 30
-        while _alive(pid) and time.monotonic() < deadline:
+        while not terminated and time.monotonic() < deadline:
             time.sleep(0.005)
         raise ValueError("rank 0 fails second")
     _wait_for(Path(directory) / "worker0")

@@ -14,15 +14,13 @@ order, to one *sink* per stream (``feed(data)``; ``close()`` once at EOF;
 * :class:`NullSink` drops the bytes (a rank hidden by ``--local-ranks-filter`` whose stream is
   neither redirected nor tee'd, as torchrun sends it to ``/dev/null``).
 
-:func:`log_loss` tells what a sink's file lost for good (a full disk), for the end-of-run
-report; :func:`write_all` writes every byte to an fd, waiting where it must. Which sinks a
-launched worker gets, in torchrun's layout, is :mod:`numarun.launch.output`'s choice.
+:func:`log_loss` tells what a sink's file lost for good (a full disk), for the end-of-run report.
+Which sinks a launched worker gets, in torchrun's layout, is :mod:`numarun.launch.output`'s choice.
 """
 
 from __future__ import annotations
 
 import os
-import select
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +35,6 @@ __all__ = [
     "NullSink",
     "TeeSink",
     "log_loss",
-    "write_all",
 ]
 
 
@@ -349,26 +346,3 @@ class TeeSink:
             # EPIPE after `| head`, EIO from a hung-up terminal: nobody can read it any more,
             # and the file still gets everything.
             self._console_ok = False
-
-
-def write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
-    """Write every byte of ``data`` to ``fd``, however many ``os.write`` calls that takes.
-
-    Short writes continue where they stopped; ``EINTR`` is retried; ``EAGAIN`` on a non-blocking
-    fd waits (``poll``, no timeout) until the fd is writable again, so a slow console applies
-    back-pressure instead of losing output. Other ``OSError`` (``EPIPE``...) propagates.
-    """
-    view = memoryview(data)
-    poller: select.poll | None = None
-    while view:
-        try:
-            written = os.write(fd, view)
-        except InterruptedError:
-            continue
-        except BlockingIOError:
-            if poller is None:
-                poller = select.poll()
-                poller.register(fd, select.POLLOUT)
-            poller.poll()
-            continue
-        view = view[written:]
