@@ -1,10 +1,11 @@
 """Inside a rank of ``numarun check``: buffers on chosen NUMA nodes, where pages are, copy speed.
 
-Raw system calls through :mod:`ctypes` (no libnuma): ``mmap(2)``/``munmap(2)`` from the C library
-for anonymous buffers whose address is known, ``mbind(2)`` to place a buffer on one node before
-it is touched (a policy on that range only: the rank's own CPUs and memory policy are never
-changed), ``move_pages(2)`` with ``nodes = NULL`` to ask where each page is (query mode, nothing
-moves), and ``/proc/self/numa_maps`` where that call is missing.
+``mmap(2)``/``munmap(2)`` from the C library through :mod:`ctypes` for anonymous buffers whose
+address is known; :func:`numarun.placement.binding.bind_range` (``mbind(2)``) to place a buffer
+on one node before it is touched (a policy on that range only: the rank's own CPUs and memory
+policy are never changed), :func:`numarun.placement.binding.query_pages` (``move_pages(2)`` in
+query mode, nothing moves) to ask where each page is, and ``/proc/self/numa_maps`` where that
+call is missing.
 
 :func:`copy_bandwidth` is STREAM's "copy" kernel with the C library's ``memmove`` (vectorised, and
 ctypes releases the GIL around it), one thread per slice: bytes read plus bytes written per
@@ -21,43 +22,16 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 
-# Kernel memory policy mode for mbind (include/uapi/linux/mempolicy.h).
-MPOL_BIND = 2
+from numarun.placement.binding import bind_range, query_pages
 
-# (mbind, move_pages) by `uname -m`; 32-bit processes use their own table.
-_SYSCALLS_64 = {
-    "x86_64": (237, 279),
-    "aarch64": (235, 239),
-    "arm64": (235, 239),
-    "riscv64": (235, 239),
-    "loongarch64": (235, 239),
-    "ppc64le": (259, 301),
-    "ppc64": (259, 301),
-    "s390x": (268, 310),
-}
-_SYSCALLS_32 = {
-    "i386": (274, 317),
-    "i586": (274, 317),
-    "i686": (274, 317),
-    "x86_64": (274, 317),
-    "armv7l": (319, 344),
-    "armv8l": (319, 344),
-    "aarch64": (319, 344),
-}
-_ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
 PAGE_SIZE = mmap.PAGESIZE
-# move_pages takes arrays of one entry per page: ask in chunks so they stay small.
-_QUERY_CHUNK = 16384
 
 
-def _load() -> tuple[object, object, object, tuple[int, int] | None]:
+def _load() -> tuple[object, object]:
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
-        return None, None, None, None
-    syscall = getattr(libc, "syscall", None)
-    if syscall is not None:
-        syscall.restype = ctypes.c_long
+        return None, None
     map_call = libc.mmap
     map_call.restype = ctypes.c_void_p
     map_call.argtypes = (
@@ -71,11 +45,10 @@ def _load() -> tuple[object, object, object, tuple[int, int] | None]:
     unmap_call = libc.munmap
     unmap_call.restype = ctypes.c_int
     unmap_call.argtypes = (ctypes.c_void_p, ctypes.c_size_t)
-    table = _SYSCALLS_64 if ctypes.sizeof(ctypes.c_void_p) == 8 else _SYSCALLS_32
-    return syscall, map_call, unmap_call, table.get(os.uname().machine)
+    return map_call, unmap_call
 
 
-_SYSCALL, _MMAP, _MUNMAP, _NUMBERS = _load()
+_MMAP, _MUNMAP = _load()
 _MAP_FAILED = ctypes.c_void_p(-1).value
 
 
@@ -143,59 +116,6 @@ class Buffer:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
-
-
-def bind_range(address: int, size: int, node: int) -> None:
-    """``mbind(address, size, MPOL_BIND, {node})``: pages of the range not yet touched will be
-    allocated on ``node`` only. Raises :class:`OSError` with the kernel's errno."""
-    if _SYSCALL is None or _NUMBERS is None:
-        raise OSError(errno.ENOSYS, f"no mbind syscall number for {os.uname().machine}")
-    words = node // _ULONG_BITS + 1
-    mask = (ctypes.c_ulong * words)()
-    mask[node // _ULONG_BITS] = 1 << (node % _ULONG_BITS)
-    result = _SYSCALL(  # type: ignore[operator]
-        ctypes.c_long(_NUMBERS[0]),
-        ctypes.c_void_p(address),
-        ctypes.c_ulong(size),
-        ctypes.c_long(MPOL_BIND),
-        ctypes.byref(mask),
-        # The kernel reads maxnode - 1 bits (see numarun.placement.binding).
-        ctypes.c_ulong(words * _ULONG_BITS + 1),
-        ctypes.c_uint(0),
-    )
-    if result != 0:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mbind to node {node} failed: {os.strerror(err)}")
-
-
-def query_pages(address: int, size: int) -> dict[int, int]:
-    """Node -> number of pages of ``[address, address + size)`` found there, by
-    ``move_pages(0, count, pages, NULL, status, 0)``: nothing is moved. Negative keys are the
-    status of pages without a node (``-ENOENT``: not present). Raises :class:`OSError`."""
-    if _SYSCALL is None or _NUMBERS is None:
-        raise OSError(errno.ENOSYS, f"no move_pages syscall number for {os.uname().machine}")
-    first = address - address % PAGE_SIZE
-    count = (address + size - first + PAGE_SIZE - 1) // PAGE_SIZE
-    counts: dict[int, int] = {}
-    for start in range(0, count, _QUERY_CHUNK):
-        chunk = min(_QUERY_CHUNK, count - start)
-        pages = (ctypes.c_void_p * chunk)(*(first + (start + i) * PAGE_SIZE for i in range(chunk)))
-        status = (ctypes.c_int * chunk)()
-        result = _SYSCALL(  # type: ignore[operator]
-            ctypes.c_long(_NUMBERS[1]),
-            ctypes.c_int(0),
-            ctypes.c_ulong(chunk),
-            pages,
-            ctypes.c_void_p(None),
-            status,
-            ctypes.c_int(0),
-        )
-        if result < 0:
-            err = ctypes.get_errno()
-            raise OSError(err, f"move_pages failed: {os.strerror(err)}")
-        for value in status:
-            counts[value] = counts.get(value, 0) + 1
-    return counts
 
 
 def numa_maps_nodes(lines: Iterable[str], address: int) -> dict[int, int] | None:

@@ -1,11 +1,13 @@
 """Binding a process to CPUs and NUMA memory, and the prctl calls the supervisor needs.
 
-This is the only module that calls ``sched_setaffinity``, ``set_mempolicy`` and ``prctl``.
-Memory policy goes through the raw ``set_mempolicy(2)`` / ``get_mempolicy(2)`` system calls via
-:mod:`ctypes` (no libnuma, no numactl). Everything :func:`apply_in_child` touches (the C
-library handle, the function pointers, the syscall numbers) is prepared when this module is
-imported, because that function runs in a freshly forked child of a possibly multi-threaded
-parent, where imports and locks are unsafe.
+This is the only module that calls ``sched_setaffinity``, ``set_mempolicy`` and ``prctl``, and the
+only one with NUMA system calls at all. Memory policy goes through the raw ``set_mempolicy(2)`` /
+``get_mempolicy(2)`` system calls via :mod:`ctypes` (no libnuma, no numactl); :func:`bind_range`
+(``mbind(2)``) and :func:`query_pages` (``move_pages(2)`` in query mode) serve ``numarun check``'s
+probe, a policy on one buffer and where its pages are. Everything :func:`apply_in_child` touches
+(the C library handle, the function pointers, the syscall numbers) is prepared when this module is
+imported, because that function runs in a freshly forked child of a possibly multi-threaded parent,
+where imports and locks are unsafe.
 
 Nothing here changes the calling thread's affinity, memory policy, environment or signal
 handlers, except :func:`apply_in_child` (meant for children) and the prctl setters.
@@ -53,26 +55,27 @@ PR_GET_PDEATHSIG = 2
 PR_SET_CHILD_SUBREAPER = 36
 PR_GET_CHILD_SUBREAPER = 37
 
-# (set_mempolicy, get_mempolicy) by `uname -m`, for 64-bit and for 32-bit processes. A 32-bit
-# Python on a 64-bit kernel reports the kernel's machine but must use the compat numbers.
+# (set_mempolicy, get_mempolicy, mbind, move_pages) by `uname -m`, for 64-bit and for 32-bit
+# processes. A 32-bit Python on a 64-bit kernel reports the kernel's machine but must use the
+# compat numbers.
 _SYSCALLS_64 = {
-    "x86_64": (238, 239),
-    "aarch64": (237, 236),
-    "arm64": (237, 236),
-    "riscv64": (237, 236),
-    "loongarch64": (237, 236),
-    "ppc64le": (261, 260),
-    "ppc64": (261, 260),
-    "s390x": (270, 269),
+    "x86_64": (238, 239, 237, 279),
+    "aarch64": (237, 236, 235, 239),
+    "arm64": (237, 236, 235, 239),
+    "riscv64": (237, 236, 235, 239),
+    "loongarch64": (237, 236, 235, 239),
+    "ppc64le": (261, 260, 259, 301),
+    "ppc64": (261, 260, 259, 301),
+    "s390x": (270, 269, 268, 310),
 }
 _SYSCALLS_32 = {
-    "i386": (276, 275),
-    "i586": (276, 275),
-    "i686": (276, 275),
-    "x86_64": (276, 275),
-    "armv7l": (321, 320),
-    "armv8l": (321, 320),
-    "aarch64": (321, 320),
+    "i386": (276, 275, 274, 317),
+    "i586": (276, 275, 274, 317),
+    "i686": (276, 275, 274, 317),
+    "x86_64": (276, 275, 274, 317),
+    "armv7l": (321, 320, 319, 344),
+    "armv8l": (321, 320, 319, 344),
+    "aarch64": (321, 320, 319, 344),
 }
 
 _PAGE_BITS = 4096 * 8  # the kernel refuses node masks longer than one page
@@ -86,7 +89,7 @@ def _load_libc() -> ctypes.CDLL | None:
         return None
 
 
-def _syscall_numbers() -> tuple[int, int] | None:
+def _syscall_numbers() -> tuple[int, int, int, int] | None:
     table = _SYSCALLS_64 if ctypes.sizeof(ctypes.c_void_p) == 8 else _SYSCALLS_32
     return table.get(os.uname().machine)
 
@@ -101,6 +104,8 @@ if _PRCTL is not None:
 _NUMBERS = _syscall_numbers()
 _NR_SET_MEMPOLICY = _NUMBERS[0] if _NUMBERS else -1
 _NR_GET_MEMPOLICY = _NUMBERS[1] if _NUMBERS else -1
+_NR_MBIND = _NUMBERS[2] if _NUMBERS else -1
+_NR_MOVE_PAGES = _NUMBERS[3] if _NUMBERS else -1
 _MEMPOLICY_SUPPORTED = _SYSCALL is not None and _NUMBERS is not None
 
 # Node masks built in the parent (by check_mem_policy) so that the child only looks them up.
@@ -268,6 +273,63 @@ def _policy_name(mode: int, nodes: tuple[int, ...]) -> str:
     name = _MODE_NAMES.get(number, f"mode{number}")
     # Kernels before 5.x report MPOL_LOCAL as MPOL_PREFERRED with an empty mask.
     return "local" if name == "preferred" and not nodes else name
+
+
+# --- one range of memory (numarun check) -----------------------------------------------------
+
+_QUERY_CHUNK = 16384  # move_pages takes arrays of one entry per page: ask in chunks
+
+
+def bind_range(address: int, size: int, node: int) -> None:
+    """``mbind(address, size, MPOL_BIND, {node})``: pages of the range not yet touched will be
+    allocated on ``node`` only; the calling thread's own policy is untouched. Raises
+    :class:`OSError` with the kernel's errno (ENOSYS: no syscall number for this machine)."""
+    if _SYSCALL is None or _NR_MBIND < 0:
+        raise OSError(errno.ENOSYS, f"no mbind syscall number for {os.uname().machine}")
+    mask, maxnode = _build_nodemask((node,))
+    result = _SYSCALL(
+        ctypes.c_long(_NR_MBIND),
+        ctypes.c_void_p(address),
+        ctypes.c_ulong(size),
+        ctypes.c_long(MPOL_BIND),
+        ctypes.byref(mask),
+        ctypes.c_ulong(maxnode),
+        ctypes.c_uint(0),
+    )
+    if result != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mbind to node {node} failed: {os.strerror(err)}")
+
+
+def query_pages(address: int, size: int) -> dict[int, int]:
+    """Node -> number of pages of ``[address, address + size)`` found there, by
+    ``move_pages(0, count, pages, NULL, status, 0)``: nothing is moved. Negative keys are the
+    status of pages without a node (``-ENOENT``: not present). Raises :class:`OSError`."""
+    if _SYSCALL is None or _NR_MOVE_PAGES < 0:
+        raise OSError(errno.ENOSYS, f"no move_pages syscall number for {os.uname().machine}")
+    page = os.sysconf("SC_PAGE_SIZE")
+    first = address - address % page
+    count = (address + size - first + page - 1) // page
+    counts: dict[int, int] = {}
+    for start in range(0, count, _QUERY_CHUNK):
+        chunk = min(_QUERY_CHUNK, count - start)
+        pages = (ctypes.c_void_p * chunk)(*(first + (start + i) * page for i in range(chunk)))
+        status = (ctypes.c_int * chunk)()
+        result = _SYSCALL(
+            ctypes.c_long(_NR_MOVE_PAGES),
+            ctypes.c_int(0),
+            ctypes.c_ulong(chunk),
+            pages,
+            ctypes.c_void_p(None),
+            status,
+            ctypes.c_int(0),
+        )
+        if result < 0:
+            err = ctypes.get_errno()
+            raise OSError(err, f"move_pages failed: {os.strerror(err)}")
+        for value in status:
+            counts[value] = counts.get(value, 0) + 1
+    return counts
 
 
 # --- in the child ------------------------------------------------------------------------------
