@@ -26,6 +26,7 @@ from hypothesis import strategies as st
 from job_processes import processes_with_run_id
 from numarun.errors import UsageError
 from numarun.launch import nodes as launch_nodes
+from numarun.placement.workerenv import free_port
 
 pytest.importorskip("torch")
 
@@ -49,12 +50,6 @@ def _env(**extra: str) -> dict[str, str]:
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env.update(extra)
     return env
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 class Nodes:
@@ -256,7 +251,7 @@ def test_static_restarts_end_with_the_last_failure_and_every_attempt_listed(
 
 
 def test_a_numarun_node_and_a_torchrun_node_train_together(tmp_path: Path, nodes: Nodes) -> None:
-    port = _free_port()
+    port = free_port()
     flags = ["--nnodes", "2", "--nproc-per-node", "2", *_c10d(port, nodes.run_id)]
     mine = nodes.start(NUMARUN, *flags, ELASTIC, "grow", str(tmp_path), "4")
     theirs = nodes.start(TORCHRUN, *flags, ELASTIC, "grow", str(tmp_path), "4")
@@ -276,7 +271,7 @@ def test_two_numarun_nodes_a_failure_reaches_the_healthy_node_within_seconds(
     # collective whose peer is gone). B has no restart left: it ends with its summary; A must
     # learn of it through the rendezvous within seconds, not after a collective timeout, and
     # stop with one line naming the failure. (One worker per node keeps the test short.)
-    port = _free_port()
+    port = free_port()
     flags = [
         "--nnodes", "2", "--nproc-per-node", "1", "--monitor-interval", "0.5",
         *_c10d(port, nodes.run_id),
@@ -303,7 +298,7 @@ def test_two_numarun_nodes_a_failure_reaches_the_healthy_node_within_seconds(
 
 
 def test_a_late_node_is_admitted_and_the_world_grows(tmp_path: Path, nodes: Nodes) -> None:
-    port = _free_port()
+    port = free_port()
     flags = [
         "--nnodes", "1:2", "--nproc-per-node", "1", "--monitor-interval", "0.5",
         *_c10d(port, nodes.run_id, "--rdzv-conf", "last_call_timeout=1"),
@@ -337,7 +332,7 @@ def test_a_sigkilled_launcher_is_dropped_and_the_other_node_goes_on_or_stops(
     # the keep-alive window (here 1 s x 2), re-form the group alone (--nnodes 1:2) and finish
     # in a world of 1. When it is the node hosting the rendezvous store (A), B cannot go on:
     # it stops with one line, its worker torn down.
-    port = _free_port()
+    port = free_port()
     conf = "last_call_timeout=1,keep_alive_interval=1,keep_alive_max_attempt=2"
     flags = [
         "--nnodes", "1:2", "--nproc-per-node", "1", "--monitor-interval", "0.5",
@@ -402,7 +397,7 @@ def test_ctrl_c_while_waiting_in_the_rendezvous_stops_at_once(
     tmp_path: Path, nodes: Nodes
 ) -> None:
     # torchrun hangs here (pytorch/pytorch#63802): torch's store calls hold signals off.
-    port = _free_port()
+    port = free_port()
     node = nodes.start(
         NUMARUN, "--nnodes", "2", *_c10d(port, nodes.run_id, "--rdzv-conf", "is_host=1"),
         ELASTIC, "grow", str(tmp_path), "4",
@@ -435,7 +430,7 @@ def test_ctrl_c_while_waiting_in_the_rendezvous_stops_at_once(
 def test_an_unreachable_endpoint_is_one_line_and_leaves_nothing(
     tmp_path: Path, nodes: Nodes
 ) -> None:
-    port = _free_port()  # nothing listens there, and this node may not host it
+    port = free_port()  # nothing listens there, and this node may not host it
     node = nodes.start(
         NUMARUN, *_c10d(port, nodes.run_id, "--rdzv-conf", "is_host=0,read_timeout=1"),
         ELASTIC, "grow", str(tmp_path), "1",

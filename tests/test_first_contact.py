@@ -26,6 +26,7 @@ import sysfs_fixtures
 from numarun.cli import main
 from numarun.machine.cpulist import format_cpulist
 from numarun.machine.topology import read_topology
+from numarun.placement.workerenv import free_port
 
 LIMIT = 60
 # One write per line: workers run unbuffered (python -u), and print's pieces from two workers
@@ -117,14 +118,8 @@ def test_quiet_keeps_numarun_to_errors_and_the_failure_summary(tmp_path: Path, h
 # --- item 4: where the workers of several nodes meet -------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_a_static_multi_node_job_says_where_its_workers_meet(tmp_path: Path, hello: str) -> None:
-    port = str(_free_port())
+    port = str(free_port())
     argv = [sys.executable, "-m", "numarun", "--nnodes", "2", "--master-port", port, hello]
     nodes = [
         subprocess.Popen(

@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_run_id
+from numarun.placement.workerenv import free_port
 
 pytest.importorskip("torch")
 
@@ -51,20 +52,12 @@ def _env(runtime: Path | None = None, **extra: str) -> dict[str, str]:
     return env
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 class Job:
     """The launchers of one test's job; :meth:`close` kills what is left, workers included."""
 
     def __init__(self, run_id: str, tmp: Path) -> None:
         self.run_id = run_id
-        self.port = _free_port()
+        self.port = free_port()
         self.tmp = tmp
         self.started: list[subprocess.Popen[bytes]] = []
 

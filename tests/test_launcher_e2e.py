@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_run_id
+from numarun.placement.workerenv import free_port
 
 pytest.importorskip("torch")
 
@@ -48,12 +48,6 @@ def _results(stdout: str) -> dict[int, dict]:
     return found
 
 
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
 def test_four_rank_allreduce_bound_as_planned() -> None:
     cpus = ["0", "1", "0", "1"]
     binding = [arg for cpu in cpus for arg in ("--rank-cpus", cpu)]
@@ -74,7 +68,7 @@ def test_four_rank_allreduce_bound_as_planned() -> None:
 
 
 def test_two_launchers_on_loopback_act_as_two_nodes() -> None:
-    port = str(_free_port())
+    port = str(free_port())
     common = ["--nnodes", "2", "--nproc-per-node", "2", "--master-addr", "127.0.0.1"]
     nodes = [
         subprocess.Popen(

@@ -26,6 +26,7 @@ from numarun.errors import UsageError
 from numarun.launch import config as launch_config
 from numarun.launch import options as launch_options
 from numarun.launch.workers import rank_env, substitute_local_rank, worker_argv
+from numarun.placement.workerenv import free_port
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 FLAGS_WORKER = str(WORKERS / "ln_flags.py")
@@ -240,12 +241,6 @@ def _has_ipv6_loopback() -> bool:
         return False
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_tee_filters_virtual_rank_macro_and_ipv6_side_by_side_with_torchrun(
     tmp_path: Path,
 ) -> None:
@@ -260,7 +255,7 @@ def test_tee_filters_virtual_rank_macro_and_ipv6_side_by_side_with_torchrun(
     for name, launcher in (("numarun", NUMARUN), ("torchrun", TORCHRUN)):
         logs = tmp_path / name
         done = subprocess.run(
-            [*launcher, *flags, "--master-port", str(_free_port()), "--log-dir", str(logs),
+            [*launcher, *flags, "--master-port", str(free_port()), "--log-dir", str(logs),
              FLAGS_WORKER, *odd],
             capture_output=True, text=True, env=_env(CUDA_VISIBLE_DEVICES="4,6"), timeout=300,
         )  # fmt: skip
