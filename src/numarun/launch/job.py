@@ -441,7 +441,7 @@ class Job:
         """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
         from numarun.launch import failures
 
-        reports = rank_reports(self.config, attempt.result, attempt.directory, self.outputs)
+        reports = rank_reports(attempt.result, attempt.directory, self.outputs)
         stopped = attempt.result.stop_reason
         attempt.line = failures.attempt_line(attempt.name, reports, stopped_by=stopped)
 

@@ -35,11 +35,7 @@ from collections.abc import Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
 from numarun.launch import logdir, workers
-from numarun.launch.config import DEFAULT_GRACE_PERIOD as DEFAULT_GRACE_PERIOD
-from numarun.launch.config import FORWARD_SIGNALS as FORWARD_SIGNALS
-from numarun.launch.config import TEARDOWN_SIGNALS as TEARDOWN_SIGNALS
 from numarun.launch.config import LaunchConfig, parse_args
-from numarun.launch.nodes import DEFAULT_MULTI_NODE_PORT as DEFAULT_MULTI_NODE_PORT
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False

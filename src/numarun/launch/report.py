@@ -65,7 +65,6 @@ def lost_logs(specs: Sequence[WorkerSpec]) -> list[str]:
 
 
 def rank_reports(
-    config: LaunchConfig,
     result: RunResult,
     attempt_dir: str,
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
@@ -107,7 +106,7 @@ def failure_summary(
     (:class:`numarun.stacks.job.JobStacks`, closed), where the other ranks were."""
     from numarun.launch import failures
 
-    reports = rank_reports(config, result, attempt_dir, outputs)
+    reports = rank_reports(result, attempt_dir, outputs)
     entrypoint = " ".join([config.entrypoint, *config.args])
     if len(entrypoint) > 200:
         entrypoint = entrypoint[:197] + "..."
