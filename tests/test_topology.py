@@ -22,6 +22,7 @@ from numarun.machine import nvml, topology
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.model import Gpu, Topology
 from numarun.machine.topology import read_topology, select_visible_gpus, snapshot
+from numarun.placement.plan import make_plan
 from sysfs_fixtures import (
     CLASS_3D,
     CLASS_ACCEL,
@@ -754,3 +755,24 @@ def test_random_machines_read_back(machine: FakeMachine) -> None:
             assert gpu.numa_node == cpu_nodes[0]
         else:
             assert gpu.numa_node is None and any(fake.pci_address in w for w in topo.warnings)
+
+
+def test_a_real_h100_vm_as_its_snapshot_saved_it(tmp_path: Path) -> None:
+    """``numarun snapshot`` as it ran on a lent GPU machine (2026-11-28: one H100 80GB HBM3 in a
+    16-vCPU Firecracker VM, one NUMA node): the saved tree reads back as nvidia-smi and lscpu
+    described that machine, and the default plan gives the one rank every CPU."""
+    with tarfile.open(Path(__file__).parent / "data" / "h100-vm-sysfs.tar.gz") as tar:
+        extract(tar, tmp_path)
+    topo = read(tmp_path)
+    assert topo.online_cpus == tuple(range(16))
+    assert len(topo.cores) == 16 and len(topo.packages) == 1
+    assert [n.id for n in topo.nodes] == [0] and node(topo, 0).cpus == tuple(range(16))
+    assert node(topo, 0).memory_bytes == 5860848 * 1024
+    assert [(g.pci_address, g.vendor, g.numa_node) for g in topo.gpus] == [
+        ("0000:00:06.0", "nvidia", 0)
+    ]
+    assert [(n.pci_address, n.names, n.kind) for n in topo.nics] == [
+        ("0000:00:03.0", ("eth0",), "ethernet")
+    ]
+    plan = make_plan(topo, 1, "exclusive")
+    assert [(r.gpu, r.cpus, r.mems) for r in plan.ranks] == [(0, tuple(range(16)), (0,))]
