@@ -6,7 +6,6 @@ sets below are literal kernel ranges derived from it, not computed by the code u
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -424,7 +423,7 @@ def test_socket_with_no_allowed_cpu_on_the_package_refuses(topo: Reader) -> None
 
 @pytest.mark.parametrize("mode", [*GPU_MODES, "cpu"])
 def test_empty_allowed_set_refuses(topo: Reader, mode: str) -> None:
-    empty = dataclasses.replace(topo("dgx_h100"), allowed_cpus=())
+    empty = topo("dgx_h100").replace(allowed_cpus=())
     with pytest.raises(PlanError) as caught:
         make_plan(empty, 2, mode)
     assert "no allowed CPUs" in one_line(caught.value)
@@ -478,15 +477,14 @@ def test_no_mode_is_an_unbound_plan(topo: Reader) -> None:
 
 
 def test_env_and_warnings_come_from_the_topology(topo: Reader) -> None:
-    t = dataclasses.replace(
-        topo("dgx_h100"),
+    t = topo("dgx_h100").replace(
         gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),),
         warnings=("from the reader",),
     )
     plan = make_plan(t, 2, "node")
     assert plan.env == (("CUDA_VISIBLE_DEVICES", "0,1"),)
     assert plan.warnings == ("from the reader",)
-    unknown = dataclasses.replace(topo("cloud_vm_unknown_numa"), warnings=("first",))
+    unknown = topo("cloud_vm_unknown_numa").replace(warnings=("first",))
     warned = make_plan(unknown, 4, "node")
     assert warned.warnings[0] == "first" and "NUMA node unknown" in warned.warnings[1]
 
@@ -606,7 +604,7 @@ def test_rank_cpus_only_with_explicit(topo: Reader) -> None:
 
 
 def test_json_contract(topo: Reader) -> None:
-    t = dataclasses.replace(topo("dgx_h100"), gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),))
+    t = topo("dgx_h100").replace(gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),))
     data = plan_to_json(make_plan(t, 8, "exclusive"), t)
     assert json.loads(json.dumps(data)) == data
     assert list(data) == ["version", "mode", "bound", "ranks", "env", "warnings"]
@@ -768,7 +766,7 @@ def restricted(draw: st.DrawFn, topo: Reader) -> tuple[Topology, int]:
     t = topo(draw(st.sampled_from(PROPERTY_SHAPES)))
     online = list(t.online_cpus)
     allowed = draw(st.sets(st.sampled_from(online), min_size=1, max_size=len(online)))
-    return dataclasses.replace(t, allowed_cpus=tuple(sorted(allowed))), draw(st.integers(1, 8))
+    return t.replace(allowed_cpus=tuple(sorted(allowed))), draw(st.integers(1, 8))
 
 
 def check_disjoint_within_allowed(plan: Plan, t: Topology) -> None:
