@@ -5,9 +5,15 @@ by another while ``--max-restarts`` allows; a node joining or leaving a torch re
 the group without using a restart; a teardown signal ends the job, also between attempts, where
 no supervisor runs (:class:`SignalGuard`); every attempt keeps its own directory
 (``attempt_<restart count>``, ``.N`` after the N-th re-forming); the end report names each
-attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here,
-and once its workers are under way the failure report's modules are imported in the background
-(:func:`_prefetch_failure_report`).
+attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here.
+
+What a failure needs is imported before any failure is acted on: in the main thread, once the
+workers started and before the supervisor's loop serves its first event
+(:func:`_import_failure_path`). Nothing is imported in another thread, and nothing once a
+failure is being handled: an import in progress elsewhere leaves a module in ``sys.modules``
+half made (creating a dataclass reads ``typing`` from there without the import lock, and
+failed with ``partially initialized module 'typing' has no attribute 'ClassVar'`` when a
+background thread was importing it as a worker failed).
 """
 
 from __future__ import annotations
@@ -394,7 +400,9 @@ class Job:
                 gc.collect()
             gc.freeze()
             try:
-                result = supervisor.run(on_started=lambda: _on_started(stacks))
+                result = supervisor.run(
+                    on_started=lambda: _on_started(stacks, self.node is not None)
+                )
             except (NumarunError, Interrupted):
                 raise  # a worker could not start (one line), or a signal came before any did
             except BaseException:
@@ -522,31 +530,27 @@ def _job_stacks(
         return None
 
 
-def _on_started(stacks: JobStacks | None) -> None:
+def _on_started(stacks: JobStacks | None, elastic: bool) -> None:
     if stacks is not None:
         try:
             stacks.listen()
         except OSError as error:  # out of fds, say: the job runs on without the socket
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
-    _prefetch_failure_report()
+    _import_failure_path(elastic)
 
 
-def _prefetch_failure_report(delay: float = 0.25) -> None:
-    """Import the failure summary's modules in the background once the workers are under way.
+def _import_failure_path(elastic: bool) -> None:
+    """Import what acting on a failure needs, here in the main thread, once the workers
+    started (nothing delays them) and before the supervisor's loop serves its first event:
+    the stacks' parser (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang
+    watch), the summary and the error files it reads, and under a torch rendezvous the post
+    that carries this node's stacks to the others. A few milliseconds, once per launch;
+    nothing of it is imported in another thread or while a failure is handled (module
+    docstring)."""
+    import json  # noqa: F401  (read_error_file)
 
-    Importing :mod:`numarun.launch.failures` (json, traceback, ...) costs 10-20 ms, which would
-    otherwise sit between a worker's failure and the launcher's exit. The delay keeps the
-    import off the CPUs while the workers start; a failure before it just imports in line.
-    """
-    import threading
+    import numarun.launch.failures  # with launch.errorfile and stacks.parse
 
-    timer = threading.Timer(delay, _import_failures)
-    timer.daemon = True
-    timer.start()
-
-
-def _import_failures() -> None:
-    # The stacks taken at a failure are parsed with numarun.stacks.parse.
-    import numarun.launch.failures
-    import numarun.stacks.parse  # noqa: F401
+    if elastic:
+        import numarun.stacks.remote  # noqa: F401  (ElasticNode.on_worker_failure's post)
