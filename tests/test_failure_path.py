@@ -12,6 +12,7 @@ before any failure is acted on, and nothing is imported in another thread.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -164,3 +165,30 @@ def test_a_spawn_failure_imports_nothing_a_successful_spawn_did_not(
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
+
+@pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
+def test_looking_at_a_failed_spawn_worker_leaves_the_others_running_as_torch_does(
+    tmp_path: Path, method: str
+) -> None:
+    # Issue 24 item 3: exitcode, is_alive() and join(0.05) of a failed worker used to make
+    # numarun tear the other workers down; torch's only look, and so do numarun's now.
+    pytest.importorskip("torch")
+    reports = {}
+    for library in ("torch", "numarun"):
+        folder = tmp_path / library
+        folder.mkdir()
+        done = subprocess.run(
+            [sys.executable, str(WORKERS / "fp_poll.py"), library, method, str(folder)],
+            capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        reports[library] = json.loads(done.stdout.strip().splitlines()[-1])
+    expected = {
+        "exitcodes_read": [1, None],  # rank 0's 1 (every look), rank 1's None
+        "second_alive": True,
+        "second_signalled": False,
+        "join": "ProcessRaisedException",
+        "second_signalled_by_join": True,
+        "second_alive_after_join": False,
+    }
+    assert reports == {"torch": expected, "numarun": expected}
