@@ -35,6 +35,7 @@ from numarun.launch.report import (
 )
 from numarun.launch.workers import (
     close_sinks,
+    has_log_files,
     line_filters,
     rank_binding,
     rank_env,
@@ -238,7 +239,9 @@ class Job:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
             if self.last is not None:
                 try:
-                    directory = make_attempt(run_dir, name, config.nproc_per_node)
+                    directory = make_attempt(
+                        run_dir, name, config.nproc_per_node, rank_dirs=False
+                    )
                 except OSError as error:
                     raise setup_error(error, config) from None
             if self.node is not None:
@@ -302,8 +305,10 @@ class Job:
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
         static rendezvous with the store on ``port``) with their files under ``directory``
-        (made by :func:`numarun.launch.logdir.make_attempt`; closed here once the files are
-        open), wait for the supervisor's end, return the attempt. Raises :class:`UsageError`
+        (made by :func:`numarun.launch.logdir.make_attempt`, without the ranks' own: those
+        are made as their log files are opened, or by each rank's process as it starts;
+        closed here once the files are open), wait for the supervisor's end, return the
+        attempt. Raises :class:`UsageError`
         (one line, nothing started) when the workers' files cannot be set up (out of fds,
         say)."""
         import gc
@@ -350,6 +355,10 @@ class Job:
                     )
                     if stacks is not None:
                         stacks.count_output((stdout, stderr))
+                    # Without log files the rank's directory (its error file's) is made by
+                    # its own process as it starts: none for a rank never started.
+                    own_dir = os.path.join(directory.path, str(local_rank))
+                    made = has_log_files(self.outputs, local_rank)
                     specs.append(
                         WorkerSpec(
                             local_rank=local_rank,
@@ -360,6 +369,7 @@ class Job:
                             mem=self.mem_policies[local_rank],
                             stdout=stdout,
                             stderr=stderr,
+                            make_dir=None if made else own_dir,
                         )
                     )
             except BaseException as error:  # out of fds, an unwritable log file: nothing started
@@ -368,7 +378,7 @@ class Job:
                     raise setup_error(error, config) from None
                 raise
             finally:
-                directory.close()  # the files are open: nothing more is made in it
+                directory.close()  # the files are open: nothing more is made in it here
             if self.announce is not None:
                 self.announce(group)
                 self.announce = None
