@@ -393,7 +393,7 @@ class Job:
                 # still stops on kill -INT.
                 relay_signal=True,
                 keep_ignored=(signal.SIGHUP,),
-                on_failure=self._on_failure_callbacks(stacks),
+                on_failure=self._on_failure_callbacks(stacks, restart_count),
                 on_exit=stacks.on_exit if stacks is not None else None,
                 remove_if_killed=self.remove_if_killed,
             )
@@ -401,14 +401,14 @@ class Job:
                 self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
             if stacks is not None:
                 stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
-            # Everything allocated so far lives until exit; freezing it keeps the collector
-            # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
-            if self.last is not None:
-                # Except what earlier attempts left in reference cycles (a supervisor and its
-                # parts, ~10 KiB): frozen, it would stay for good, one more at every restart.
-                gc.unfreeze()
-                gc.collect()
-            gc.freeze()
+            # What the first attempt starts with lives until exit; freezing it keeps the
+            # collector from walking it again, which on a slow machine costs 10+ ms at
+            # interpreter exit. Only then: what a later attempt allocates is left to the
+            # collector (frozen, its reference cycles would stay for good, one more at every
+            # restart), and a collection of the whole heap between a failure and the next
+            # attempt's start would delay the restart (3 ms here).
+            if self.last is None:
+                gc.freeze()
             try:
                 result = supervisor.run(
                     on_started=lambda: _on_started(stacks, self.node is not None)
@@ -437,12 +437,20 @@ class Job:
             self.lost.add(line)
         return attempt
 
-    def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
+    def _on_failure_callbacks(
+        self, stacks: object, restart_count: int
+    ) -> Callable[[WorkerExit], None] | None:
         """What runs at a local worker's failure, before the others are stopped: the other
         ranks' stacks (at most ~1 s, typically milliseconds), then the notice to the other
-        nodes with them (posted by a helper thread; the teardown does not wait for it)."""
+        nodes with them (posted by a helper thread; the teardown does not wait for it).
+
+        Without a torch rendezvous, an attempt that a restart will follow takes no stacks: only
+        the last attempt's summary shows them (the earlier ones get a line each), and taking
+        them (every other rank dumps, the launcher waits for the dumps) would delay the
+        restart. Under a torch rendezvous they go to the other nodes with the notice."""
         calls = []
-        if stacks is not None:
+        restarts = self.node is None and restart_count < self.config.max_restarts
+        if stacks is not None and not restarts:
             calls.append(stacks.on_failure)  # type: ignore[attr-defined]
         if self.node is not None:
             calls.append(self.node.on_worker_failure)
