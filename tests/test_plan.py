@@ -799,3 +799,53 @@ def test_exclusive_and_cpu_modes_give_disjoint_allowed_cpus(topo: Reader, data: 
     assert set().union(*(rank.cpus for rank in plan.ranks)) == set(t.allowed_cpus)
     sizes = sorted(rank.threads for rank in plan.ranks)
     assert sizes[-1] - sizes[0] <= 1 and sum(sizes) == len(cores)
+
+
+# --- issue 24 item 17: values without dataclasses --------------------------------------------
+
+
+def test_the_machine_and_the_plan_are_immutable_values(topo: Reader) -> None:
+    import copy
+    import pickle
+
+    t = topo("dgx_h100")
+    plan = make_plan(t, 8, "exclusive")
+    rank = plan.ranks[0]
+    # Equal by class and fields, hashed alike, named fields in the repr: a frozen dataclass's.
+    again = make_plan(t, 8, "exclusive")
+    assert again == plan and hash(again) == hash(plan) and again is not plan
+    assert rank.replace(threads=rank.threads + 1) != rank
+    assert repr(rank).startswith(f"RankBinding(local_rank=0, gpu=0, numa_node={rank.numa_node}, ")
+    for value, field in ((t, "root"), (plan, "mode"), (rank, "cpus"), (t.cpus[0], "id")):
+        with pytest.raises(AttributeError, match="is immutable"):
+            setattr(value, field, None)
+        with pytest.raises(AttributeError, match="is immutable"):
+            delattr(value, field)
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert copy.deepcopy(value) == value
+    moved = t.replace(root="/elsewhere")
+    assert moved.root == "/elsewhere" and moved.cpus is t.cpus and t.root != "/elsewhere"
+    with pytest.raises(TypeError, match="no field 'colour'"):
+        rank.replace(colour="red")
+    assert plan.as_dict()["ranks"] is plan.ranks
+
+
+def test_planning_imports_neither_dataclasses_nor_tarfile(roots: Callable[[str], Path]) -> None:
+    # Every command paid for them: creating 11 frozen dataclasses (and importing dataclasses,
+    # inspect, typing) and tarfile for `numarun snapshot`, 12-16 ms over `plan --help`.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "numarun", "plan", "--sysfs-root",
+         str(roots("dgx_h100")), "--nproc-per-node", "8", "--numa-binding", "exclusive"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    imported = {
+        line.split("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "numarun.placement.plan" in imported
+    assert imported & {"dataclasses", "inspect", "typing", "tarfile", "pathlib", "gzip"} == set()

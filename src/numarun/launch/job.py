@@ -308,9 +308,8 @@ class Job:
         (made by :func:`numarun.launch.logdir.make_attempt`, without the ranks' own: those
         are made as their log files are opened, or by each rank's process as it starts;
         closed here once the files are open), wait for the supervisor's end, return the
-        attempt. Raises :class:`UsageError`
-        (one line, nothing started) when the workers' files cannot be set up (out of fds,
-        say)."""
+        attempt. Raises :class:`UsageError` (one line, nothing started) when the workers'
+        files cannot be set up (out of fds, say)."""
         import gc
 
         from numarun.process.spec import WorkerSpec
