@@ -73,15 +73,22 @@ def test_make_dir_is_for_exec_workers_only() -> None:
 
 
 RECORDED = """
-import os
+import os, sys, time
 from torch.distributed.elastic.multiprocessing.errors import record
 
 @record
 def main():
     path = os.environ["TORCHELASTIC_ERROR_FILE"]
     os.write(1, f"dir there: {os.path.isdir(os.path.dirname(path))}\\n".encode())  # one write
+    with open(os.path.join(sys.argv[1], "said." + os.environ["RANK"]), "w"):
+        pass
     if os.environ["RANK"] == "1":
+        # Only once every rank said it (the teardown that follows would cut one short).
+        deadline = time.monotonic() + 120
+        while len(os.listdir(sys.argv[1])) < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
         raise ValueError("recorded by torch")
+    time.sleep(120)
 
 main()
 """
@@ -94,10 +101,11 @@ def test_torchs_record_writes_its_error_file_into_torchruns_layout(
     pytest.importorskip("torch")
     script = tmp_path / "recorded.py"
     script.write_text(RECORDED)
-    logs = tmp_path / "logs"
+    logs, said = tmp_path / "logs", tmp_path / "said"
+    said.mkdir()
     done = subprocess.run(
         [sys.executable, "-m", "numarun", "--nproc-per-node", "3", "--log-dir", str(logs),
-         "--rdzv-id", "job", *flags, str(script)],
+         "--rdzv-id", "job", *flags, str(script), str(said)],
         capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path,
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
@@ -134,9 +142,9 @@ def test_a_sigterm_during_a_large_start_leaves_no_directory_for_ranks_never_star
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.splitlines()[-1])
     assert result["code"] == 143, result["stderr"]
-    found = re.search(r"ranks (\d+)-(\d+): not started", result["stderr"])
-    assert found is not None, result["stderr"]
-    never = int(found.group(2)) - int(found.group(1)) + 1
+    found = re.search(r"ranks? (\d+)(?:-(\d+))?: not started", result["stderr"])
+    assert found is not None, result["stderr"]  # the signal came while they started
+    never = int(found.group(2) or found.group(1)) - int(found.group(1)) + 1
     made = {int(path.name) for path in (logs / "job" / "attempt_0").iterdir()}
     # Every directory is a started rank's (each rank makes its own as it starts; one killed
     # by the teardown before it got there has none): none of the ranks never started.
