@@ -2,12 +2,15 @@
 
 The other benchmarks compare numarun with its anchors; this one compares a change with the code
 before it, on the figures that change could move: the ``numarun`` command's start-up and
-failure-to-exit (``bench_launch.py``'s two rows) and ``numarun.spawn``'s start-up and
-failure-to-teardown (``bench_spawn.py``'s, from a parent with or without torch). Each sample
-runs the two versions back to back, in alternating order, so that load from elsewhere on a
-shared machine hits both alike; the figure to read is the median of the paired differences.
+failure-to-exit (``bench_launch.py``'s two rows), ``numarun.spawn``'s start-up and
+failure-to-teardown (``bench_spawn.py``'s, from a parent with or without torch) and, with
+``--restart``, the static restart of 4 workers (``bench_restart.py``'s, both kinds of
+worker). Each sample runs the two versions back to back, in alternating order, so that load
+from elsewhere on a shared machine hits both alike; the figure to read is the median of the
+paired differences.
 
-Usage: ``python benchmarks/bench_ab.py --base OLD_SRC [--new src] [--rounds 40] [--torch]``,
+Usage: ``python benchmarks/bench_ab.py --base OLD_SRC [--new src] [--rounds 40] [--torch]
+[--restart]``,
 where OLD_SRC holds the old ``numarun`` package, e.g. made with ``git worktree add /tmp/old
 <commit>`` (then ``--base /tmp/old/src``).
 """
@@ -97,6 +100,32 @@ def _launcher_rows(trees: dict[str, str], rounds: int, folder: Path) -> list[str
     ]
 
 
+def restart_rows(trees: dict[str, str], rounds: int) -> list[str]:
+    """A worker's failure to every worker of the next attempt running, static rendezvous, 4
+    workers (``bench_restart.restart_latency``), ``-S`` and script workers."""
+    import bench_restart
+
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="bench_ab_") as directory:
+        folder = Path(directory)
+        script = folder / "worker.py"
+        script.write_text(bench_restart.WORKER)
+        for kind, label in (("fast", "`python3 -S -c`"), ("script", "script")):
+
+            def restart(name: str, kind: str = kind) -> float:
+                os.environ["PYTHONPATH"] = trees[name]  # _quiet_env reads os.environ
+                return bench_restart.restart_latency(
+                    lambda: bench_restart._launcher("numarun", "static", 4),
+                    bench_restart._worker(kind, str(script)), folder, 4,
+                )  # fmt: skip
+
+            restart("base")  # warm the bytecode caches of both
+            restart("new")
+            label = f"`numarun`: static restart, 4 {label} workers"
+            rows.append(row(label, paired(restart, rounds)))
+    return rows
+
+
 def spawn_rows(trees: dict[str, str], rounds: int, torch: bool) -> list[str]:
     mode = "torch" if torch else "none"
     helpers = {
@@ -149,6 +178,7 @@ def main() -> None:
     parser.add_argument("--new", default=str(HERE.parent / "src"), help="the new one's")
     parser.add_argument("--rounds", type=int, default=40, help="pairs per figure")
     parser.add_argument("--torch", action="store_true", help="also spawn from a torch parent")
+    parser.add_argument("--restart", action="store_true", help="also the static restart")
     args = parser.parse_args()
     trees = {"base": os.path.abspath(args.base), "new": os.path.abspath(args.new)}
     print(f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; {args.rounds} pairs")
@@ -159,6 +189,8 @@ def main() -> None:
     for torch in (False, True) if args.torch else (False,):
         for line in spawn_rows(trees, args.rounds, torch):
             print(line, flush=True)
+    for line in restart_rows(trees, args.rounds) if args.restart else ():
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

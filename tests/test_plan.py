@@ -6,7 +6,6 @@ sets below are literal kernel ranges derived from it, not computed by the code u
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 from collections.abc import Callable, Iterator
@@ -424,7 +423,7 @@ def test_socket_with_no_allowed_cpu_on_the_package_refuses(topo: Reader) -> None
 
 @pytest.mark.parametrize("mode", [*GPU_MODES, "cpu"])
 def test_empty_allowed_set_refuses(topo: Reader, mode: str) -> None:
-    empty = dataclasses.replace(topo("dgx_h100"), allowed_cpus=())
+    empty = topo("dgx_h100").replace(allowed_cpus=())
     with pytest.raises(PlanError) as caught:
         make_plan(empty, 2, mode)
     assert "no allowed CPUs" in one_line(caught.value)
@@ -478,15 +477,14 @@ def test_no_mode_is_an_unbound_plan(topo: Reader) -> None:
 
 
 def test_env_and_warnings_come_from_the_topology(topo: Reader) -> None:
-    t = dataclasses.replace(
-        topo("dgx_h100"),
+    t = topo("dgx_h100").replace(
         gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),),
         warnings=("from the reader",),
     )
     plan = make_plan(t, 2, "node")
     assert plan.env == (("CUDA_VISIBLE_DEVICES", "0,1"),)
     assert plan.warnings == ("from the reader",)
-    unknown = dataclasses.replace(topo("cloud_vm_unknown_numa"), warnings=("first",))
+    unknown = topo("cloud_vm_unknown_numa").replace(warnings=("first",))
     warned = make_plan(unknown, 4, "node")
     assert warned.warnings[0] == "first" and "NUMA node unknown" in warned.warnings[1]
 
@@ -606,7 +604,7 @@ def test_rank_cpus_only_with_explicit(topo: Reader) -> None:
 
 
 def test_json_contract(topo: Reader) -> None:
-    t = dataclasses.replace(topo("dgx_h100"), gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),))
+    t = topo("dgx_h100").replace(gpu_env=(("CUDA_VISIBLE_DEVICES", "0,1"),))
     data = plan_to_json(make_plan(t, 8, "exclusive"), t)
     assert json.loads(json.dumps(data)) == data
     assert list(data) == ["version", "mode", "bound", "ranks", "env", "warnings"]
@@ -768,7 +766,7 @@ def restricted(draw: st.DrawFn, topo: Reader) -> tuple[Topology, int]:
     t = topo(draw(st.sampled_from(PROPERTY_SHAPES)))
     online = list(t.online_cpus)
     allowed = draw(st.sets(st.sampled_from(online), min_size=1, max_size=len(online)))
-    return dataclasses.replace(t, allowed_cpus=tuple(sorted(allowed))), draw(st.integers(1, 8))
+    return t.replace(allowed_cpus=tuple(sorted(allowed))), draw(st.integers(1, 8))
 
 
 def check_disjoint_within_allowed(plan: Plan, t: Topology) -> None:
@@ -801,3 +799,53 @@ def test_exclusive_and_cpu_modes_give_disjoint_allowed_cpus(topo: Reader, data: 
     assert set().union(*(rank.cpus for rank in plan.ranks)) == set(t.allowed_cpus)
     sizes = sorted(rank.threads for rank in plan.ranks)
     assert sizes[-1] - sizes[0] <= 1 and sum(sizes) == len(cores)
+
+
+# --- issue 24 item 17: values without dataclasses --------------------------------------------
+
+
+def test_the_machine_and_the_plan_are_immutable_values(topo: Reader) -> None:
+    import copy
+    import pickle
+
+    t = topo("dgx_h100")
+    plan = make_plan(t, 8, "exclusive")
+    rank = plan.ranks[0]
+    # Equal by class and fields, hashed alike, named fields in the repr: a frozen dataclass's.
+    again = make_plan(t, 8, "exclusive")
+    assert again == plan and hash(again) == hash(plan) and again is not plan
+    assert rank.replace(threads=rank.threads + 1) != rank
+    assert repr(rank).startswith(f"RankBinding(local_rank=0, gpu=0, numa_node={rank.numa_node}, ")
+    for value, field in ((t, "root"), (plan, "mode"), (rank, "cpus"), (t.cpus[0], "id")):
+        with pytest.raises(AttributeError, match="is immutable"):
+            setattr(value, field, None)
+        with pytest.raises(AttributeError, match="is immutable"):
+            delattr(value, field)
+        assert pickle.loads(pickle.dumps(value)) == value
+        assert copy.deepcopy(value) == value
+    moved = t.replace(root="/elsewhere")
+    assert moved.root == "/elsewhere" and moved.cpus is t.cpus and t.root != "/elsewhere"
+    with pytest.raises(TypeError, match="no field 'colour'"):
+        rank.replace(colour="red")
+    assert plan.as_dict()["ranks"] is plan.ranks
+
+
+def test_planning_imports_neither_dataclasses_nor_tarfile(roots: Callable[[str], Path]) -> None:
+    # Every command paid for them: creating 11 frozen dataclasses (and importing dataclasses,
+    # inspect, typing) and tarfile for `numarun snapshot`, 12-16 ms over `plan --help`.
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "numarun", "plan", "--sysfs-root",
+         str(roots("dgx_h100")), "--nproc-per-node", "8", "--numa-binding", "exclusive"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    imported = {
+        line.split("|")[2].strip()
+        for line in done.stderr.splitlines()
+        if line.startswith("import time:") and line.count("|") == 2
+    }
+    assert "numarun.placement.plan" in imported
+    assert imported & {"dataclasses", "inspect", "typing", "tarfile", "pathlib", "gzip"} == set()

@@ -1,11 +1,12 @@
 """pid 1 of a new pid namespace, for tests/test_start_limits.py: a SIGTERM to the launcher while
 it starts a large job; prints how it ended.
 
-``unshare --pid --fork --mount-proc python sl_pidns.py COUNT PROGRAM``: ``numarun
---nproc-per-node COUNT --no-python PROGRAM 120`` is started; once some of its workers exist
-(the start is under way, far from done), the launcher gets SIGTERM. Prints one JSON line:
-``{"code": exit status, "seconds": from the signal to its exit, "at_signal": processes of the
-job then, "left": processes left 10 s after its exit, "stderr": its stderr}``. Whatever is
+``unshare --pid --fork --mount-proc python sl_pidns.py COUNT PROGRAM [FLAGS...]``:
+``numarun --nproc-per-node COUNT [FLAGS...] --no-python PROGRAM 120`` is started; once some
+of its workers exist (the start is under way, far from done), the launcher gets SIGTERM.
+Prints one JSON line: ``{"code": exit status, "seconds": from the signal to its exit,
+"at_signal": processes of the job then, "left": processes left 10 s after its exit, "stderr":
+its stderr}``. Whatever is
 left is killed with the namespace, when this process ends.
 """
 
@@ -37,11 +38,11 @@ def others(launcher: int) -> list[int]:
     return found
 
 
-def main(count: int, program: str) -> None:
+def main(count: int, program: str, flags: list[str]) -> None:
     with tempfile.TemporaryFile() as err:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "numarun", "--nproc-per-node", str(count), "--no-python",
-             program, "120"],
+            [sys.executable, "-m", "numarun", "--nproc-per-node", str(count), *flags,
+             "--no-python", program, "120"],
             stdout=subprocess.DEVNULL,
             stderr=err,
         )  # fmt: skip
@@ -74,4 +75,4 @@ def main(count: int, program: str) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]), sys.argv[2])
+    main(int(sys.argv[1]), sys.argv[2], sys.argv[3:])

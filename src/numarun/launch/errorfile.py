@@ -9,7 +9,10 @@ epoch seconds)::
 
 torchrun also reads a newer form where ``message`` is a string and ``extraInfo`` /
 ``timestamp`` sit at the top level; :func:`read_error_file` accepts both. A failing worker's
-bootstrap imports this module to write its file, so it imports nothing of numarun's.
+bootstrap imports this module to write its file, so it imports nothing of numarun's, and
+nothing beyond what writing needs (no :mod:`dataclasses`, :mod:`pathlib` or :mod:`typing`:
+creating a dataclass reads ``typing`` from ``sys.modules`` without the import lock, which
+fails while another thread of the worker is importing it).
 """
 
 from __future__ import annotations
@@ -17,24 +20,54 @@ from __future__ import annotations
 import math
 import os
 import time
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 # Bounds on what the summary quotes, so one bad rank cannot flood the screen.
 _MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
 
 
-@dataclass(frozen=True)
 class WorkerError:
     """What a worker's error file says: the one-line message, its traceback, when (epoch s).
 
-    ``traceback`` and ``timestamp`` are None when the file does not carry them.
+    ``traceback`` and ``timestamp`` are None when the file does not carry them. Immutable;
+    equal when its three fields are (a frozen dataclass's semantics, written out).
     """
 
+    __slots__ = ("message", "timestamp", "traceback")
     message: str
     traceback: str | None
     timestamp: int | None
+
+    def __init__(self, message: str, traceback: str | None, timestamp: int | None) -> None:
+        object.__setattr__(self, "message", message)
+        object.__setattr__(self, "traceback", traceback)
+        object.__setattr__(self, "timestamp", timestamp)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError(f"WorkerError is immutable: cannot assign {name!r}")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"WorkerError is immutable: cannot delete {name!r}")
+
+    def _values(self) -> tuple[str, str | None, int | None]:
+        return (self.message, self.traceback, self.timestamp)
+
+    def __eq__(self, other: object) -> bool:
+        if other.__class__ is WorkerError:
+            return self._values() == other._values()  # type: ignore[attr-defined]
+        return NotImplemented
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        return "WorkerError(message={!r}, traceback={!r}, timestamp={!r})".format(*self._values())
+
+    def __reduce__(self) -> tuple:
+        return (WorkerError, self._values())
 
 
 def read_error_file(path: str | os.PathLike[str] | None) -> WorkerError | None:
@@ -134,10 +167,11 @@ def write_error_file(
             },
         }
     }
-    target = Path(path)
+    target = os.fspath(path)
+    folder, name = os.path.split(target)
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
-        temporary = target.with_name(f".{target.name}.{os.urandom(6).hex()}.tmp")
+        temporary = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
         try:
             fd = os.open(temporary, flags, 0o644)
             break
@@ -150,5 +184,8 @@ def write_error_file(
             json.dump(data, file)
         os.replace(temporary, target)
     except BaseException:
-        temporary.unlink(missing_ok=True)
+        import contextlib
+
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temporary)
         raise

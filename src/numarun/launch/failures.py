@@ -9,6 +9,10 @@ within the same second are ordered by the observed death time.
 With stacks (:mod:`numarun.stacks.dumps`) the summary also shows where the other ranks were when
 the first one failed ("Other ranks when rank N failed:", grouped by identical stacks), or, after
 ``--hang-timeout``, a hang block naming the ranks whose stacks differ from the rest.
+
+The launcher imports this module in its main thread before any failure is acted on
+(:mod:`numarun.launch.job`), so it stays cheap to import: no
+:mod:`dataclasses`, :mod:`pathlib` or :mod:`typing`.
 """
 
 from __future__ import annotations
@@ -17,12 +21,14 @@ import math
 import os
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 from numarun.launch.errorfile import WorkerError, read_error_file
+from numarun.machine.model import Value
 from numarun.stacks.parse import format_ranks
+
+TYPE_CHECKING = False  # typing and pathlib are not imported at run time (module docstring)
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = [
     "RankReport",
@@ -42,10 +48,10 @@ _THIN = "-" * 72
 _STDERR_TAIL_LINES = 20
 _STDERR_TAIL_BYTES = 64 * 1024
 _MAX_PIDS_LISTED = 8
+_set = object.__setattr__  # how a Value's __init__ fills its slots
 
 
-@dataclass(frozen=True)
-class RankReport:
+class RankReport(Value):
     """One worker's end, as the summary needs it.
 
     ``exit_code`` follows Popen: >= 0 exit status, -N killed by signal N, None unknown
@@ -57,6 +63,11 @@ class RankReport:
     worker (``"D"``).
     """
 
+    _fields = (
+        "local_rank", "rank", "pid", "exit_code", "signal_name", "state", "error", "log_dir",
+        "ended_at", "proc_state",
+    )  # fmt: skip
+    __slots__ = _fields
     local_rank: int
     rank: int
     pid: int | None
@@ -64,13 +75,40 @@ class RankReport:
     signal_name: str | None
     state: str
     error: WorkerError | None
-    log_dir: Path | None
+    log_dir: str | os.PathLike[str] | None
     ended_at: float | None
-    proc_state: str | None = None
+    proc_state: str | None
+
+    def __init__(
+        self,
+        local_rank: int,
+        rank: int,
+        pid: int | None,
+        exit_code: int | None,
+        signal_name: str | None,
+        state: str,
+        error: WorkerError | None,
+        log_dir: str | os.PathLike[str] | None,
+        ended_at: float | None,
+        proc_state: str | None = None,
+    ) -> None:
+        _set(self, "local_rank", local_rank)
+        _set(self, "rank", rank)
+        _set(self, "pid", pid)
+        _set(self, "exit_code", exit_code)
+        _set(self, "signal_name", signal_name)
+        _set(self, "state", state)
+        _set(self, "error", error)
+        _set(self, "log_dir", log_dir)
+        _set(self, "ended_at", ended_at)
+        _set(self, "proc_state", proc_state)
 
 
 def rank_report(
-    worker_exit: Any, *, error_file: str | os.PathLike[str] | None, log_dir: Path | None
+    worker_exit: Any,
+    *,
+    error_file: str | os.PathLike[str] | None,
+    log_dir: str | os.PathLike[str] | None,
 ) -> RankReport:
     """Build a :class:`RankReport` from a supervisor ``WorkerExit`` and the rank's files.
 
@@ -281,7 +319,7 @@ def _cause_block(cause: RankReport) -> list[str]:
         lines.append("  traceback: no traceback (worker did not write an error file)")
         tail = _stderr_tail(cause.log_dir)
         if tail:
-            where = _printable(str(Path(cause.log_dir or "") / "stderr.log"))
+            where = _printable(os.path.join(os.fspath(cause.log_dir or ""), "stderr.log"))
             lines.append(f"  last lines of {where}:")
             lines.extend(_indented(tail))
     return lines
@@ -332,11 +370,11 @@ def _printable(text: str) -> str:
     return text.translate(_UNPRINTABLE)
 
 
-def _stderr_tail(log_dir: Path | None) -> str:
+def _stderr_tail(log_dir: str | os.PathLike[str] | None) -> str:
     if log_dir is None:
         return ""
     try:
-        with open(Path(log_dir) / "stderr.log", "rb") as file:
+        with open(os.path.join(log_dir, "stderr.log"), "rb") as file:
             file.seek(0, os.SEEK_END)
             size = file.tell()
             file.seek(max(0, size - _STDERR_TAIL_BYTES))

@@ -5,9 +5,15 @@ by another while ``--max-restarts`` allows; a node joining or leaving a torch re
 the group without using a restart; a teardown signal ends the job, also between attempts, where
 no supervisor runs (:class:`SignalGuard`); every attempt keeps its own directory
 (``attempt_<restart count>``, ``.N`` after the N-th re-forming); the end report names each
-attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here,
-and once its workers are under way the failure report's modules are imported in the background
-(:func:`_prefetch_failure_report`).
+attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here.
+
+What a failure needs is imported before any failure is acted on: in the main thread, once the
+workers started and before the supervisor's loop serves its first event
+(:func:`_import_failure_path`). Nothing is imported in another thread, and nothing once a
+failure is being handled: an import in progress elsewhere leaves a module in ``sys.modules``
+half made (creating a dataclass reads ``typing`` from there without the import lock, and
+failed with ``partially initialized module 'typing' has no attribute 'ClassVar'`` when a
+background thread was importing it as a worker failed).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from numarun.launch.report import (
 )
 from numarun.launch.workers import (
     close_sinks,
+    has_log_files,
     line_filters,
     rank_binding,
     rank_env,
@@ -232,7 +239,9 @@ class Job:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
             if self.last is not None:
                 try:
-                    directory = make_attempt(run_dir, name, config.nproc_per_node)
+                    directory = make_attempt(
+                        run_dir, name, config.nproc_per_node, rank_dirs=False
+                    )
                 except OSError as error:
                     raise setup_error(error, config) from None
             if self.node is not None:
@@ -296,10 +305,11 @@ class Job:
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
         static rendezvous with the store on ``port``) with their files under ``directory``
-        (made by :func:`numarun.launch.logdir.make_attempt`; closed here once the files are
-        open), wait for the supervisor's end, return the attempt. Raises :class:`UsageError`
-        (one line, nothing started) when the workers' files cannot be set up (out of fds,
-        say)."""
+        (made by :func:`numarun.launch.logdir.make_attempt`, without the ranks' own: those
+        are made as their log files are opened, or by each rank's process as it starts;
+        closed here once the files are open), wait for the supervisor's end, return the
+        attempt. Raises :class:`UsageError` (one line, nothing started) when the workers'
+        files cannot be set up (out of fds, say)."""
         import gc
 
         from numarun.process.spec import WorkerSpec
@@ -344,6 +354,10 @@ class Job:
                     )
                     if stacks is not None:
                         stacks.count_output((stdout, stderr))
+                    # Without log files the rank's directory (its error file's) is made by
+                    # its own process as it starts: none for a rank never started.
+                    own_dir = os.path.join(directory.path, str(local_rank))
+                    made = has_log_files(self.outputs, local_rank)
                     specs.append(
                         WorkerSpec(
                             local_rank=local_rank,
@@ -354,6 +368,7 @@ class Job:
                             mem=self.mem_policies[local_rank],
                             stdout=stdout,
                             stderr=stderr,
+                            make_dir=None if made else own_dir,
                         )
                     )
             except BaseException as error:  # out of fds, an unwritable log file: nothing started
@@ -362,7 +377,7 @@ class Job:
                     raise setup_error(error, config) from None
                 raise
             finally:
-                directory.close()  # the files are open: nothing more is made in it
+                directory.close()  # the files are open: nothing more is made in it here
             if self.announce is not None:
                 self.announce(group)
                 self.announce = None
@@ -377,7 +392,7 @@ class Job:
                 # still stops on kill -INT.
                 relay_signal=True,
                 keep_ignored=(signal.SIGHUP,),
-                on_failure=self._on_failure_callbacks(stacks),
+                on_failure=self._on_failure_callbacks(stacks, restart_count),
                 on_exit=stacks.on_exit if stacks is not None else None,
                 remove_if_killed=self.remove_if_killed,
             )
@@ -385,16 +400,18 @@ class Job:
                 self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
             if stacks is not None:
                 stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
-            # Everything allocated so far lives until exit; freezing it keeps the collector
-            # from walking it again, which on a slow machine costs 10+ ms at interpreter exit.
-            if self.last is not None:
-                # Except what earlier attempts left in reference cycles (a supervisor and its
-                # parts, ~10 KiB): frozen, it would stay for good, one more at every restart.
-                gc.unfreeze()
-                gc.collect()
-            gc.freeze()
+            # What the first attempt starts with lives until exit; freezing it keeps the
+            # collector from walking it again, which on a slow machine costs 10+ ms at
+            # interpreter exit. Only then: what a later attempt allocates is left to the
+            # collector (frozen, its reference cycles would stay for good, one more at every
+            # restart), and a collection of the whole heap between a failure and the next
+            # attempt's start would delay the restart (3 ms here).
+            if self.last is None:
+                gc.freeze()
             try:
-                result = supervisor.run(on_started=lambda: _on_started(stacks))
+                result = supervisor.run(
+                    on_started=lambda: _on_started(stacks, self.node is not None)
+                )
             except (NumarunError, Interrupted):
                 raise  # a worker could not start (one line), or a signal came before any did
             except BaseException:
@@ -419,12 +436,20 @@ class Job:
             self.lost.add(line)
         return attempt
 
-    def _on_failure_callbacks(self, stacks: object) -> Callable[[WorkerExit], None] | None:
+    def _on_failure_callbacks(
+        self, stacks: object, restart_count: int
+    ) -> Callable[[WorkerExit], None] | None:
         """What runs at a local worker's failure, before the others are stopped: the other
         ranks' stacks (at most ~1 s, typically milliseconds), then the notice to the other
-        nodes with them (posted by a helper thread; the teardown does not wait for it)."""
+        nodes with them (posted by a helper thread; the teardown does not wait for it).
+
+        Without a torch rendezvous, an attempt that a restart will follow takes no stacks: only
+        the last attempt's summary shows them (the earlier ones get a line each), and taking
+        them (every other rank dumps, the launcher waits for the dumps) would delay the
+        restart. Under a torch rendezvous they go to the other nodes with the notice."""
         calls = []
-        if stacks is not None:
+        restarts = self.node is None and restart_count < self.config.max_restarts
+        if stacks is not None and not restarts:
             calls.append(stacks.on_failure)  # type: ignore[attr-defined]
         if self.node is not None:
             calls.append(self.node.on_worker_failure)
@@ -522,31 +547,27 @@ def _job_stacks(
         return None
 
 
-def _on_started(stacks: JobStacks | None) -> None:
+def _on_started(stacks: JobStacks | None, elastic: bool) -> None:
     if stacks is not None:
         try:
             stacks.listen()
         except OSError as error:  # out of fds, say: the job runs on without the socket
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
-    _prefetch_failure_report()
+    _import_failure_path(elastic)
 
 
-def _prefetch_failure_report(delay: float = 0.25) -> None:
-    """Import the failure summary's modules in the background once the workers are under way.
+def _import_failure_path(elastic: bool) -> None:
+    """Import what acting on a failure needs, here in the main thread, once the workers
+    started (nothing delays them) and before the supervisor's loop serves its first event:
+    the stacks' parser (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang
+    watch), the summary and the error files it reads, and under a torch rendezvous the post
+    that carries this node's stacks to the others. A few milliseconds, once per launch;
+    nothing of it is imported in another thread or while a failure is handled (module
+    docstring)."""
+    import json  # noqa: F401  (read_error_file)
 
-    Importing :mod:`numarun.launch.failures` (json, traceback, ...) costs 10-20 ms, which would
-    otherwise sit between a worker's failure and the launcher's exit. The delay keeps the
-    import off the CPUs while the workers start; a failure before it just imports in line.
-    """
-    import threading
+    import numarun.launch.failures  # with launch.errorfile and stacks.parse
 
-    timer = threading.Timer(delay, _import_failures)
-    timer.daemon = True
-    timer.start()
-
-
-def _import_failures() -> None:
-    # The stacks taken at a failure are parsed with numarun.stacks.parse.
-    import numarun.launch.failures
-    import numarun.stacks.parse  # noqa: F401
+    if elastic:
+        import numarun.stacks.remote  # noqa: F401  (ElasticNode.on_worker_failure's post)

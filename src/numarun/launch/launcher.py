@@ -375,7 +375,7 @@ def _launch(
         with log_root:
             run_dir, first = logdir.make_run(
                 log_root, config.run_id, config.nproc_per_node, fresh=temporary,
-                announce=not config.quiet,
+                announce=not config.quiet, rank_dirs=False,
             )  # fmt: skip
         logs = logdir.log_dir_note(log_base if temporary else run_dir.path, holds)
 

@@ -89,10 +89,17 @@ def open_log_dir(log_dir: str) -> Directory:
 
 
 def make_run(
-    base: Directory, run_id: str, nprocs: int, *, fresh: bool, announce: bool = True
+    base: Directory,
+    run_id: str,
+    nprocs: int,
+    *,
+    fresh: bool,
+    announce: bool = True,
+    rank_dirs: bool = True,
 ) -> tuple[Directory, Directory]:
-    """Claim ``base/<run_id>/`` and make ``attempt_0/<local_rank>/`` in it; return (run dir,
-    attempt dir), both open (the caller closes them).
+    """Claim ``base/<run_id>/`` and make ``attempt_0/`` in it, and in that ``<local_rank>/``
+    for ``nprocs`` ranks unless ``rank_dirs`` is False (:func:`make_attempt`); return (run
+    dir, attempt dir), both open (the caller closes them).
 
     A ``fresh`` base (our own new temporary directory) cannot hold an earlier run. Otherwise,
     when ``<run_id>`` exists (an earlier run, or another node's numarun sharing the file system
@@ -123,7 +130,7 @@ def make_run(
                     f"numarun: {os.path.join(base.path, run_id)} already exists; "
                     f"this run's logs go to {run.path}\n"
                 )
-        return run, make_attempt(run, "attempt_0", nprocs)
+        return run, make_attempt(run, "attempt_0", nprocs, rank_dirs=rank_dirs)
     except OSError as err:
         if run is not None:
             run.close()
@@ -138,12 +145,21 @@ def make_run(
         raise
 
 
-def make_attempt(run: Directory, name: str, nprocs: int) -> Directory:
-    """``<run dir>/<name>/<local_rank>/`` for ``nprocs`` ranks, made relative to ``run``'s
-    descriptor, never reused; returns the attempt directory, open. ``OSError`` (a full disk,
-    ``FileExistsError``) and :class:`UsageError` (a directory swapped while it was made)
-    propagate."""
+def make_attempt(run: Directory, name: str, nprocs: int, *, rank_dirs: bool = True) -> Directory:
+    """``<run dir>/<name>/``, and ``<local_rank>/`` in it for ``nprocs`` ranks unless
+    ``rank_dirs`` is False, made relative to ``run``'s descriptor, never reused; returns the
+    attempt directory, open. ``OSError`` (a full disk, ``FileExistsError``) and
+    :class:`UsageError` (a directory swapped while it was made) propagate.
+
+    The launcher makes no rank directory here (``rank_dirs=False``): a rank's is made when
+    something first goes there, by the launcher as it opens the rank's log files
+    (:func:`numarun.launch.workers.worker_sinks`), else by the rank's own process as it starts
+    (``WorkerSpec.make_dir``), before the program that may write its error file runs. The
+    layout is torchrun's; a rank never started (a teardown signal during a start of thousands)
+    costs no directory, to make or to remove."""
     attempt = run.make(name)
+    if not rank_dirs:
+        return attempt
     try:
         for local_rank in range(nprocs):
             attempt.make(str(local_rank)).close()

@@ -70,8 +70,6 @@ def rank_reports(
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
 ) -> list:
     """Each worker's end with its error file and (redirected) log directory."""
-    from pathlib import Path
-
     from numarun.launch import failures
 
     redirects, tee, _ = outputs
@@ -82,7 +80,7 @@ def rank_reports(
             failures.rank_report(
                 worker,
                 error_file=error_file(attempt_dir, worker.local_rank),
-                log_dir=Path(attempt_dir) / str(worker.local_rank) if to_files else None,
+                log_dir=os.path.join(attempt_dir, str(worker.local_rank)) if to_files else None,
             )
         )
     return reports

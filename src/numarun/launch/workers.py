@@ -213,16 +213,21 @@ def worker_sinks(
     rank: int | None = None,
 ) -> tuple[object, object]:
     """Where ``local_rank``'s output goes; ``rank`` is its global rank (default: static). Its
-    files are made in ``attempt_dir/<local_rank>/``, relative to the descriptors."""
+    files are made in ``attempt_dir/<local_rank>/`` (made here when missing), relative to the
+    descriptors."""
     redirects, tee, shown = outputs
-    if not redirects[local_rank] and not tee[local_rank] and local_rank in shown:
+    if not has_log_files(outputs, local_rank):
         return None, None  # the worker writes straight to our stdout/stderr
     from numarun.launch import output
 
     if rank is None:
         rank = config.global_rank(local_rank)
     prefix = output.make_prefix(rank, local_rank, role_name=config.role, environ=base)
-    with attempt_dir.open(str(local_rank)) as rank_dir:
+    try:
+        rank_dir = attempt_dir.make(str(local_rank))
+    except FileExistsError:
+        rank_dir = attempt_dir.open(str(local_rank))
+    with rank_dir:
         return output.sinks_for(
             local_rank,
             rank,
@@ -233,6 +238,15 @@ def worker_sinks(
             prefix=prefix,
             duplicates=duplicates,
         )
+
+
+def has_log_files(
+    outputs: tuple[dict[int, int], dict[int, int], set[int]], local_rank: int
+) -> bool:
+    """Whether ``local_rank``'s output goes to files (:func:`worker_sinks` makes its directory
+    then), rather than straight to the launcher's stdout/stderr."""
+    redirects, tee, shown = outputs
+    return bool(redirects[local_rank] or tee[local_rank] or local_rank not in shown)
 
 
 def line_filters(config: LaunchConfig, attempt_dir: Directory) -> tuple:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import replace
 from typing import Any
 
 from numarun.machine.model import Gpu
@@ -51,7 +50,7 @@ def enrich(gpus: Sequence[Gpu]) -> tuple[Gpu, ...]:
         except Exception as exc:
             logger.debug("nvmlShutdown failed: %s", exc)
     return tuple(
-        replace(g, name=found[g.pci_address][0], uuid=found[g.pci_address][1])
+        g.replace(name=found[g.pci_address][0], uuid=found[g.pci_address][1])
         if g.pci_address in found
         else g
         for g in gpus

@@ -8,16 +8,17 @@ elsewhere), and a bad one is one line (:class:`numarun.errors.TopologyError`).
 from __future__ import annotations
 
 import errno
-import io
 import os
-import tarfile
 import time
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 
 from numarun.errors import TopologyError, UsageError
 from numarun.machine.cpulist import format_cpulist, parse_cpulist
 from numarun.machine.model import CacheGroup, Core, Cpu, Gpu, Nic, NumaNode, Package, Topology
+
+TYPE_CHECKING = False  # pathlib is not imported at run time: every command's start-up path
+if TYPE_CHECKING:
+    from pathlib import Path
 
 _CPU = "sys/devices/system/cpu"
 _NODE = "sys/devices/system/node"
@@ -731,7 +732,10 @@ def snapshot(root: str | Path, out_path: str | Path, *, mtime: int | None = None
         if text is not None:
             _add_parents(entries, rel)
             entries[rel] = text.encode("ascii", errors="replace")
-    import gzip  # only here: read_topology is on the launcher's path, snapshots are not
+    # Only here: read_topology is on every command's path, snapshots are not.
+    import gzip
+    import io
+    import tarfile
 
     stamp = int(time.time()) if mtime is None else mtime
     count = 0

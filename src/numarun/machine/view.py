@@ -6,11 +6,10 @@ Pure functions of a :class:`~numarun.machine.model.Topology`; nothing here reads
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
 from typing import Any
 
 from numarun.machine.cpulist import format_cpulist
-from numarun.machine.model import CacheGroup, Gpu, Nic, NumaNode, Topology
+from numarun.machine.model import CacheGroup, Gpu, Nic, NumaNode, Topology, Value
 
 WIDTH = 100  # lines are wrapped to this many columns
 
@@ -287,11 +286,11 @@ def _s(items: Sequence[Any]) -> str:
 def topology_to_json(topo: Topology) -> dict[str, Any]:
     """Everything in ``topo`` as plain JSON types: dicts, lists, ints, strings, None, bools.
 
-    Field names are the dataclass fields; tuples become lists; ``gpu_env`` becomes an object;
+    Field names are the values' fields; tuples become lists; ``gpu_env`` becomes an object;
     each node also gets ``cpulist`` (the kernel's string form) and ``has_cpus``. The shape is
     versioned by ``"version": 1``.
     """
-    data = _plain(asdict(topo))
+    data = _plain(topo)
     data["gpu_env"] = dict(topo.gpu_env)
     for node, raw in zip(data["nodes"], topo.nodes, strict=True):
         node["cpulist"] = format_cpulist(raw.cpus)
@@ -301,6 +300,8 @@ def topology_to_json(topo: Topology) -> dict[str, Any]:
 
 
 def _plain(value: Any) -> Any:
+    if isinstance(value, Value):
+        return {name: _plain(getattr(value, name)) for name in value._fields}
     if isinstance(value, dict):
         return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):

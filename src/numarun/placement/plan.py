@@ -12,50 +12,92 @@ counting as node 0, and every refusal is one line raised before anything starts.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
 
 from numarun.errors import PlanError, UsageError
 from numarun.machine.cpulist import format_cpulist
-from numarun.machine.model import Cpu, Gpu, Topology
+from numarun.machine.model import Cpu, Gpu, Topology, Value
 
 GPU_MODES = ("node", "socket", "exclusive", "core-complex")
 MODES = (*GPU_MODES, "cpu", "explicit")
 UNBOUND_MODE = "none"  # Plan.mode when no binding was asked for (mode None)
 JSON_VERSION = 1  # plan_to_json's shape; raised when a key changes meaning or goes away
+_set = object.__setattr__  # how a Value's __init__ fills its slots
 
 
-@dataclass(frozen=True)
-class RankBinding:
+class RankBinding(Value):
     """Where one local rank runs."""
 
+    _fields = ("local_rank", "gpu", "numa_node", "cpus", "mems", "threads", "pci_address")
+    __slots__ = _fields
     local_rank: int
     gpu: int | None  # visible GPU index, None in CPU-only modes
     numa_node: int | None  # the node the binding is centred on, None when unknown
     cpus: tuple[int, ...]  # sorted logical CPUs
     mems: tuple[int, ...]  # sorted memory nodes for the memory policy
     threads: int  # suggested thread count: physical cores bound
-    pci_address: str | None = None  # the GPU's PCI address, None without a GPU
+    pci_address: str | None  # the GPU's PCI address, None without a GPU
+
+    def __init__(
+        self,
+        local_rank: int,
+        gpu: int | None,
+        numa_node: int | None,
+        cpus: tuple[int, ...],
+        mems: tuple[int, ...],
+        threads: int,
+        pci_address: str | None = None,
+    ) -> None:
+        _set(self, "local_rank", local_rank)
+        _set(self, "gpu", gpu)
+        _set(self, "numa_node", numa_node)
+        _set(self, "cpus", cpus)
+        _set(self, "mems", mems)
+        _set(self, "threads", threads)
+        _set(self, "pci_address", pci_address)
 
 
-@dataclass(frozen=True)
-class Plan:
+class Plan(Value):
     """Per-rank bindings plus what every worker's environment needs."""
 
+    _fields = ("mode", "ranks", "bound", "env", "warnings")
+    __slots__ = _fields
     mode: str
     ranks: tuple[RankBinding, ...]
-    bound: bool = True  # False when the user allowed fallback and binding was impossible
-    env: tuple[tuple[str, str], ...] = ()
-    warnings: tuple[str, ...] = field(default=())
+    bound: bool  # False when the user allowed fallback and binding was impossible
+    env: tuple[tuple[str, str], ...]
+    warnings: tuple[str, ...]
+
+    def __init__(
+        self,
+        mode: str,
+        ranks: tuple[RankBinding, ...],
+        bound: bool = True,
+        env: tuple[tuple[str, str], ...] = (),
+        warnings: tuple[str, ...] = (),
+    ) -> None:
+        _set(self, "mode", mode)
+        _set(self, "ranks", ranks)
+        _set(self, "bound", bound)
+        _set(self, "env", env)
+        _set(self, "warnings", warnings)
 
 
-@dataclass(frozen=True)
 class _Machine:
     """Lookups built once per plan from a Topology, all restricted to allowed CPUs."""
 
-    topology: Topology
-    allowed: frozenset[int]
-    cpu_by_id: dict[int, Cpu]
-    node_cpus: dict[int, tuple[int, ...]]  # node id -> its allowed CPUs (every known node)
+    __slots__ = ("allowed", "cpu_by_id", "node_cpus", "topology")
+
+    def __init__(
+        self,
+        topology: Topology,
+        allowed: frozenset[int],
+        cpu_by_id: dict[int, Cpu],
+        node_cpus: dict[int, tuple[int, ...]],  # node id -> its allowed CPUs (every known node)
+    ) -> None:
+        self.topology = topology
+        self.allowed = allowed
+        self.cpu_by_id = cpu_by_id
+        self.node_cpus = node_cpus
 
 
 def make_plan(

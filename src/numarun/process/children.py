@@ -14,7 +14,8 @@ parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which 
    not the workers;
 2. ``PR_SET_PDEATHSIG(SIGKILL)``;
 3. the parent check: if ``getppid()`` is no longer the parent that forked it (the watchdog),
-   the child exits 1 (this closes the race with a parent that died before step 2);
+   the child exits 1 (this closes the race with a parent that died before step 2); then the
+   spec's ``make_dir``, if any (``mkdir``: a worker never started costs no directory);
 4. binding: the CPU affinity and memory policy, when the spec has any (both survive
    ``execve``);
 5. the stdout/stderr pipes, for streams that have a sink, are dup'ed onto fds 1 and 2;
@@ -23,7 +24,7 @@ parent of ``"exec"`` and ``"fork"`` workers is the supervisor's watchdog, which 
 8. ``execve`` of the program the supervisor resolved on the worker's ``PATH``, with the worker's
    environment.
 
-A failure in any step writes ``stage:errno:message`` (stage ``setup``, ``bind`` or ``exec``) to
+A failure in any step writes ``stage:errno:message`` (``setup``, ``dir``, ``bind``, ``exec``) to
 the close-on-exec error pipe and exits 127; the supervisor reads end of file on that pipe once
 the exec succeeded, else the report, which :meth:`Supervisor.start` raises.
 
@@ -206,6 +207,10 @@ def exec_child(
         binding.set_parent_death_signal(signal.SIGKILL)
         if os.getppid() != parent_pid:
             os._exit(_NOT_OURS_EXIT)
+        if spec.make_dir is not None:
+            stage = "dir"
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(spec.make_dir, 0o755)
         stage = "bind"
         if spec.cpus is not None or spec.mem is not None:
             binding.apply_in_child(spec.cpus, spec.mem)

@@ -48,6 +48,10 @@ class WorkerSpec:
     ``env`` is the worker's complete environment (the supervisor adds ``NUMARUN_RUN_ID`` and the
     pipe fd variables); ``cpus`` None inherits the supervisor's affinity; ``mem`` None leaves the
     memory policy inherited; ``stdout``/``stderr`` None let the worker inherit fd 1/2 untouched.
+    ``make_dir`` (``"exec"`` workers): a directory the child makes (``mkdir``, mode 0o755; one
+    already there is fine) before its program runs, so that a worker never started costs no
+    directory (the launcher's per-rank log directories, where its error file goes); its
+    parent must be one no other user can change (:mod:`numarun.launch.safedir`).
     """
 
     local_rank: int
@@ -64,6 +68,7 @@ class WorkerSpec:
     stderr: OutputSink | None = None
     cwd: str | None = None
     pass_fds: Sequence[int] = ()
+    make_dir: str | None = None
 
 
 @dataclass(frozen=True)

@@ -126,6 +126,8 @@ def validate_spec(spec: WorkerSpec) -> str:
             )
     elif not callable(spec.fork_target):
         raise UsageError(f"{who}: start={spec.start!r} needs a callable fork_target")
+    if spec.make_dir is not None and spec.start != "exec":
+        raise UsageError(f"{who}: make_dir is for start='exec' workers only")
     if spec.payload is not None and not isinstance(spec.payload, (bytes, bytearray, memoryview)):
         raise UsageError(f"{who}: payload must be bytes, not {type(spec.payload).__name__}")
     if not all(isinstance(fd, int) and fd >= 0 for fd in spec.pass_fds):
@@ -720,7 +722,7 @@ def _limit_hint(code: int | None) -> str:
 
 def child_error(spec: WorkerSpec, report: str) -> BaseException:
     """The one-line error for a child's ``stage:errno:message`` report (stages ``setup``,
-    ``bind`` and ``exec`` from the child, ``fork`` and ``late`` from the watchdog)."""
+    ``dir``, ``bind`` and ``exec`` from the child, ``fork`` and ``late`` from the watchdog)."""
     stage, _, rest = report.partition(":")
     code, _, detail = rest.partition(":")
     who = f"local rank {spec.local_rank}"
@@ -731,6 +733,8 @@ def child_error(spec: WorkerSpec, report: str) -> BaseException:
         )
     if stage == "exec":
         return UsageError(f"{who}: cannot start {spec.argv[0] if spec.argv else '?'}: {detail}")
+    if stage == "dir":
+        return UsageError(f"{who}: cannot make its directory {spec.make_dir!r} ({detail})")
     if stage == "fork":
         hint = _limit_hint(int(code)) if code.isdigit() else ""
         return UsageError(f"{who}: could not start a process ({detail}){hint}")

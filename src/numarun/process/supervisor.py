@@ -245,6 +245,7 @@ class Supervisor:
         self._stop_reason: str | None = None
         self._held_scope: SignalScope | None = None  # see start(hold_signals=True)
         self._early_signals: list[int] = []  # read while the workers started
+        self._holding_failure = self._failure_waits = False  # wait(hold_failure=True)
 
     # --- public --------------------------------------------------------------------------------
 
@@ -265,22 +266,7 @@ class Supervisor:
         """
         if self._phase != _NEW:
             raise RuntimeError("Supervisor.start() may be called once; make a new Supervisor")
-        starter = Starter(
-            self._specs,
-            self._workers,
-            self._loop,
-            self._link,
-            run_id=self.run_id,
-            kill_on_death=self._kill_on_death,
-            kill_limit=max(1.0, self.kill_wait),
-            remove_if_killed=self._remove_if_killed,
-            keep_ignored=self._keep_ignored,
-            watch_pipes=self._streams.watch,
-            on_status=self._read_status,
-            on_exit=self._check_exit,
-            teardown_signals=self._teardown_signals,
-            early_signals=self._early_signals,
-        )
+        starter = _starter(self)
         starter.check()
         self._phase = _RUNNING
         flush_stdio()
@@ -337,7 +323,7 @@ class Supervisor:
         pinned (its pid may be another process's already)."""
         return [0 if worker.lost else worker.pid for worker in self._workers]
 
-    def wait(self, timeout: float | None = None) -> RunResult | None:
+    def wait(self, timeout: float | None = None, *, hold_failure: bool = False) -> RunResult | None:
         """Run the loop until the run ends; None if ``timeout`` seconds passed first
         (``wait(0)`` handles what is ready without waiting).
 
@@ -345,13 +331,17 @@ class Supervisor:
         too), or after the teardown that follows the first failure, a teardown signal or
         :meth:`stop`. After it ended, returns the same RunResult again. If the loop itself raises
         (an output sink raising, say), every owned process is killed and the error propagates.
-        """
+
+        ``hold_failure`` (a caller only looking, as ``Process.exitcode``): a failure observed
+        now is recorded (``on_exit``, the first failure) but not acted on (no ``on_failure``, no
+        teardown) until the next call without it, if the run is still running then."""
         if self._result is not None:
             return self._result
         if self._phase in (_NEW, _DONE):
             raise RuntimeError("Supervisor.wait() needs a successful start()")
         deadline = None if timeout is None else time.monotonic() + timeout
         finished = False
+        self._holding_failure = hold_failure
         try:
             with self._signal_scope():
                 self._take_status_lines()  # exits the watchdog reported while start() waited
@@ -361,6 +351,8 @@ class Supervisor:
         except BaseException:
             self._emergency_stop()
             raise
+        finally:
+            self._holding_failure = False
         if not finished:
             return None
         return self._finish()
@@ -492,6 +484,10 @@ class Supervisor:
     def _advance(self) -> None:
         """Phase transitions; called after every batch of events."""
         now = time.monotonic()
+        if self._failure_waits and not self._holding_failure:
+            self._failure_waits = False
+            if self._phase == _RUNNING and self._first_failure is not None:
+                self._act_on_failure(self._first_failure.as_exit())
         all_exited = all(worker.exited for worker in self._workers)
         if all_exited and not self._link.released:
             # No worker is signalled any more: the watchdog may reap them, and exit once nothing
@@ -575,11 +571,17 @@ class Supervisor:
         if state == FAILED and self._first_failure is None:
             self._first_failure = worker
             if self._phase == _RUNNING:
-                if self._on_failure is not None:
-                    self._on_failure(ended)
-                self._begin_teardown()
+                if self._holding_failure:
+                    self._failure_waits = True  # wait(hold_failure=True): only looking
+                else:
+                    self._act_on_failure(ended)
         if self._on_exit is not None:
             self._on_exit(ended)
+
+    def _act_on_failure(self, ended: WorkerExit) -> None:
+        if self._on_failure is not None:
+            self._on_failure(ended)
+        self._begin_teardown()
 
     def _stop_watching(self, worker: Worker) -> None:
         """A worker given up on (unkillable): its exit, payload and result are not awaited."""
@@ -654,6 +656,26 @@ class Supervisor:
         if self._loop.is_open:
             self._streams.watch_consoles(watch=False)
         self._loop.close()
+
+
+def _starter(run: Supervisor) -> Starter:
+    """The start of ``run``'s workers, wired to its parts (:meth:`Supervisor.start`)."""
+    return Starter(
+        run._specs,
+        run._workers,
+        run._loop,
+        run._link,
+        run_id=run.run_id,
+        kill_on_death=run._kill_on_death,
+        kill_limit=max(1.0, run.kill_wait),
+        remove_if_killed=run._remove_if_killed,
+        keep_ignored=run._keep_ignored,
+        watch_pipes=run._streams.watch,
+        on_status=run._read_status,
+        on_exit=run._check_exit,
+        teardown_signals=run._teardown_signals,
+        early_signals=run._early_signals,
+    )
 
 
 def _run_result(

@@ -12,15 +12,18 @@ meaning: G for the others to end on their own, then SIGTERM, then G before SIGKI
 ``_popen`` once started, so that ``pid``, ``sentinel``, ``exitcode``, ``is_alive()``,
 ``join(timeout)``, ``terminate()``, ``kill()`` and ``close()`` work as for a process that
 multiprocessing started, and so does multiprocessing's exit handler (at interpreter exit it
-terminates daemon children and joins the others). Side effects: ``exitcode`` and ``is_alive()``
-of a worker that has ended (never the caller's child: its status comes from the supervisor's
-watchdog or from the fork server) let the supervisor observe the end, which starts the teardown
-when it is a failure. They never block on the teardown: they step the supervisor's loop
-without waiting (the watchdog's report of an ended worker is awaited for at most a second), so
-signals go out and deadlines pass as the loop is stepped. ``join(timeout)`` of one worker waits
-for that worker alone (reading results meanwhile); once every worker has ended, ``join`` and
-``close()`` of any worker also finish the run (SIGTERM, the grace period, SIGKILL for leftover
-descendants; reaping; the supervisor's fds), ``join`` within its ``timeout``.
+terminates daemon children and joins the others). ``exitcode``, ``is_alive()`` and
+``join(timeout)`` of one worker only look, as torch's do: a worker's end (never the caller's
+child: its status comes from the supervisor's watchdog or from the fork server) is observed by
+stepping the supervisor's loop with ``hold_failure`` (:meth:`Supervisor.wait`), so a failure is
+recorded but not acted on: the other workers run on, unsignalled, until
+``ProcessContext.join`` (which acts on it as torch's join does). They never block on a
+teardown: they step the loop without waiting (the watchdog's report of an ended worker is
+awaited for at most a second), so signals go out and deadlines pass as the loop is stepped.
+``join(timeout)`` of one worker waits for that worker alone (reading results meanwhile); once
+every worker has ended, ``join`` and ``close()`` of any worker also finish the run (SIGTERM,
+the grace period, SIGKILL for leftover descendants; reaping; the supervisor's fds), ``join``
+within its ``timeout``.
 
 The teardown warning (``Terminating process N via signal SIGTERM``) is logged on torch's logger,
 ``torch.multiprocessing.spawn``, whether or not torch is loaded: log filters, handlers and
@@ -279,7 +282,7 @@ class WorkerRun:
         """The worker's exit code (Popen convention) if it has ended, else None. Steps the
         supervisor's loop without waiting on the teardown (``Process.exitcode`` and
         ``is_alive()`` must not block): at most :data:`_REPORT_WAIT` for an ended worker's
-        status."""
+        status; a failure observed is not acted on (:meth:`pump`)."""
         return self._peek(rank)
 
     def finish_if_ended(self, timeout: float | None) -> None:
@@ -333,13 +336,15 @@ class WorkerRun:
     # --- the whole run -------------------------------------------------------------------------
 
     def pump(self) -> None:
-        """One pass of the supervisor's loop, without waiting."""
-        self.join(0)
+        """One pass of the supervisor's loop, without waiting, only looking: a failure it
+        observes is not acted on (``hold_failure``; the module docstring)."""
+        self.join(0, hold_failure=True)
 
-    def join(self, timeout: float | None) -> RunResult | None:
-        """The supervisor's loop for up to ``timeout`` seconds; the run's result once ended."""
+    def join(self, timeout: float | None, *, hold_failure: bool = False) -> RunResult | None:
+        """The supervisor's loop for up to ``timeout`` seconds; the run's result once ended.
+        ``hold_failure``: see :meth:`Supervisor.wait`."""
         if self.result is None and self.supervisor is not None:
-            self.result = self.supervisor.wait(timeout)
+            self.result = self.supervisor.wait(timeout, hold_failure=hold_failure)
         return self.result
 
     def release_sentinel(self, rank: int) -> None:

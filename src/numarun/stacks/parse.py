@@ -33,7 +33,8 @@ import os
 import re
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+
+from numarun.machine.model import Value
 
 __all__ = [
     "Frame",
@@ -63,15 +64,22 @@ _PACKAGES = ("/site-packages/", "/dist-packages/")
 _COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
 # The failure and hang summaries show this many innermost frames of each group's main thread.
 SUMMARY_FRAMES = 12
+_set = object.__setattr__  # how a Value's __init__ fills its slots
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(Value):
     """One frame as faulthandler wrote it; ``line`` None where it wrote ``???``."""
 
+    _fields = ("file", "line", "function")
+    __slots__ = _fields
     file: str
     line: int | None
     function: str
+
+    def __init__(self, file: str, line: int | None, function: str) -> None:
+        _set(self, "file", file)
+        _set(self, "line", line)
+        _set(self, "function", function)
 
     def location(self, *, short: bool = False) -> str:
         """``file:line`` (``short``: library paths from the package or stdlib module on)."""
@@ -79,21 +87,35 @@ class Frame:
         return f"{path}:{'?' if self.line is None else self.line}"
 
 
-@dataclass(frozen=True)
-class Thread:
+class Thread(Value):
     """One thread's frames, most recent call first, bootstrap frames removed. ``ident`` is
     faulthandler's ``0x...``; ``current``: it ran the signal handler; ``truncated``: more than
     100 frames (faulthandler showed the innermost 100)."""
 
+    _fields = ("ident", "current", "frames", "truncated", "in_bootstrap")
+    __slots__ = _fields
     ident: str
     current: bool
     frames: tuple[Frame, ...]
-    truncated: bool = False
-    in_bootstrap: bool = False  # frames were all numarun's bootstrap: the program not begun
+    truncated: bool
+    in_bootstrap: bool  # frames were all numarun's bootstrap: the program not begun
+
+    def __init__(
+        self,
+        ident: str,
+        current: bool,
+        frames: tuple[Frame, ...],
+        truncated: bool = False,
+        in_bootstrap: bool = False,
+    ) -> None:
+        _set(self, "ident", ident)
+        _set(self, "current", current)
+        _set(self, "frames", frames)
+        _set(self, "truncated", truncated)
+        _set(self, "in_bootstrap", in_bootstrap)
 
 
-@dataclass(frozen=True)
-class RankStacks:
+class RankStacks(Value):
     """One rank's stacks, or why there are none.
 
     ``threads`` in faulthandler's order (the main thread last), empty when ``problem`` says
@@ -103,14 +125,38 @@ class RankStacks:
     a whole job (:mod:`numarun.stacks.remote`); None for one node's own view.
     """
 
+    _fields = (
+        "rank", "local_rank", "pid", "threads", "problem", "text", "more_threads", "node"
+    )  # fmt: skip
+    __slots__ = _fields
     rank: int
     local_rank: int
     pid: int | None
-    threads: tuple[Thread, ...] = ()
-    problem: str | None = None
-    text: str = ""
-    more_threads: bool = False
-    node: str | None = None
+    threads: tuple[Thread, ...]
+    problem: str | None
+    text: str
+    more_threads: bool
+    node: str | None
+
+    def __init__(
+        self,
+        rank: int,
+        local_rank: int,
+        pid: int | None,
+        threads: tuple[Thread, ...] = (),
+        problem: str | None = None,
+        text: str = "",
+        more_threads: bool = False,
+        node: str | None = None,
+    ) -> None:
+        _set(self, "rank", rank)
+        _set(self, "local_rank", local_rank)
+        _set(self, "pid", pid)
+        _set(self, "threads", threads)
+        _set(self, "problem", problem)
+        _set(self, "text", text)
+        _set(self, "more_threads", more_threads)
+        _set(self, "node", node)
 
     @property
     def main_thread(self) -> Thread | None:
@@ -125,15 +171,18 @@ class RankStacks:
         return ("stacks", frames[-1], tuple(sorted(frames[:-1])), self.more_threads)
 
 
-@dataclass(frozen=True)
-class Group:
-    """Ranks whose stacks are identical (or that share the same problem)."""
+class Group(Value):
+    """Ranks whose stacks are identical (or that share the same problem); ``ranks``: the
+    members' ranks, sorted."""
 
+    _fields = ("members",)
+    __slots__ = ("members", "ranks")
     members: tuple[RankStacks, ...]
-    ranks: tuple[int, ...] = field(init=False)
+    ranks: tuple[int, ...]
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "ranks", tuple(sorted(member.rank for member in self.members)))
+    def __init__(self, members: tuple[RankStacks, ...]) -> None:
+        _set(self, "members", members)
+        _set(self, "ranks", tuple(sorted(member.rank for member in members)))
 
     @property
     def sample(self) -> RankStacks:
