@@ -76,6 +76,8 @@ with open(os.path.join(folder, f"start.{{attempt}}.{{rank}}"), "w") as out:
 with open(os.path.join(folder, f"pid.{{attempt}}.{{rank}}"), "w") as out:
     out.write(str(os.getpid()))
 if mode == "done":
+    with open(os.path.join(folder, f"node.{{rank}}"), "w") as out:
+        out.write(os.environ.get("BENCH_NODE", ""))
     sys.exit(0)
 if mode == "sleep":
     time.sleep(3600)
@@ -198,9 +200,12 @@ def restart_latency(row: Row, kind: str, folder: Path, nproc: int) -> float:
     return max(second) - float((folder / "failed").read_text())
 
 
-def late_join(row: Row, folder: Path, nproc: int, late: float) -> float:
+def late_join(
+    row: Row, folder: Path, nproc: int, late: float, by_node: dict[str, list[float]]
+) -> float:
     """Seconds from the round of two c10d nodes (the second started ``late`` s after the
-    first) being complete to the last worker of both nodes past ``import torch``."""
+    first) being complete to the last worker of both nodes past ``import torch``; each
+    node's own figure is appended to ``by_node["early"]`` / ``by_node["late"]``."""
     from torch.distributed import TCPStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
         C10dRendezvousBackend,
@@ -217,14 +222,14 @@ def late_join(row: Row, folder: Path, nproc: int, late: float) -> float:
         "--rdzv-id", run_id, "--rdzv-conf", "is_host=0", str(folder / "worker_torch.py"),
         str(folder), "done",
     ]  # fmt: skip
-    nodes = [subprocess.Popen(command, env=_env(folder), stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE)]  # fmt: skip
+    nodes = [subprocess.Popen(command, env={**_env(folder), "BENCH_NODE": "early"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]  # fmt: skip
     second_at = time.monotonic() + late
     formed = None
     try:
         while formed is None:
             if len(nodes) == 1 and time.monotonic() >= second_at:
-                nodes.append(subprocess.Popen(command, env=_env(folder),
+                nodes.append(subprocess.Popen(command, env={**_env(folder), "BENCH_NODE": "late"},
                                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
             state = backend.get_state()
             if state is not None and getattr(pickle.loads(state[0]), "complete", False):
@@ -243,10 +248,13 @@ def late_join(row: Row, folder: Path, nproc: int, late: float) -> float:
                 node.kill()
                 node.communicate()
         del store
-    past = [float(path.read_text()) for path in folder.glob("start.0.*")]
+    past = {path.name[8:]: float(path.read_text()) for path in folder.glob("start.0.*")}
     if len(past) != 2 * per_node:
         raise SystemExit(f"expected {2 * per_node} workers, saw {len(past)}")
-    return max(past) - formed
+    for node in ("early", "late"):  # which node's workers were last, for the record
+        ranks = [r for r in past if (folder / f"node.{r}").read_text() == node]
+        by_node.setdefault(node, []).append(max(past[r] for r in ranks) - formed)
+    return max(past.values()) - formed
 
 
 def _smaps(pid: int) -> tuple[float, float]:
@@ -447,8 +455,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         if "late" in figures:
             rows = [Row("torchrun", "c10d"), Row("numarun", "c10d"),
                     Row("numarun", "c10d", warm=True)]  # fmt: skip
+            nodes: dict[str, dict[str, list[float]]] = {row.label: {} for row in rows}
+            result["late_by_node"] = nodes
             calls = {row.label: (lambda row=row: late_join(row, folder, args.nproc,
-                                                           args.late_seconds))
+                                                           args.late_seconds, nodes[row.label]))
                      for row in rows}  # fmt: skip
             result["late"] = {}
             _interleaved(calls, args.runs, result["late"], save)  # type: ignore[arg-type]

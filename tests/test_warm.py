@@ -590,3 +590,41 @@ def test_spawn_under_forkserver_takes_multiprocessings_own_preload(tmp_path: Pat
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["preloaded"]
+
+
+# --- the first round, noticed sooner -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("nodes", "pause"), [(2, 0.05), (30, 0.3), (100, None), (5000, None)])
+def test_a_first_join_polls_faster_the_fewer_nodes_may_wait(
+    monkeypatch: pytest.MonkeyPatch, nodes: int, pause: float | None
+) -> None:
+    # torch waits a second between reads of the rendezvous state (and caches it for a second):
+    # a node that waited for a late one goes on up to a second after the round is complete.
+    # numarun reads every nodes/100 s (at least 0.05 s): at most ~100 reads a second in all.
+    pytest.importorskip("torch")
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    from numarun.launch import torchcompat
+
+    slept: list[object] = []
+    monkeypatch.setattr(dynamic_rendezvous, "_delay", slept.append)
+
+    class Holder:
+        _cache_duration = 1
+
+    class Handler:
+        _state_holder = Holder()
+
+        def next_rendezvous(self) -> str:
+            dynamic_rendezvous._delay((0, 0.3))  # torch's spread of the first joins
+            seen.append(self._state_holder._cache_duration)
+            dynamic_rendezvous._delay(1)  # between two reads of the state
+            return "joined"
+
+    seen: list[object] = []
+    assert torchcompat.first_join(Handler(), nodes) == "joined"
+    assert slept == [(0, 0.3), 1 if pause is None else pause]
+    assert seen == [1 if pause is None else pause]
+    assert dynamic_rendezvous._delay == slept.append  # torch's own back
+    assert Handler._state_holder._cache_duration == 1
