@@ -132,6 +132,80 @@ def test_a_late_sink_holds_what_comes_before_its_sink_then_passes_everything_on(
     assert (sink.data, sink.closed) == (b"x", 1)
 
 
+# --- the process wing: a supervisor started ahead of its run ------------------------------------
+
+WAITER = (
+    "import os, sys\n"
+    "print('born', flush=True)\n"
+    "if sys.argv[2] != 'now':\n"
+    "    os.read(int(sys.argv[1]), 1)  # until its run is handed over\n"
+    "sys.exit(int(sys.argv[3]))\n"
+)
+
+
+def test_a_standby_supervisor_runs_what_it_started_ahead_with_the_ranks_handed_over() -> None:
+    from numarun.process.spec import WorkerSpec
+    from numarun.process.standby import StandbySupervisor, signals_blocked
+
+    class Sink:
+        def __init__(self) -> None:
+            self.data = b""
+
+        def feed(self, data: bytes) -> None:
+            self.data += data
+
+        def close(self) -> None:
+            pass
+
+    release_r, release_w = os.pipe()
+    lates = [LateSink(), LateSink()]
+    specs = [
+        WorkerSpec(local_rank=rank, rank=-1, env=dict(os.environ), stdout=lates[rank],
+                   argv=[sys.executable, "-c", WAITER, str(release_r), "wait", str(3 * rank)],
+                   pass_fds=(release_r,))
+        for rank in (0, 1)
+    ]  # fmt: skip
+    supervisor = StandbySupervisor(specs, grace_period=5.0)
+    with signals_blocked((signal.SIGTERM, signal.SIGINT)):
+        supervisor.start()
+    os.close(release_r)
+    try:
+        assert not supervisor.pending_exits()
+        sinks = [Sink(), Sink()]
+        for late, sink in zip(lates, sinks, strict=True):
+            late.attach(sink)
+        ended: list[tuple[int, int]] = []
+        supervisor.hand_over(
+            {0: 10, 1: 11}, on_exit=lambda e: ended.append((e.rank, e.exit_code or 0))
+        )
+        result = supervisor.run(on_started=lambda: os.write(release_w, b"go"))
+    finally:
+        os.close(release_w)
+        supervisor.stop(0.0)
+    assert [(w.rank, w.exit_code) for w in result.workers] == [(10, 0), (11, 3)]
+    assert result.first_failure is not None and result.first_failure.rank == 11
+    assert sorted(ended) == [(10, 0), (11, 3)]
+    assert [sink.data for sink in sinks] == [b"born\n", b"born\n"]
+    with pytest.raises(RuntimeError):
+        supervisor.run()
+
+
+def test_a_standby_that_ends_before_its_run_is_seen_without_running_the_loop() -> None:
+    from numarun.process.spec import WorkerSpec
+    from numarun.process.standby import StandbySupervisor, signals_blocked
+
+    spec = WorkerSpec(local_rank=0, rank=0, env=dict(os.environ),
+                      argv=[sys.executable, "-c", WAITER, "0", "now", "0"])  # fmt: skip
+    supervisor = StandbySupervisor([spec])
+    with signals_blocked((signal.SIGTERM,)):
+        supervisor.start()
+    try:
+        _wait_for(supervisor.pending_exits, "the standby's end")
+    finally:
+        result = supervisor.stop(0.0)
+    assert [w.exit_code for w in result.workers] == [0]
+
+
 # --- the view of a warm worker -------------------------------------------------------------------
 
 

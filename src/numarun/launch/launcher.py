@@ -297,6 +297,12 @@ def _dry_run_text(
             f", run id {config.run_id}, {config.min_nodes}:{config.max_nodes} nodes; "
             f"{', '.join(from_rendezvous)} come from its rounds"
         )
+    if config.preload:
+        lines.append(
+            f"preload: {', '.join(config.preload)}: one standby per local rank, started as its "
+            "worker below, imports them ahead of each attempt and is handed the variables "
+            "known only then (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)"
+        )
     for local_rank in range(config.nproc_per_node):
         env = workers.rank_env(
             config,

@@ -143,13 +143,16 @@ class StandbySupervisor(Supervisor):
         return self._phase == _RUNNING and self._result is None
 
     def pending_exits(self) -> bool:
-        """Whether a worker ended since the start (the watchdog's report waits, unread, on
-        its status pipe: the loop has not run); never blocks, reads nothing for good."""
+        """Whether a worker ended since the start: its end was seen, or the watchdog's report
+        of it waits unread (kept by the start, or on the status pipe, whose only lines after
+        the start are ends: the loop has not run); never blocks, reads nothing."""
         from numarun.process.proctable import readable
 
         status = self._link.status_fd
-        return any(w.exited for w in self._workers) or (
-            status is not None and readable(status, 0)
+        return (
+            any(w.exited for w in self._workers)
+            or b"X " in self._link._pending
+            or (status is not None and readable(status, 0))
         )
 
 
