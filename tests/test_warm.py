@@ -98,6 +98,16 @@ def test_preload_with_no_python_is_refused_in_one_line() -> None:
     ]
 
 
+def test_the_dry_run_says_what_preload_does_and_starts_nothing(tmp_path: Path) -> None:
+    done = _run("--nproc-per-node", "2", "--preload", "wm_light", "--dry-run", VIEW, str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0].startswith(
+        "preload: wm_light: one standby per local rank, started as its worker below"
+    )
+    assert "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)" in done.stdout.splitlines()[0]
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_a_late_sink_holds_what_comes_before_its_sink_then_passes_everything_on() -> None:
     class Sink:
         def __init__(self) -> None:

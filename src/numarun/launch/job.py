@@ -423,9 +423,9 @@ class Job:
                 close_sinks(specs)  # closed already when the run ended; not when start failed
                 if self.node is not None:
                     self.node.unwatch()
-                if running is not None:
-                    running.close()
                 if self.warm is not None:
+                    if running is not None:
+                        self.warm.release(running)
                     self.warm.unwatch()
             self.started = True
         finally:

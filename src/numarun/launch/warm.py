@@ -424,6 +424,16 @@ class Warm:
             pids = ", ".join(str(ended.pid) for ended in result.unkillable)
             self._say(f"numarun: warning: standby process(es) {pids} could not be killed")
 
+    def release(self, standbys: Standbys) -> None:
+        """The run of ``standbys`` (handed over) ended: a status line its loop did not read
+        yet is taken now (its warning said), then the sockets are closed."""
+        standbys.unwatch()
+        for local_rank in range(len(standbys.channels)):
+            line = standbys.read(local_rank)
+            if line is not None:
+                self.on_status(local_rank, line)
+        standbys.close()
+
     def unwatch(self) -> None:
         """The run that read the waiting set's status lines ended."""
         if self.waiting is not None:
