@@ -1,38 +1,60 @@
-"""Restart latency and launcher CPU of ``numarun`` next to torchrun, side by side in one run.
+"""Restart latency, warm workers and launcher CPU of ``numarun`` next to torchrun, side by side.
 
-Two figures, printed as markdown tables:
+    python benchmarks/bench_restart.py [--runs 7] [--nproc 4] [--figures restart,late,memory,cpu]
+        [--kinds fast,script,torch,slow] [--backends static,c10d] [--json FILE]
 
-* restart: one node, N workers, ``--max-restarts 1``. On the first attempt rank 0 records
-  ``CLOCK_MONOTONIC`` and exits 1 while the others sleep; every worker records the moment it
-  starts. The figure is from rank 0's exit to the last worker of the second attempt running
-  its first line. Each launcher with each backend, and each numarun row compared with
-  torchrun's row of the same backend, workers and run: the static rendezvous (numarun's is
-  torch-free and picks a free port; torchrun's, ``--rdzv-backend static --master-port P``,
-  hosts its store in the agent) and c10d (``--rdzv-backend c10d --rdzv-endpoint
-  localhost:0``, torchrun's own default for one node). Target: numarun at most one fifth of
-  torchrun's time. Two kinds of worker: ``python3
-  -S -c CODE`` started with ``--no-python`` (an interpreter without ``site``, about 10 ms to
-  start: the figure is mostly the launchers' own restart machinery), and a plain script
-  (``python -u worker.py`` through each launcher's usual path: N interpreters starting on
-  this machine's cores are part of the figure).
-* launcher CPU while workers run: one node, c10d, N workers that sleep; the launcher
+Runs from a checkout (``src/`` first on the path, numarun installed or not); torchrun is
+``python -m torch.distributed.run`` of the same interpreter. Every figure is a median over
+``--runs`` runs (the spread is the interquartile range), every row of a table measured in the
+same run, interleaved, after one warm-up of each; ratios are against torchrun's row of the same
+backend and workers.
+
+* ``restart``: one node, N workers, ``--max-restarts 1``. On the first attempt rank 0 records
+  ``CLOCK_MONOTONIC`` and exits 1 while the others sleep; every worker records when it is past
+  its imports. The figure is from rank 0's exit to the last worker of the second attempt past
+  its imports. Backends: the static rendezvous (numarun's is torch-free and picks a free port;
+  torchrun's, ``--rdzv-backend static --master-port P``, hosts its store in the agent) and c10d
+  (``--rdzv-endpoint localhost:0``, torchrun's own default for one node). Kinds of worker:
+  ``fast``: ``python3 -S -c`` through ``--no-python`` (about 10 ms to start: the launchers' own
+  restart machinery); ``script``: a plain script, no imports; ``torch``: a script whose first
+  line is ``import torch``; ``slow``: a script whose first line imports a module that takes
+  ``--slow-seconds`` (5) to import, a stand-in for a slow shared file system. The ``torch`` and
+  ``slow`` kinds add a row ``numarun --preload <module>``: warm workers. Its rank 0 fails once
+  the next attempt's standbys are past their imports (a one-line module preloaded after the
+  measured one, ``bench_ready``, leaves a stamp: what a real job, failing minutes in, would
+  find); the cold rows fail after 0.5 s, as for the other kinds.
+* ``late``: the first start of two c10d nodes, N/2 workers each, whose second node starts
+  ``--late-seconds`` (5) after the first; workers import torch. The figure is from the moment
+  the rendezvous round is complete (read from the rendezvous' own store, which this script
+  hosts, both nodes joining with ``is_host=0``) to the last worker of both nodes past its
+  imports. Rows: torchrun, numarun, numarun ``--preload torch``.
+* ``memory``: what ``--preload torch`` costs: the resident and proportional set size of each
+  standby waiting with torch imported (``/proc/<pid>/smaps_rollup``), next to a plain
+  ``python -c "import torch"``.
+* ``cpu``: launcher CPU while workers run: one node, c10d, N workers that sleep; the launcher
   process's CPU time over ``--cpu-seconds`` of wall time, from one second after every worker
   started (every thread, from the scheduler's nanosecond counters in
   ``/proc/<pid>/task/*/schedstat``). numarun looks at the rendezvous every 2 s (its default
   ``--monitor-interval``) and torch's rendezvous handler sends a keep-alive every 5 s;
   torchrun polls its workers every 0.1 s. Target: numarun <= 1 ms of CPU per second.
 
-The workers do not import torch: the figures are the launchers' own. Bytecode is cached under
-``$TMPDIR/bench_launch_pycache``, as in ``bench_launch.py``.
+Targets (on a quiet machine): restart of ``torch`` workers with ``--preload torch`` at most 0.15x
+torchrun's on the same backend; the first start after a late join at most 0.1x; the ``slow``
+module: a warm restart under 0.5 s. Bytecode is cached under ``$TMPDIR/bench_launch_pycache``,
+as in ``bench_launch.py``.
 
-Usage: ``python benchmarks/bench_restart.py [--runs 7] [--nproc 4] [--cpu-seconds 20]``.
-Medians; the spread is the interquartile range.
+On a lent GPU machine (16 cores, torch with CUDA), about 4 minutes::
+
+    python3 benchmarks/bench_restart.py --runs 3 --nproc 4 --figures restart,late,memory \\
+        --kinds torch,slow --slow-backends static --json restart.json
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import pickle
 import statistics
 import subprocess
 import sys
@@ -41,17 +63,32 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+SRC = Path(__file__).resolve().parents[1] / "src"
+
 WORKER = """\
 import os, sys, time
+{imports}
 stamp = time.clock_gettime(time.CLOCK_MONOTONIC)
 folder, mode = sys.argv[1], sys.argv[2]
 rank, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
-with open(os.path.join(folder, f"start.{attempt}.{rank}"), "w") as out:
+with open(os.path.join(folder, f"start.{{attempt}}.{{rank}}"), "w") as out:
     out.write(repr(stamp))
+with open(os.path.join(folder, f"pid.{{attempt}}.{{rank}}"), "w") as out:
+    out.write(str(os.getpid()))
+if mode == "done":
+    with open(os.path.join(folder, f"node.{{rank}}"), "w") as out:
+        out.write(os.environ.get("BENCH_NODE", ""))
+    sys.exit(0)
 if mode == "sleep":
     time.sleep(3600)
 if attempt == "0":
     if rank == "0":
+        if mode == "warm":  # until the next attempt's standbys are past their imports too
+            wanted, deadline = int(sys.argv[3]), time.monotonic() + 600
+            while time.monotonic() < deadline and sum(
+                name.startswith("ready.") for name in os.listdir(folder)
+            ) < wanted:
+                time.sleep(0.02)
         time.sleep(0.5)
         with open(os.path.join(folder, "failed"), "w") as out:
             out.write(repr(time.clock_gettime(time.CLOCK_MONOTONIC)))
@@ -59,26 +96,36 @@ if attempt == "0":
     time.sleep(3600)
 """
 
+READY_MODULE = """\
+import os
+with open(os.path.join(os.environ["BENCH_FOLDER"], f"ready.{os.getpid()}"), "w"):
+    pass
+"""
+SLOW_MODULE = "import time\ntime.sleep({seconds})\n"
+
 PYCACHE = Path(tempfile.gettempdir()) / "bench_launch_pycache"
 C10D = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"]
+IMPORTS = {"fast": "", "script": "", "torch": "import torch", "slow": "import bench_slow"}
+MODULE = {"torch": "torch", "slow": "bench_slow"}
+LABELS = {
+    "fast": "`python3 -S -c`",
+    "script": "`python -u` script",
+    "torch": "`import torch` first",
+    "slow": "a {slow:g} s import first",
+}
 
 
-def _quiet_env() -> dict[str, str]:
+def _env(folder: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "TORCHELASTIC_"))}
     env["OMP_NUM_THREADS"] = "1"  # torchrun would warn about it on every run otherwise
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(PYCACHE)
+    paths = [str(SRC), *([str(folder)] if folder is not None else []), env.get("PYTHONPATH")]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, paths))
+    if folder is not None:
+        env["BENCH_FOLDER"] = str(folder)
+    env.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     return env
-
-
-# (launcher, backend) in table order; each numarun row is compared with torchrun's row of the
-# same backend.
-ROWS = (
-    ("numarun", "static"),
-    ("torchrun", "static"),
-    ("numarun", "c10d"),
-    ("torchrun", "c10d"),
-)
 
 
 def _free_port() -> int:
@@ -89,50 +136,202 @@ def _free_port() -> int:
         return probe.getsockname()[1]
 
 
-def _launcher(name: str, backend: str, nproc: int) -> list[str]:
-    """The command line of ``name`` with ``backend`` on one node (a fresh port for torchrun's
-    static rendezvous on every call: its agent hosts the store there)."""
-    module = "numarun" if name == "numarun" else "torch.distributed.run"
-    command = [sys.executable, "-m", module, "--nproc-per-node", str(nproc)]
-    if backend == "c10d":
-        return [*command, *C10D]
-    if name == "torchrun":  # without a port, torchrun's one node would use c10d on localhost:0
-        return [*command, "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
-                "--master-port", str(_free_port())]  # fmt: skip
-    return command  # numarun's static rendezvous picks a free port itself
+class Row:
+    """One launcher with one backend, cold or ``--preload`` (warm)."""
+
+    def __init__(self, name: str, backend: str, warm: bool = False) -> None:
+        self.name, self.backend, self.warm = name, backend, warm
+
+    @property
+    def label(self) -> str:
+        return f"{self.name}{' --preload' if self.warm else ''} ({self.backend})"
+
+    def command(self, nproc: int, kind: str) -> list[str]:
+        """The command line on one node (a fresh port for torchrun's static rendezvous on
+        every call: its agent hosts the store there)."""
+        module = "numarun" if self.name == "numarun" else "torch.distributed.run"
+        command = [sys.executable, "-m", module, "--nproc-per-node", str(nproc)]
+        if self.warm:
+            command += ["--preload", f"{MODULE[kind]},bench_ready"]
+        if self.backend == "c10d":
+            return [*command, *C10D]
+        if self.name == "torchrun":  # without a port, torchrun's one node would use c10d
+            return [*command, "--rdzv-backend", "static", "--master-addr", "127.0.0.1",
+                    "--master-port", str(_free_port())]  # fmt: skip
+        return command  # numarun's static rendezvous picks a free port itself
 
 
-def _label(name: str, backend: str) -> str:
-    return f"{name} ({backend})"
+def _rows(kind: str, backends: Sequence[str]) -> list[Row]:
+    rows = []
+    for backend in backends:
+        rows += [Row("numarun", backend), Row("torchrun", backend)]
+        if kind in MODULE:
+            rows.append(Row("numarun", backend, warm=True))
+    return rows
 
 
-def _worker(kind: str, script: str) -> list[str]:
-    """The entry point (and its first arguments) of a worker of ``kind``."""
+def _clear(folder: Path) -> None:
+    for path in folder.iterdir():
+        if path.name.startswith(("start.", "pid.", "ready.", "failed")):
+            path.unlink()
+
+
+def restart_latency(row: Row, kind: str, folder: Path, nproc: int) -> float:
+    """Seconds from the failing worker's exit to the last worker of attempt 1 past its
+    imports."""
+    _clear(folder)
+    script = folder / f"worker_{kind}.py"
     if kind == "fast":
-        return ["--no-python", sys.executable, "-S", "-c", WORKER]
-    return [script]
-
-
-def restart_latency(
-    launcher: Callable[[], list[str]], worker: list[str], folder: Path, nproc: int
-) -> float:
-    """Seconds from the failing worker's exit to the last worker of attempt 1 starting."""
-    for path in folder.glob("start.*"):
-        path.unlink()
-    (folder / "failed").unlink(missing_ok=True)
-    command = launcher()
+        worker = ["--no-python", sys.executable, "-S", "-c",
+                  WORKER.format(imports="")]  # fmt: skip
+    else:
+        worker = [str(script)]
+    mode = ["warm", str(2 * nproc)] if row.warm else ["fail"]
+    command = row.command(nproc, kind)
     done = subprocess.run(
-        [*command, "--max-restarts", "1", *worker, str(folder), "fail"],
-        env=_quiet_env(),
-        capture_output=True,
-        timeout=300,
-    )
+        [*command, "--max-restarts", "1", *worker, str(folder), *mode],
+        env=_env(folder), capture_output=True, timeout=900,
+    )  # fmt: skip
     if done.returncode != 0:
         raise SystemExit(f"{command[2:]} failed: {done.stderr.decode()[-2000:]}")
     second = [float(path.read_text()) for path in folder.glob("start.1.*")]
     if len(second) != nproc:
         raise SystemExit(f"expected {nproc} workers in attempt 1, saw {len(second)}")
     return max(second) - float((folder / "failed").read_text())
+
+
+def late_join(
+    row: Row, folder: Path, nproc: int, late: float, by_node: dict[str, list[float]]
+) -> float:
+    """Seconds from the round of two c10d nodes (the second started ``late`` s after the
+    first) being complete to the last worker of both nodes past ``import torch``; each
+    node's own figure is appended to ``by_node["early"]`` / ``by_node["late"]``."""
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+
+    _clear(folder)
+    port, run_id = _free_port(), f"late{os.getpid()}{time.monotonic_ns()}"
+    store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    backend = C10dRendezvousBackend(store, run_id)
+    per_node = max(1, nproc // 2)
+    command = [
+        *row.command(per_node, "torch")[:-4 if row.backend == "c10d" else None],
+        "--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+        "--rdzv-id", run_id, "--rdzv-conf", "is_host=0", str(folder / "worker_torch.py"),
+        str(folder), "done",
+    ]  # fmt: skip
+    nodes = [subprocess.Popen(command, env={**_env(folder), "BENCH_NODE": "early"},
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)]  # fmt: skip
+    second_at = time.monotonic() + late
+    formed = None
+    try:
+        while formed is None:
+            if len(nodes) == 1 and time.monotonic() >= second_at:
+                nodes.append(subprocess.Popen(command, env={**_env(folder), "BENCH_NODE": "late"},
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+            state = backend.get_state()
+            if state is not None and getattr(pickle.loads(state[0]), "complete", False):
+                formed = time.clock_gettime(time.CLOCK_MONOTONIC)
+                break
+            if any(node.poll() is not None for node in nodes):
+                raise SystemExit(f"{row.label}: a node ended: {nodes[0].communicate()[1][-2000:]}")
+            time.sleep(0.005)
+        for node in nodes:
+            _, err = node.communicate(timeout=600)
+            if node.returncode != 0:
+                raise SystemExit(f"{row.label} failed: {err.decode()[-2000:]}")
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+                node.communicate()
+        del store
+    past = {path.name[8:]: float(path.read_text()) for path in folder.glob("start.0.*")}
+    if len(past) != 2 * per_node:
+        raise SystemExit(f"expected {2 * per_node} workers, saw {len(past)}")
+    for node in ("early", "late"):  # which node's workers were last, for the record
+        ranks = [r for r in past if (folder / f"node.{r}").read_text() == node]
+        by_node.setdefault(node, []).append(max(past[r] for r in ranks) - formed)
+    return max(past.values()) - formed
+
+
+def _smaps(pid: int) -> tuple[float, float]:
+    """(Rss, Pss) of ``pid`` in MiB."""
+    fields = {}
+    with open(f"/proc/{pid}/smaps_rollup") as rollup:
+        for line in rollup:
+            name, _, value = line.partition(":")
+            if name in ("Rss", "Pss"):
+                fields[name] = int(value.split()[0]) / 1024
+    return fields["Rss"], fields["Pss"]
+
+
+def _processes_with(entry: bytes) -> list[int]:
+    found = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                with open(f"/proc/{name}/environ", "rb") as environ:
+                    if entry in environ.read().split(b"\0"):
+                        found.append(int(name))
+            except OSError:
+                continue
+    return found
+
+
+def standby_memory(folder: Path, nproc: int) -> dict[str, float]:
+    """Per standby waiting with torch imported, and for ``python -c "import torch"``: Rss and
+    Pss in MiB (medians over the standbys)."""
+    _clear(folder)
+    tag = f"BENCH_TAG=mem{os.getpid()}".encode()
+    env = {**_env(folder), "BENCH_TAG": tag.decode().partition("=")[2]}
+    launcher = subprocess.Popen(
+        [*Row("numarun", "static", warm=True).command(nproc, "torch"), "--max-restarts", "1",
+         str(folder / "worker_torch.py"), str(folder), "sleep"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    plain = subprocess.Popen(
+        [sys.executable, "-c", "import torch, sys; print(flush=True); sys.stdin.read()"],
+        env=_env(folder), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 600
+        while sum(p.name.startswith("ready.") for p in folder.iterdir()) < 2 * nproc:
+            if time.monotonic() > deadline or launcher.poll() is not None:
+                raise SystemExit("memory: the standbys did not get ready")
+            time.sleep(0.05)
+        assert plain.stdout is not None
+        plain.stdout.readline()
+        workers = {int(p.read_text()) for p in folder.glob("pid.0.*")}
+        standbys = [
+            pid for pid in _processes_with(tag)
+            if pid not in workers and pid != launcher.pid and _is_python_child(pid)
+        ]  # fmt: skip
+        sizes = [_smaps(pid) for pid in standbys]
+        reference = _smaps(plain.pid)
+    finally:
+        launcher.terminate()
+        launcher.communicate(timeout=120)
+        plain.kill()
+        plain.communicate()
+    return {
+        "standbys": len(sizes),
+        "standby_rss_mib": statistics.median(s[0] for s in sizes),
+        "standby_pss_mib": statistics.median(s[1] for s in sizes),
+        "import_torch_rss_mib": reference[0],
+        "import_torch_pss_mib": reference[1],
+    }
+
+
+def _is_python_child(pid: int) -> bool:
+    """A standby (exec'd: its command line is the bootstrap's), not a forked watchdog."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+            return b"numarun.launch.bootstrap" in cmdline.read()
+    except OSError:
+        return False
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -148,21 +347,18 @@ def _cpu_seconds(pid: int) -> float:
     return total / 1e9
 
 
-def launcher_cpu(launcher: list[str], script: str, folder: Path, nproc: int, span: float) -> float:
+def launcher_cpu(row: Row, script: str, folder: Path, nproc: int, span: float) -> float:
     """Milliseconds of the launcher's CPU per second of wall time while workers sleep."""
-    for path in folder.glob("start.*"):
-        path.unlink()
+    _clear(folder)
     proc = subprocess.Popen(
-        [*launcher, script, str(folder), "sleep"],
-        env=_quiet_env(),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+        [*row.command(nproc, "script"), script, str(folder), "sleep"],
+        env=_env(folder), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
     try:
         deadline = time.monotonic() + 120
         while len(list(folder.glob("start.0.*"))) < nproc:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise SystemExit(f"{launcher[2:]}: workers did not start")
+                raise SystemExit(f"{row.label}: workers did not start")
             time.sleep(0.05)
         time.sleep(1.0)
         cpu0, wall0 = _cpu_seconds(proc.pid), time.monotonic()
@@ -183,65 +379,163 @@ def _stats(samples: list[float]) -> tuple[float, float, float]:
     return statistics.median(samples), q[0], q[2]
 
 
+def _interleaved(
+    calls: dict[str, Callable[[], float]], runs: int, samples: dict[str, list[float]],
+    after_round: Callable[[], None],
+) -> None:
+    """Each call once to warm up, then ``runs`` rounds of all, interleaved (load from
+    elsewhere hits all alike), into ``samples``; ``after_round()`` after each round."""
+    for call in calls.values():
+        call()
+    samples.update({key: [] for key in calls})
+    for _ in range(runs):
+        for key, call in calls.items():
+            samples[key].append(call())
+        after_round()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--runs", type=int, default=7, help="restarts measured per launcher")
-    parser.add_argument("--nproc", type=int, default=4, help="workers per run")
+    parser.add_argument("--runs", type=int, default=7, help="measurements per row")
+    parser.add_argument("--nproc", type=int, default=4, help="workers per run (late: in all)")
+    parser.add_argument("--figures", default="restart,late,memory,cpu",
+                        help="which figures: restart, late, memory, cpu")  # fmt: skip
+    parser.add_argument("--kinds", default="fast,script,torch,slow",
+                        help="restart: kinds of worker (fast, script, torch, slow)")  # fmt: skip
+    parser.add_argument("--backends", default="static,c10d", help="restart: backends")
+    parser.add_argument("--slow-backends", default=None,
+                        help="restart: backends for the slow kind (default: --backends)")
+    parser.add_argument("--slow-seconds", type=float, default=5.0)
+    parser.add_argument("--late-seconds", type=float, default=5.0)
     parser.add_argument("--cpu-seconds", type=float, default=20.0, help="CPU measuring span")
+    parser.add_argument("--json", help="also write every sample to this file")
     args = parser.parse_args(argv)
+    figures = set(args.figures.split(","))
+    kinds = [kind for kind in args.kinds.split(",") if kind]
+    backends = args.backends.split(",")
+    slow_backends = (args.slow_backends or args.backends).split(",")
+    load = os.getloadavg()
+    result: dict[str, object] = {"nproc": args.nproc, "runs": args.runs,
+                                 "cpus": len(os.sched_getaffinity(0)),
+                                 "python": sys.version.split()[0], "load_before": load}  # fmt: skip
+    try:
+        import warnings
+
+        warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+        import torch
+
+        result["torch"] = torch.__version__
+    except ImportError:
+        result["torch"] = None
+
+    def save() -> None:  # after each figure: a run cut short keeps what it measured
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+
+    started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="bench_restart_") as tmp:
         folder = Path(tmp)
-        script = folder / "worker.py"
-        script.write_text(WORKER)
-        calls: dict[tuple[str, str, str], Callable[[], float]] = {
-            (kind, name, backend): (
-                lambda name=name, backend=backend, kind=kind: restart_latency(
-                    lambda: _launcher(name, backend, args.nproc),
-                    _worker(kind, str(script)),
-                    folder,
-                    args.nproc,
+        for kind in ("script", "torch", "slow"):
+            (folder / f"worker_{kind}.py").write_text(WORKER.format(imports=IMPORTS[kind]))
+        (folder / "bench_ready.py").write_text(READY_MODULE)
+        (folder / "bench_slow.py").write_text(SLOW_MODULE.format(seconds=args.slow_seconds))
+        if "memory" in figures:
+            result["memory"] = standby_memory(folder, args.nproc)
+            save()
+        if "restart" in figures:
+            calls = {
+                f"{kind}|{row.label}": (
+                    lambda row=row, kind=kind: restart_latency(row, kind, folder, args.nproc)
                 )
-            )
-            for kind in ("fast", "script")
-            for name, backend in ROWS
-        }
-        for call in calls.values():  # warm-up: bytecode caches, page cache
-            call()
-        restart: dict[tuple[str, str, str], list[float]] = {key: [] for key in calls}
-        for _ in range(args.runs):  # interleaved, so load from elsewhere hits all alike
-            for key, call in calls.items():
-                restart[key].append(call())
-        cpu = {
-            _label(name, "c10d"): launcher_cpu(
-                _launcher(name, "c10d", args.nproc), str(script), folder, args.nproc,
-                args.cpu_seconds,
-            )
-            for name in ("numarun", "torchrun")
-        }  # fmt: skip
-
-    cpus = len(os.sched_getaffinity(0))
-    print(
-        f"## numarun restart benchmark ({args.nproc} workers, {cpus} CPUs, "
-        f"Python {sys.version.split()[0]})"
-    )
-    print()
-    print("| a worker's failure -> every worker of the next attempt running | workers | "
-          "median ms | IQR ms | vs torchrun, same backend |")  # fmt: skip
-    print("|---|---|---|---|---|")
-    for kind, label in (("fast", "`python3 -S -c`"), ("script", "`python -u` script")):
-        for name, backend in ROWS:
-            anchor = statistics.median(restart[(kind, "torchrun", backend)])
-            median, low, high = _stats(restart[(kind, name, backend)])
-            print(
-                f"| {_label(name, backend)} | {label} | {median * 1e3:.1f} | "
-                f"{low * 1e3:.1f}-{high * 1e3:.1f} | {median / anchor:.2f}x |"
-            )
-    print()
-    print(f"| launcher CPU while {args.nproc} workers run ({args.cpu_seconds:g} s) | ms per s |")
-    print("|---|---|")
-    for name, value in cpu.items():
-        print(f"| {name} | {value:.2f} |")
+                for kind in kinds
+                for row in _rows(kind, slow_backends if kind == "slow" else backends)
+            }
+            result["restart"] = {}
+            _interleaved(calls, args.runs, result["restart"], save)  # type: ignore[arg-type]
+        if "late" in figures:
+            rows = [Row("torchrun", "c10d"), Row("numarun", "c10d"),
+                    Row("numarun", "c10d", warm=True)]  # fmt: skip
+            nodes: dict[str, dict[str, list[float]]] = {row.label: {} for row in rows}
+            result["late_by_node"] = nodes
+            calls = {row.label: (lambda row=row: late_join(row, folder, args.nproc,
+                                                           args.late_seconds, nodes[row.label]))
+                     for row in rows}  # fmt: skip
+            result["late"] = {}
+            _interleaved(calls, args.runs, result["late"], save)  # type: ignore[arg-type]
+        if "cpu" in figures:
+            script = str(folder / "worker_script.py")
+            result["cpu"] = {
+                row.label: launcher_cpu(row, script, folder, args.nproc, args.cpu_seconds)
+                for row in (Row("numarun", "c10d"), Row("torchrun", "c10d"))
+            }
+    result["load_after"] = os.getloadavg()
+    result["seconds"] = time.monotonic() - started
+    print(_markdown(result, args))
+    save()
     return 0
+
+
+def _markdown(result: dict, args: argparse.Namespace) -> str:
+    lines = [
+        f"## numarun restart benchmark ({args.nproc} workers, {result['cpus']} CPUs, Python "
+        f"{result['python']}, torch {result['torch']}; load average "
+        f"{result['load_before'][0]:.1f} before, {result['load_after'][0]:.1f} after; "
+        f"{result['seconds']:.0f} s)",
+        "",
+    ]
+    restart = result.get("restart")
+    if restart:
+        lines += [
+            "| a worker's failure -> every worker of the next attempt past its imports | "
+            "workers | median ms | IQR ms | vs torchrun, same backend |",
+            "|---|---|---|---|---|",
+        ]
+        for key, samples in restart.items():
+            kind, label = key.split("|")
+            backend = label.rsplit("(", 1)[1].rstrip(")")
+            anchor = statistics.median(restart[f"{kind}|torchrun ({backend})"])
+            median, low, high = _stats(samples)
+            workers = LABELS[kind].format(slow=args.slow_seconds)
+            lines.append(
+                f"| {label} | {workers} | {median * 1e3:.1f} | {low * 1e3:.1f}-"
+                f"{high * 1e3:.1f} | {median / anchor:.2f}x |"
+            )
+        lines.append("")
+    late = result.get("late")
+    if late:
+        lines += [
+            f"| two c10d nodes, the second {args.late_seconds:g} s late: round complete -> "
+            "every worker past `import torch` | median ms | IQR ms | vs torchrun |",
+            "|---|---|---|---|",
+        ]
+        anchor = statistics.median(late["torchrun (c10d)"])
+        for label, samples in late.items():
+            median, low, high = _stats(samples)
+            lines.append(
+                f"| {label} | {median * 1e3:.1f} | {low * 1e3:.1f}-{high * 1e3:.1f} | "
+                f"{median / anchor:.2f}x |"
+            )
+        lines.append("")
+    memory = result.get("memory")
+    if memory:
+        lines += [
+            "| what a standby with torch imported costs | RSS MiB | PSS MiB |",
+            "|---|---|---|",
+            f"| one standby, waiting (median of {memory['standbys']}) | "
+            f"{memory['standby_rss_mib']:.0f} | {memory['standby_pss_mib']:.0f} |",
+            f"| `python -c \"import torch\"` (reference) | {memory['import_torch_rss_mib']:.0f} | "
+            f"{memory['import_torch_pss_mib']:.0f} |",
+            "",
+        ]
+    cpu = result.get("cpu")
+    if cpu:
+        lines += [
+            f"| launcher CPU while {args.nproc} workers run ({args.cpu_seconds:g} s) | ms per s |",
+            "|---|---|",
+            *(f"| {label} | {value:.2f} |" for label, value in cpu.items()),
+            "",
+        ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

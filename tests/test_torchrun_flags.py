@@ -93,6 +93,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "sysfs_root": (("--dry-run",), ("/nonexistent",)),
     "cpus_allowed": (("--numa-binding", "cpu"), ("0", "x")),
     "hang_timeout": ((), ("30", "x")),
+    "preload": ((), ("torch,json", "not-a-module")),
 }
 
 

@@ -31,6 +31,8 @@
   imports only this).
 - ``failures``: the end-of-run summary; off the start-up path (imported in the background once
   the workers are under way).
+- ``warm``: ``--preload``: the standbys kept for the next attempt, taken or discarded, and the
+  hand-over; ``preload``: inside a standby (the imports, the wait, the hand-over).
 - ``bootstrap``: what runs first inside a Python worker (stack dumps armed, the error file
   written for a worker without ``@record``), then the user's script or module.
 

@@ -23,7 +23,9 @@ What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for al
 SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
 ``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
 that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
-user's code, numarun's stack dumps are armed (:mod:`numarun.stacks.arm`).
+user's code, numarun's stack dumps are armed (:mod:`numarun.stacks.arm`). A ``--preload``
+standby (``NUMARUN_STANDBY_FD`` set) first imports its modules and waits for its attempt
+(:mod:`numarun.launch.preload`); from its hand-over on, everything here is as in a cold worker.
 
 Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
 holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
@@ -43,6 +45,7 @@ if TYPE_CHECKING:
 
 USAGE = "usage: python -m numarun.launch.bootstrap [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+STANDBY_FD_ENV = "NUMARUN_STANDBY_FD"  # numarun.launch.preload's, not imported on the cold path
 
 
 def main(argv: "list[str] | None" = None) -> None:
@@ -56,6 +59,8 @@ def main(argv: "list[str] | None" = None) -> None:
         faulthandler.enable(all_threads=True)
     except (AttributeError, OSError, RuntimeError, ValueError):
         pass
+    if STANDBY_FD_ENV in os.environ:  # a --preload standby: imports, then its attempt
+        _standby()
     _arm_stacks()
     if argv[:1] == ["-m"]:
         if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
@@ -91,6 +96,13 @@ def _fresh_main() -> dict[str, object]:
     module.__dict__["__builtins__"] = sys.modules["builtins"]
     sys.modules["__main__"] = module
     return module.__dict__
+
+
+def _standby() -> None:
+    from numarun.launch.preload import standby
+
+    standby()
+    sys.modules.pop("numarun.launch.preload", None)  # the launcher's, not the user's
 
 
 def _arm_stacks() -> None:

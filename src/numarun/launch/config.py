@@ -110,6 +110,7 @@ class LaunchConfig:
     local_addr: str | None = None
     warnings: tuple[str, ...] = ()
     quiet: bool = False  # -q: numarun prints errors and the failure summary only
+    preload: tuple[str, ...] = ()  # --preload: the modules each local rank's standby imports
 
     @property
     def elastic(self) -> bool:
@@ -192,6 +193,7 @@ def parse_args(
             "(--logs-specs default); log plugins are not loaded"
         )
     hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
+    preload = _preload(ns.preload, kind)
     rdzv_id = (ns.rdzv_id if ns.rdzv_id is not None else "none").strip()
     if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
         raise UsageError(
@@ -246,6 +248,7 @@ def parse_args(
         local_addr=(ns.local_addr or "").strip() or None,
         warnings=(*nodes.warnings, *output_warnings),
         quiet=ns.quiet,
+        preload=preload,
     )
 
 
@@ -263,6 +266,28 @@ def _hang_timeout(text: str | None, kind: str, redirects: str, tee: str) -> floa
             "add --redirects 3 or --tee 3 (a binary has no Python stacks)"
         )
     return value
+
+
+def _preload(text: str | None, kind: str) -> tuple[str, ...]:
+    """``--preload``: comma-separated module names (dotted identifiers), each once, in order;
+    none for no value. A binary has nothing to preload."""
+    if text is None:
+        return ()
+    if kind == "binary":
+        raise UsageError(
+            "--preload imports Python modules ahead of Python workers; a --no-python binary "
+            "has nothing to preload"
+        )
+    names: list[str] = []
+    for item in text.split(","):
+        name = item.strip()
+        if not name or not all(part.isidentifier() for part in name.split(".")):
+            raise UsageError(
+                f"--preload takes comma-separated module names (torch,transformers), not {text!r}"
+            )
+        if name not in names:
+            names.append(name)
+    return tuple(names)
 
 
 def _filters(text: str | None) -> tuple[str, ...]:

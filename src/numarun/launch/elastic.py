@@ -304,7 +304,7 @@ class ElasticNode:
                 with contextlib.suppress(Exception):
                     storewatch.wake(last_watched)
             if previous is None:
-                info = handler.next_rendezvous()
+                info = torchcompat.first_join(handler, config.max_nodes)
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)

@@ -52,8 +52,10 @@ if TYPE_CHECKING:
     from numarun.launch.elastic import ElasticNode
     from numarun.launch.rendezvous import Round
     from numarun.launch.safedir import Directory
+    from numarun.launch.warm import Standbys, Warm
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
+    from numarun.process.supervisor import Supervisor
     from numarun.stacks.job import JobStacks
 
 
@@ -174,7 +176,7 @@ class Job:
         outputs: tuple[dict[int, int], dict[int, int], set[int]],
         shown_log_dir: str | None,
         *,
-        announce: Callable[[Round | None], None] | None = None,
+        announce: Callable[[Round | None, str | None], None] | None = None,
         remove_if_killed: str | None = None,
     ) -> None:
         self.config = config
@@ -186,7 +188,7 @@ class Job:
         self.shown_log_dir = shown_log_dir
         # The start line: once the first attempt's files are set up, with its round (a torch
         # rendezvous) or None (static).
-        self.announce = announce
+        self.announce = announce  # (round, what --preload did: None without it)
         self.remove_if_killed = remove_if_killed
         self.started = False  # once workers ran: the log directory may hold their output
         self.last: _Attempt | None = None  # the attempt that ran last, whole
@@ -194,12 +196,24 @@ class Job:
         self.lost = _Bounded("log files")  # log files that lost bytes, all attempts'
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
+        self.warm: Warm | None = None  # --preload: the standbys for the next attempt
 
     def run(self, run_dir: Directory, first: Directory, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
         rendezvous ends the job; print the report; return the exit status. ``first`` is the
         first attempt's directory (closed here), ``run_dir`` the one later attempts' are made
-        in (:func:`numarun.launch.logdir.make_attempt`; the caller closes it)."""
+        in (:func:`numarun.launch.logdir.make_attempt`; the caller closes it). With
+        ``--preload`` the first standbys start first thing, before any rendezvous, and
+        whatever standbys wait when the job ends are torn down, however it ends."""
+        try:
+            if self.config.preload:
+                self._start_warm()
+            return self._run(run_dir, first, port)
+        finally:
+            if self.warm is not None:
+                self.warm.close()
+
+    def _run(self, run_dir: Directory, first: Directory, port: int) -> int:
         config = self.config
         if not config.elastic and not config.max_restarts:
             # One attempt, as numarun has always run it: nothing imported. (The launcher's
@@ -319,6 +333,7 @@ class Job:
         duplicates: tuple = (None, None)
         stacks = None
         specs: list[WorkerSpec] = []
+        taken: Standbys | None = None
         try:
             try:
                 duplicates = line_filters(config, directory)
@@ -378,24 +393,16 @@ class Job:
                 raise
             finally:
                 directory.close()  # the files are open: nothing more is made in it here
-            if self.announce is not None:
-                self.announce(group)
-                self.announce = None
-            supervisor = Supervisor(
-                specs,
-                grace_period=config.grace_period,
-                teardown_signals=config.teardown_signals,
-                forward_signals=config.forward_signals,
-                # torchrun's semantics: the workers get the signal numarun got (Ctrl-C:
-                # SIGINT, so `except KeyboardInterrupt` runs); only a nohup'd SIGHUP stays
-                # ignored, so a background job (started with SIGINT and SIGQUIT ignored)
-                # still stops on kill -INT.
-                relay_signal=True,
-                keep_ignored=(signal.SIGHUP,),
-                on_failure=self._on_failure_callbacks(stacks, restart_count),
-                on_exit=stacks.on_exit if stacks is not None else None,
-                remove_if_killed=self.remove_if_killed,
-            )
+            taken = self.warm.take(specs) if self.warm is not None else None
+            self._say_start(name, group, taken is not None)
+            on_failure = self._on_failure_callbacks(stacks, restart_count)
+            on_exit = stacks.on_exit if stacks is not None else None
+            if taken is not None:
+                supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
+            else:
+                supervisor = Supervisor(
+                    specs, on_failure=on_failure, on_exit=on_exit, **self._supervisor_options()
+                )
             if self.node is not None:
                 self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
             if stacks is not None:
@@ -408,10 +415,20 @@ class Job:
             # attempt's start would delay the restart (3 ms here).
             if self.last is None:
                 gc.freeze()
+            more = config.elastic or restart_count < config.max_restarts
+            running, taken = taken, None  # from here the run owns its standbys
+
+            def started() -> None:
+                if running is not None:
+                    running.hand_over(specs)  # the workers run from here
+                if self.warm is not None:
+                    if more:
+                        self.warm.start()  # the next attempt's standbys
+                    self.warm.watch(supervisor, running)
+                _on_started(stacks, self.node is not None)
+
             try:
-                result = supervisor.run(
-                    on_started=lambda: _on_started(stacks, self.node is not None)
-                )
+                result = supervisor.run(on_started=started)
             except (NumarunError, Interrupted):
                 raise  # a worker could not start (one line), or a signal came before any did
             except BaseException:
@@ -421,8 +438,14 @@ class Job:
                 close_sinks(specs)  # closed already when the run ended; not when start failed
                 if self.node is not None:
                     self.node.unwatch()
+                if self.warm is not None:
+                    if running is not None:
+                        self.warm.release(running)
+                    self.warm.unwatch()
             self.started = True
         finally:
+            if taken is not None and self.warm is not None:
+                self.warm.discard(taken)  # taken, never run (a signal, say): torn down
             if stacks is not None:
                 stacks.close()  # what the summary needs stays in memory
             for line_filter in duplicates:
@@ -435,6 +458,53 @@ class Job:
         for line in attempt.lost:
             self.lost.add(line)
         return attempt
+
+    def _supervisor_options(self) -> dict:
+        """What every supervisor of this job is made with, cold or standby."""
+        config = self.config
+        return {
+            "grace_period": config.grace_period,
+            "teardown_signals": config.teardown_signals,
+            "forward_signals": config.forward_signals,
+            # torchrun's semantics: the workers get the signal numarun got (Ctrl-C: SIGINT,
+            # so `except KeyboardInterrupt` runs); only a nohup'd SIGHUP stays ignored, so a
+            # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
+            "relay_signal": True,
+            "keep_ignored": (signal.SIGHUP,),
+            "remove_if_killed": self.remove_if_killed,
+        }
+
+    def _start_warm(self) -> None:
+        """``--preload``: :class:`numarun.launch.warm.Warm` for this job, and its first
+        standbys, now."""
+        from numarun.launch import warm
+        from numarun.process.standby import StandbySupervisor
+
+        config = self.config
+        self.warm = warm.Warm(
+            config,
+            lambda: warm.birth_specs(
+                self.config, self.plan, self.base, self.binary_path, self.mem_policies,
+                self.outputs,
+            ),
+            lambda specs: StandbySupervisor(specs, **self._supervisor_options()),
+            (lambda line: None) if config.quiet else warm.say,
+        )
+        self.warm.start()
+
+    def _say_start(self, name: str, group: Round | None, warm: bool) -> None:
+        """The start line for the first attempt (what ``--preload`` did in it); for a later
+        one that runs cold although standbys waited, one line saying why."""
+        note = None
+        if self.warm is not None:
+            modules = ", ".join(self.config.preload)
+            reason = self.warm.note or self.warm.off
+            note = f"preload: {modules} ({'on standbys' if warm else f'cold: {reason}'})"
+        if self.announce is not None:
+            self.announce(group, note)
+            self.announce = None
+        elif self.warm is not None and self.warm.note is not None and not self.config.quiet:
+            sys.stderr.write(f"numarun: {name}: cold start: {self.warm.note}\n")
 
     def _on_failure_callbacks(
         self, stacks: object, restart_count: int

@@ -297,6 +297,12 @@ def _dry_run_text(
             f", run id {config.run_id}, {config.min_nodes}:{config.max_nodes} nodes; "
             f"{', '.join(from_rendezvous)} come from its rounds"
         )
+    if config.preload:
+        lines.append(
+            f"preload: {', '.join(config.preload)}: one standby per local rank, started as its "
+            "worker below, imports them ahead of each attempt and is handed the variables "
+            "known only then (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)"
+        )
     for local_rank in range(config.nproc_per_node):
         env = workers.rank_env(
             config,
@@ -379,14 +385,14 @@ def _launch(
             )  # fmt: skip
         logs = logdir.log_dir_note(log_base if temporary else run_dir.path, holds)
 
-        def announce(group: Round | None) -> None:
+        def announce(group: Round | None, preload: str | None) -> None:
             """The start line (and, for a static multi-node job, where the workers wait),
             once the first attempt's files are set up and its ranks known."""
             if config.quiet:
                 return
             from numarun.launch.startline import meeting_note, start_line
 
-            lines = [start_line(config, plan, port=port, logs=logs, group=group)]
+            lines = [start_line(config, plan, port=port, logs=logs, group=group, preload=preload)]
             note = meeting_note(config, port) if group is None else None
             if note is not None:
                 lines.append(note)

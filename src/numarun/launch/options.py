@@ -145,6 +145,13 @@ _OPTIONS: tuple[_Option, ...] = (
         metavar="N",
     ),
     _Option(
+        ("--preload",),
+        "warm workers: one standby per local rank, bound as its worker, imports these "
+        "comma-separated modules (e.g. torch) ahead of each attempt, which then starts past "
+        "them; imports only, never CUDA (not with --no-python)",
+        metavar="MODULES",
+    ),
+    _Option(
         _dual("--monitor-interval"),
         "seconds between looks at a torch rendezvous while workers run (default 2; workers "
         "themselves are watched event-driven)",

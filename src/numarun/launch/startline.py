@@ -42,6 +42,7 @@ def start_line(
     port: int,
     logs: str,
     group: Round | None = None,
+    preload: str | None = None,
 ) -> str:
     """``numarun: run ID: node K of N, W workers (ranks A-B)[, meeting at HOST:PORT],
     CPUs...: ..., LOGS`` for this node's first attempt, no trailing newline.
@@ -50,7 +51,8 @@ def start_line(
     address), None for the static rendezvous (``config``'s, the store on ``port``). The
     meeting point is named when the job spans several nodes. CPUs: ``unbound`` when no rank
     is bound, else each rank's in the kernel's compact form (``rank 0: 0-3,8``), the mode in
-    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text.
+    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text. ``preload``
+    (``--preload``: ``preload: torch (on standbys)``, or ``(cold: why)``) comes last.
     """
     if group is None:
         node, nodes = config.node_rank, config.nnodes
@@ -69,6 +71,8 @@ def start_line(
         parts.append(f"meeting at {host_port(addr, meet_port)}")
     parts.append(_cpus_text(plan, ranks))
     parts.append(logs)
+    if preload:
+        parts.append(preload)
     return f"numarun: run {config.run_id}: " + ", ".join(parts)
 
 

@@ -18,6 +18,8 @@ One implementation for every kind of worker (an exec'd command, a forked or fork
   links, ownership).
 - ``console``, ``sinks``: where output goes (files, ``--tee`` with line framing and prefixes,
   nowhere; the non-blocking console in front of the launcher's stdout/stderr).
+- ``standby``: a supervisor whose workers start ahead of their run and are handed it later
+  (the launcher's ``--preload`` standbys), and the sink that holds their output until then.
 - ``capacity``: how many workers this machine can start, the one bound the launcher and
   ``numarun.spawn`` check a worker count against.
 
