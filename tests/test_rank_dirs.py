@@ -94,7 +94,11 @@ main()
 """
 
 
-@pytest.mark.parametrize("flags", [[], ["--redirects", "0:3"]], ids=["console", "rank 0 to files"])
+@pytest.mark.parametrize(
+    "flags",
+    [[], ["--redirects", "0:3"], ["--preload", "json"]],
+    ids=["console", "rank 0 to files", "console, handed to standbys"],
+)
 def test_torchs_record_writes_its_error_file_into_torchruns_layout(
     tmp_path: Path, flags: list[str]
 ) -> None:
@@ -114,7 +118,7 @@ def test_torchs_record_writes_its_error_file_into_torchruns_layout(
     recorded = json.loads((attempt / "1" / "error.json").read_text())
     assert recorded["message"]["message"] == "ValueError: recorded by torch"
     assert "error    : ValueError: recorded by torch" in done.stderr
-    if flags:
+    if "--redirects" in flags:
         assert (attempt / "0" / "stdout.log").read_text() == "dir there: True\n"
     else:
         assert done.stdout.count("dir there: True") == 3
