@@ -9,6 +9,7 @@ TORCHELASTIC_RUN_ID).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,9 +75,13 @@ class Nodes:
         for node in self.started:
             if node.poll() is None:
                 node.kill()
-            node.communicate()
+        # Workers first: a torchrun agent killed leaves its workers running (they hold the
+        # node's output pipes open, so reading them to the end would wait for them forever).
         for pid in processes_with_run_id(self.run_id):
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        for node in self.started:
+            node.communicate()
 
 
 @pytest.fixture
@@ -93,7 +98,10 @@ def _finish(node: subprocess.Popen[str], limit: float = LIMIT) -> tuple[int, str
         stdout, stderr = node.communicate(timeout=limit)
     except subprocess.TimeoutExpired:
         node.kill()
-        stdout, stderr = node.communicate()
+        try:
+            stdout, stderr = node.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # its workers hold the pipes (a killed torchrun's)
+            stdout, stderr = "(unread: the node's workers hold its output)", ""
         raise AssertionError(f"{node.args} did not end: {stdout}\n{stderr}") from None
     return node.returncode, stdout, stderr
 
