@@ -282,13 +282,18 @@ def _cmd_plan(argv: Sequence[str]) -> int:
     return 0
 
 
-def _write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path``; an unwritable path is one line (exit 2)."""
+def _write_text(path: str, text: str, what: str = "--svg") -> None:
+    """Write ``text`` (UTF-8) to ``path`` by
+    :func:`numarun.launch.safedir.replace_file`'s rules: another user's link or directory on
+    the way refused, a new file renamed into place, so a failed write never truncates ``path``.
+    Every refusal or failure is one line (exit 2)."""
+    from numarun.launch.safedir import replace_file
+
     try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
-    except OSError as error:
-        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise UsageError(f"cannot write {what} {path!r}: {error}") from None
+    replace_file(path, lambda out: out.write(data), what=what)
 
 
 def _json_one_rank_per_line(document: dict) -> str:
@@ -317,9 +322,14 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
         help="snapshot a tree under DIR instead of this machine",
     )
     args = parser.parse_args(argv)
+    from numarun.launch.safedir import replace_file
     from numarun.machine.topology import snapshot
 
-    count = snapshot(args.sysfs_root, args.out)
+    counted: list[int] = []
+    replace_file(
+        args.out, lambda out: counted.append(snapshot(args.sysfs_root, out)), what="snapshot OUT"
+    )
+    count = counted[0] if counted else None
     print(f"wrote {args.out}" + (f" ({count} files)" if isinstance(count, int) else ""))
     return 0
 
