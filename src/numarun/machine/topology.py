@@ -101,6 +101,21 @@ def _shown(text: str, limit: int = 200) -> str:
     return quoted if len(quoted) <= limit else quoted[: limit - 3] + "..."
 
 
+def printable(text: str) -> str:
+    """``text`` safe for a terminal or an XML file: unchanged when every character is
+    printable, else each one that is not written as in a Python string literal (``\\x1b``;
+    ``\\xff`` for a byte of a file name that is not UTF-8). Directory entries read from a
+    tree go through it before they reach the :class:`Topology`; the views apply it again."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else ascii(char)[1:-1]
+
+
 def _list_dir(path: str) -> list[str] | None:
     try:
         return os.listdir(path)
@@ -560,7 +575,7 @@ def _read_pci(
         else:
             local = tuple(c for c in listed if c in online_set)
         node = _device_node(raw_node, local, cpu_nodes)
-        address = address.lower()
+        address = printable(address.lower())  # a directory entry: any bytes in a hostile tree
         if subclass in _GPU_CLASSES:
             if node is None:
                 warnings.append(
@@ -579,7 +594,9 @@ def _read_pci(
                 for child in sorted(reader.listdir(base) or ()):
                     if child.startswith("virtio"):
                         names += sorted(reader.listdir(f"{base}/{child}/net") or ())
-            nics.append(Nic(address, tuple(names), _NIC_CLASSES[subclass], node))
+            nics.append(
+                Nic(address, tuple(map(printable, names)), _NIC_CLASSES[subclass], node)
+            )
     return tuple(gpus), tuple(nics)
 
 
@@ -705,8 +722,11 @@ def _gpu_env(
 # Snapshots.
 
 
-def snapshot(root: str | Path, out_path: str | Path, *, mtime: int | None = None) -> int:
-    """Write ``out_path`` (.tar.gz) holding exactly the sysfs files :func:`read_topology` reads.
+def snapshot(
+    root: str | Path, out_path: str | Path | io.BufferedIOBase, *, mtime: int | None = None
+) -> int:
+    """Write ``out_path`` (.tar.gz; or a binary file, closed at the end) holding exactly the
+    sysfs files :func:`read_topology` reads.
 
     Paths in the archive are relative to ``root`` (``sys/devices/system/cpu/online``...), and
     every directory the reader lists is recorded with its entries, so ``read_topology`` of the
@@ -736,7 +756,7 @@ def snapshot(root: str | Path, out_path: str | Path, *, mtime: int | None = None
     stamp = int(time.time()) if mtime is None else mtime
     count = 0
     with (
-        open(out_path, "wb") as raw,
+        open(out_path, "wb") if isinstance(out_path, str | os.PathLike) else out_path as raw,
         gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=stamp) as packed,
         tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive,
     ):
@@ -771,6 +791,7 @@ __all__ = [
     "NumaNode",
     "Package",
     "Topology",
+    "printable",
     "read_topology",
     "select_visible_gpus",
     "snapshot",
