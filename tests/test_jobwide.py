@@ -14,7 +14,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,15 +22,16 @@ import pytest
 
 from job_processes import processes_with_run_id
 from numarun.placement.workerenv import free_port
+from torch_python import TORCH_PYTHON, require_torch
 
-pytest.importorskip("torch")
+TORCH_VERSION = require_torch()
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 JW = str(WORKERS / "jw_gloo.py")
 ST = str(WORKERS / "st_gloo.py")
 ELASTIC = str(WORKERS / "ln_elastic.py")
-NUMARUN = [sys.executable, "-m", "numarun"]
-TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
+NUMARUN = [TORCH_PYTHON, "-m", "numarun"]
+TORCHRUN = [TORCH_PYTHON, "-m", "torch.distributed.run"]
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 LIMIT = 120.0
 
@@ -369,12 +369,13 @@ def _launch_without(
         "    *outer, last = path.split('.')\n"
         "    for part in outer:\n"
         "        owner = getattr(owner, part)\n"
-        "    delattr(owner, last)\n"
+        "    if hasattr(owner, last):  # an older torch may not have it at all\n"
+        "        delattr(owner, last)\n"
         "from numarun.cli import main\n"
         f"raise SystemExit(main({argv!r}))\n"
     )
     return subprocess.run(
-        [sys.executable, "-c", code], env=_env(runtime), capture_output=True, text=True,
+        [TORCH_PYTHON, "-c", code], env=_env(runtime), capture_output=True, text=True,
         timeout=LIMIT,
     )  # fmt: skip
 
@@ -401,8 +402,6 @@ def test_without_torchs_optional_names_restarts_still_work(job: Job, tmp_path: P
 def test_without_torchs_rank_assignment_the_launch_is_refused_in_one_line(
     job: Job, tmp_path: Path
 ) -> None:
-    import torch
-
     argv = [
         "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
         "--rdzv-id", job.run_id, ELASTIC, "flaky", str(tmp_path),
@@ -415,11 +414,92 @@ def test_without_torchs_rank_assignment_the_launch_is_refused_in_one_line(
     lines = numarun_lines(done.stderr)
     assert lines == [
         "numarun: error: numarun's torch rendezvous needs SimpleElasticAgent._assign_worker_ranks, "
-        f"which torch {torch.__version__} does not have; use torch 2.4 to 2.13 (or "
+        f"which torch {TORCH_VERSION} does not have; use torch 2.4 or later (or "
         "--rdzv-backend static)"
     ], done.stderr
     assert "Traceback" not in done.stderr
     assert list(tmp_path.glob("env.*")) == []  # nothing started
+
+
+def test_a_torch_older_than_2_4_is_refused_in_one_line_naming_it(job: Job, tmp_path: Path) -> None:
+    argv = [
+        "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0",
+        "--rdzv-id", job.run_id, ELASTIC, "flaky", str(tmp_path),
+    ]  # fmt: skip
+    code = (
+        "import torch\n"
+        "torch.__version__ = '2.3.1+cpu'\n"
+        "from numarun.cli import main\n"
+        f"raise SystemExit(main({argv!r}))\n"
+    )
+    done = subprocess.run(
+        [TORCH_PYTHON, "-c", code], env=_env(job.runtime(0)), capture_output=True, text=True,
+        timeout=LIMIT,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert numarun_lines(done.stderr) == [
+        "numarun: error: numarun's torch rendezvous drives torch 2.4 or later; this is torch "
+        "2.3.1+cpu: upgrade torch (or use --rdzv-backend static)"
+    ], done.stderr
+    assert list(tmp_path.glob("env.*")) == []  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("version", "release"),
+    [("2.4.1+cu121", (2, 4)), ("2.15.0", (2, 15)), ("2.16.0a0+git1234", (2, 16)),
+     ("10.0", (10, 0)), ("unknown", None), ("2", None)],
+)  # fmt: skip
+def test_torch_releases_are_read_from_any_version_string(
+    version: str, release: tuple[int, int] | None
+) -> None:
+    from numarun.launch import torchcompat
+
+    assert torchcompat.torch_release(version) == release
+
+
+class _Info:
+    def __init__(self, rank: int, store: object, addr: str = "node0", port: int = 1234) -> None:
+        from types import SimpleNamespace
+
+        self.rank = rank
+        self.store = store
+        self.bootstrap_store_info = SimpleNamespace(master_addr=addr, master_port=port)
+
+
+class _Handler:
+    def __init__(self, shared: bool) -> None:
+        self.use_agent_store = shared
+
+
+def test_the_workers_store_follows_torchs_handler_in_each_case() -> None:
+    # Not shared (torch 2.4, etcd): exactly what torch's handler built for the round; shared
+    # but not clearable (2.5 to 2.9): a fresh store under numarun's own key, read by every
+    # node from what rank 0 published; shared and clearable: torch's, published again.
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from numarun.launch import torchcompat
+
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    assert torchcompat.workers_store(
+        _Handler(False), _Info(1, store), clearable=True, local_addr=None
+    ) == ("node0", 1234, False)
+    first = torchcompat.workers_store(
+        _Handler(True), _Info(0, store), clearable=False, local_addr="10.1.2.3"
+    )
+    assert first[0] == "10.1.2.3" and first[1] > 0 and first[2] is False
+    assert not store.check(["MASTER_ADDR"])  # torch's keys untouched
+    other = torchcompat.workers_store(
+        _Handler(True), _Info(1, store), clearable=False, local_addr="10.9.9.9"
+    )
+    assert other == first
+    for rank in (0, 1):
+        shared = torchcompat.workers_store(
+            _Handler(True), _Info(rank, store), clearable=True, local_addr=None
+        )
+        assert shared == ("node0", 1234, True)
+    assert store.get("MASTER_PORT") == b"1234"
 
 
 def test_a_rejoin_without_torchs_delay_or_state_cache_is_torchs_own(
