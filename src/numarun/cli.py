@@ -246,7 +246,9 @@ def _cmd_plan(argv: Sequence[str]) -> int:
         mode = "explicit"
         rank_cpus = [parse_cpulist(text) for text in args.rank_cpus]
     if mode is not None and mode not in MODES:
-        raise UsageError(f"unknown --numa-binding mode {mode!r}; choose one of {', '.join(MODES)}")
+        from numarun.errors import unknown_choice
+
+        raise UsageError(unknown_choice("--numa-binding", mode, MODES))
     if mode == "explicit" and rank_cpus is None:
         raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per rank")
     topo = _read(args)

@@ -50,7 +50,9 @@ def start_line(
     address), None for the static rendezvous (``config``'s, the store on ``port``). The
     meeting point is named when the job spans several nodes. CPUs: ``unbound`` when no rank
     is bound, else each rank's in the kernel's compact form (``rank 0: 0-3,8``), the mode in
-    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text.
+    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text. Under a torch
+    rendezvous without ``--rdzv-id`` the id is torchrun's default ``none``, and the line says
+    that it is the default.
     """
     if group is None:
         node, nodes = config.node_rank, config.nnodes
@@ -69,7 +71,12 @@ def start_line(
         parts.append(f"meeting at {host_port(addr, meet_port)}")
     parts.append(_cpus_text(plan, ranks))
     parts.append(logs)
-    return f"numarun: run {config.run_id}: " + ", ".join(parts)
+    run = config.run_id
+    if config.elastic and run == "none":
+        # torchrun's default id, under which every node of the job meets: say so, rather
+        # than "run none".
+        run = "'none' (torchrun's default --rdzv-id; name the job with --rdzv-id ID)"
+    return f"numarun: run {run}: " + ", ".join(parts)
 
 
 def meeting_note(config: LaunchConfig, port: int) -> str | None:
