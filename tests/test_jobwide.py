@@ -22,7 +22,7 @@ import pytest
 
 from job_processes import processes_with_run_id
 from numarun.placement.workerenv import free_port
-from torch_python import TORCH_PYTHON, require_torch
+from torch_python import TORCH_PYTHON, require_torch, torch_release
 
 TORCH_VERSION = require_torch()
 
@@ -34,6 +34,16 @@ NUMARUN = [TORCH_PYTHON, "-m", "numarun"]
 TORCHRUN = [TORCH_PYTHON, "-m", "torch.distributed.run"]
 SRC = str(Path(__file__).resolve().parents[1] / "src")
 LIMIT = 120.0
+TORCH_RELEASE = torch_release(TORCH_VERSION)
+# torch 2.4's TCPStore client gives up when a signal interrupts its connect (retried from 2.5 on,
+# pytorch/pytorch#129261), and under torch 2.4 a worker waits in that connect until rank 0's
+# worker hosts the store: a stack sample of --hang-timeout (signal 42) then and there ends it in
+# init_process_group with "DistNetworkError: Interrupted system call". The README's table says so.
+SAMPLES_MAY_INTERRUPT_INIT = pytest.mark.xfail(
+    TORCH_RELEASE < (2, 5),
+    reason="torch 2.4: a stack sample can interrupt the workers' TCPStore connect (EINTR)",
+    strict=False,
+)
 
 
 def _env(runtime: Path | None = None, **extra: str) -> dict[str, str]:
@@ -213,6 +223,7 @@ def test_stacks_asked_on_either_node_show_every_rank_of_both(job: Job) -> None:
     assert processes_with_run_id(job.run_id) == []
 
 
+@SAMPLES_MAY_INTERRUPT_INIT
 def test_hang_timeout_is_judged_over_the_whole_job_on_every_node(job: Job) -> None:
     nodes = [
         job.start(n, *job.flags(), "--hang-timeout", "5", ST, "--stuck-rank", "3",
@@ -232,6 +243,7 @@ def test_hang_timeout_is_judged_over_the_whole_job_on_every_node(job: Job) -> No
     assert all(os.listdir(job.runtime(node)) == [] for node in (0, 1))
 
 
+@SAMPLES_MAY_INTERRUPT_INIT
 def test_a_rank_computing_silently_on_one_node_while_the_other_waits_is_no_hang(job: Job) -> None:
     # Node 1's rank 1 computes silently for three timeouts while node 0's rank 0 waits for it in
     # all_reduce: node 0 alone looks hung, the job does not.

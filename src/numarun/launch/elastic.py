@@ -574,6 +574,8 @@ class ElasticNode:
         # This node's failure notice leaves before the rendezvous closes: the others then
         # read why it ended, not a bare "closed by another node".
         self._announcing.wait(_ANNOUNCE_WAIT)
+        if not succeeded and self._announced:
+            self._await_readers()
         if succeeded and self.round is not None and self._store is not None:
             store, size = self._store, self.round.group_world_size
 
@@ -601,6 +603,28 @@ class ElasticNode:
         except Exception as error:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
+
+    def _await_readers(self) -> None:
+        """After a final failure: give the other numarun nodes (they look every poll
+        interval) time to read this node's notice before ``shutdown()`` and this process's
+        exit, which takes the rendezvous store along when this node hosts it (the others then
+        saw only "lost the rendezvous: Connection reset by peer"; torch 2.4's store goes at
+        once). Each node that read it re-joins (torch's ``num_nodes_waiting``); at most two
+        poll intervals and a second, 10 s."""
+        if self.round is None or self._store is None or self._handler is None:
+            return
+        store, handler = self._store, self._handler
+
+        def others_rejoined() -> None:
+            others = max(0, int(store.add(NODES_KEY, 0)) - 1)
+            deadline = time.monotonic() + min(2 * self.poll_interval + 1, 10.0)
+            while others and time.monotonic() < deadline:
+                if handler.num_nodes_waiting() >= others:
+                    return
+                time.sleep(0.05)
+
+        with contextlib.suppress(Exception):
+            run_blocking(others_rejoined, limit=10.5)
 
     def _delete_posted(self) -> None:
         """Delete the notices this node posted (store calls: not from the loop)."""
