@@ -83,14 +83,16 @@ def _check_layout(logs: Path, run_id: str, nproc: int) -> None:
 def test_two_static_nodes_sharing_a_log_dir_get_a_directory_each(tmp_path: Path) -> None:
     logs = tmp_path / "logs"
     run_id = f"sld-static-{os.getpid()}"
-    port = str(free_port())
     worker = _worker(tmp_path)
-    flags = ["--nnodes", "2", "--nproc-per-node", "2", "--master-port", port, "--log-dir",
-             str(logs), "--rdzv-id", run_id, "--redirects", "3"]  # fmt: skip
-    procs = [
-        _start(sys.executable, *flags, "--node-rank", str(node), worker, FAIL_RANK="3")
-        for node in (0, 1)
-    ]
+    flags = ["--nnodes", "2", "--nproc-per-node", "2", "--log-dir", str(logs), "--rdzv-id",
+             run_id, "--redirects", "3"]  # fmt: skip
+
+    def node_argv(node: int) -> list[str]:
+        # A port of its own per run: node 0 refuses one that something already listens on.
+        return [*flags, "--master-port", str(port), "--node-rank", str(node), worker]
+
+    port = free_port()
+    procs = [_start(sys.executable, *node_argv(node), FAIL_RANK="3") for node in (0, 1)]
     (code0, err0), (code1, err1) = _finish(procs)
     assert code0 == 0, err0
     assert code1 == 3, err1
@@ -107,10 +109,9 @@ def test_two_static_nodes_sharing_a_log_dir_get_a_directory_each(tmp_path: Path)
         f"{run_id}_node<K>_<HOST>[_<random>] beside it)"
     ) in err1
     # The same job again: new directories beside the old ones, still named by node, silently.
-    again = _finish([
-        _start(sys.executable, *flags, "--node-rank", str(node), worker) for node in (0, 1)
-    ])  # fmt: skip
-    assert [code for code, _ in again] == [0, 0]
+    port = free_port()
+    again = _finish([_start(sys.executable, *node_argv(node)) for node in (0, 1)])
+    assert [code for code, _ in again] == [0, 0], again
     assert not any("already exists" in err for _, err in again)
     for node in (0, 1):
         named = sorted(logs.glob(f"{run_id}_node{node}_{HOST}*"))

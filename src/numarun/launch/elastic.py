@@ -294,8 +294,6 @@ class ElasticNode:
         config = self.config
         previous = self.round
         last_watched, self._last_round = self._last_round, None
-        clearable = bool(handler.use_agent_store) and torchcompat.can_clear_worker_store()
-
         def join() -> tuple[Any, tuple[str, int, bool], list[Any]]:
             from types import SimpleNamespace
 
@@ -314,7 +312,7 @@ class ElasticNode:
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).
             store_info = torchcompat.workers_store(
-                handler, info, clearable=clearable, local_addr=config.local_addr
+                handler, info, first_round=previous is None, local_addr=config.local_addr
             )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
@@ -373,6 +371,12 @@ class ElasticNode:
         if name == "RendezvousClosedError":
             return f"{self.where} was closed by another node" + _because(self.last_notice)
         if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
+            if self.last_notice:
+                # The node that posted it ended, and its store with it (it hosted it).
+                return (
+                    f"{self.where} went away after another node ended"
+                    f"{_because(self.last_notice)}: {_first_line(cause)}"
+                )
             return f"cannot reach the {self.where}: {_first_line(cause)}"
         return f"{self.where}: {name}: {_first_line(cause)}"
 

@@ -10,20 +10,19 @@ and a few of the names it calls are private or recent. Each is looked up before 
   older than :data:`OLDEST` (the round's facts came in other shapes before 2.4);
 * optional -- ``dynamic_rendezvous._delay`` and the state holder's ``_cache_duration`` (a quick
   re-join, :func:`rejoin`), ``Store.list_keys`` (emptying the workers' store between rounds,
-  :func:`clear_worker_store`), ``RendezvousStoreInfo.build(rank, store, local_addr,
-  server_port)`` (2.5 and later: publishing the shared store every round, :func:`workers_store`),
-  ``Store.clone`` (the watch's own connection, :mod:`numarun.launch.storewatch`): missing,
-  torch's own behaviour, a fresh workers' store per round (hosted by rank 0's worker on a free
-  port, as torch does when the store is not shared), or events read at each look.
+  :func:`clear_worker_store`), ``Store.clone`` (the watch's own connection,
+  :mod:`numarun.launch.storewatch`): missing, torch's own behaviour, a fresh workers' store
+  hosted by rank 0's launcher from its second round on, or events read at each look.
 
-Which workers' store a round gets follows torch's handler (:func:`workers_store`): not shared
-(torch 2.4, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, etcd), the one torch's handler built for
-the round, as torchrun's workers get; shared and ``Store.list_keys`` there (2.10 and later),
-torch's shared store, emptied between rounds and published again every round; shared without
-``list_keys`` (2.5 to 2.9), a fresh store per round instead.
+Which workers' store a round gets follows torch's handler (:func:`workers_store`), so that a
+torchrun node in the same job hands its workers the same one: not shared (torch 2.4,
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, etcd), the one torch's handler built for the round;
+shared (2.5 and later), torch's shared store, published again every round, emptied between
+rounds where ``Store.list_keys`` is there (2.10 and later) and else replaced, from rank 0's second
+round on, by a fresh store its launcher hosts.
 
 The c10d path is tested, by ``tests/run_c10d_tests.py``, with the releases the README's table
-names (2.4.1, 2.13.0 and 2.15.0); :data:`TORCH_SUPPORTED` is what a refusal names.
+names; :data:`TORCH_SUPPORTED` is what a refusal names.
 """
 
 from __future__ import annotations
@@ -38,7 +37,6 @@ OLDEST = (2, 4)  # the oldest torch whose rendezvous the c10d path drives
 TORCH_SUPPORTED = "2.4 or later"  # what a refusal names
 _FIRST_POLL = 0.02  # re-joining: the first wait between polls of the rendezvous state
 _FIRST_JOIN_SPREAD = (0, 0.3)  # torch's random sleep before a node's first join
-_STORE_KEY = "numarun/workers_store"  # a fresh workers' store's "host port", in the round's store
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -110,60 +108,60 @@ def check_torch() -> None:
 
 
 def workers_store(
-    handler: Any, info: Any, *, clearable: bool, local_addr: str | None
+    handler: Any, info: Any, *, first_round: bool, local_addr: str | None
 ) -> tuple[str, int, bool]:
     """(MASTER_ADDR, MASTER_PORT, shared) of the store this round's workers meet in, after
-    ``info = handler.next_rendezvous()``; ``shared`` is ``TORCHELASTIC_USE_AGENT_STORE``.
-    Blocks in the round's store (every node but rank 0 reads what rank 0 published).
+    ``info = handler.next_rendezvous()``; ``shared`` is ``TORCHELASTIC_USE_AGENT_STORE``;
+    ``first_round``: this launcher's first round. Blocks in the round's store (every node but
+    rank 0 reads what rank 0 published).
 
     * torch's handler does not share its store (``use_agent_store`` false: torch 2.4, etcd,
       ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the store torch's handler built for this
       round (a free port of rank 0's node, hosted by its rank 0 worker), exactly what
-      torchrun's workers get, so torchrun nodes in the job agree;
-    * shared and ``clearable`` (:func:`can_clear_worker_store`): torch's shared store, which
-      rank 0 publishes again every round with ``RendezvousStoreInfo.build`` (torch publishes it
-      only in the first round a node is rank 0 in, and its other nodes read it only in their
-      first round: a node joining a later round would wait for the keys forever);
-    * shared but not clearable (2.5 to 2.9), or ``build`` without ``server_port``: a fresh
-      store per round, on a free port of rank 0's node (``local_addr``, else its fully
-      qualified name), published under numarun's own key, so it never races torch's keys
-      for the shared store in the same round.
+      torchrun's workers get;
+    * shared (2.5 and later): rank 0 publishes the workers' store every round under torch's
+      own keys (``MASTER_ADDR``, ``MASTER_PORT`` in the round's store, as
+      ``RendezvousStoreInfo.build`` does; torch publishes only in the first round a node is
+      rank 0 in, and its other nodes read only in their first round, so a node joining a later
+      round, numarun's or torchrun's, would wait for the keys forever). In rank 0's first
+      round that is torch's shared store (what torch itself published: torchrun nodes agree);
+      later, torch's store emptied (:func:`clear_worker_store`, 2.10 and later), or where torch
+      cannot list its keys (2.5 to 2.9) a fresh store that this launcher hosts
+      (``local_addr``, else its fully qualified name), so that no worker reads a key the last
+      round's workers left (gloo: "connectFullMesh failed").
     """
     bootstrap = info.bootstrap_store_info
     if not getattr(handler, "use_agent_store", False):
         return str(bootstrap.master_addr), int(bootstrap.master_port), False
-    if clearable and _build_takes_server_port():
-        from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
-
-        built = RendezvousStoreInfo.build(
-            info.rank,
-            info.store,
-            local_addr=bootstrap.master_addr,
-            server_port=bootstrap.master_port,
-        )
-        return str(built.master_addr), int(built.master_port), True
-    if info.rank == 0:
-        import socket
-
-        from numarun.placement.workerenv import free_port
-
-        host = local_addr or socket.getfqdn()
-        info.store.set(_STORE_KEY, f"{host} {free_port()}")
-    host, _, port = bytes(info.store.get(_STORE_KEY)).decode().rpartition(" ")
-    return host, int(port), False
-
-
-def _build_takes_server_port() -> bool:
-    import inspect
-
     from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-    build = getattr(RendezvousStoreInfo, "build", None)
-    try:
-        names = inspect.signature(build).parameters if build is not None else {}
-    except (TypeError, ValueError):
-        return False
-    return "local_addr" in names and "server_port" in names
+    addr_key = getattr(RendezvousStoreInfo, "MASTER_ADDR_KEY", "MASTER_ADDR")
+    port_key = getattr(RendezvousStoreInfo, "MASTER_PORT_KEY", "MASTER_PORT")
+    store = info.store
+    if info.rank == 0:
+        addr, port = str(bootstrap.master_addr), int(bootstrap.master_port)
+        if not first_round and not can_clear_worker_store():
+            addr, port = _fresh_store(local_addr)
+        store.set(addr_key, addr.encode())
+        store.set(port_key, str(port).encode())
+    return bytes(store.get(addr_key)).decode(), int(bytes(store.get(port_key)).decode()), True
+
+
+_hosted: list[Any] = []  # the fresh workers' store this launcher hosts, until the next replaces it
+
+
+def _fresh_store(local_addr: str | None) -> tuple[str, int]:
+    """A new TCPStore server in this process on a free port, held until the next one."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore(
+        "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    _hosted[:] = [server]
+    return local_addr or socket.getfqdn(), int(server.port)
 
 
 def assign_ranks(agent_class: Any, info: Any, spec: Any) -> list[Any]:
@@ -218,8 +216,8 @@ def rejoin(handler: Any) -> Any:
 
 
 def can_clear_worker_store() -> bool:
-    """Whether :func:`clear_worker_store` can empty the workers' store (``Store.list_keys``);
-    without it each round gets a fresh store (the rendezvous does not share its own)."""
+    """Whether :func:`clear_worker_store` can empty the workers' store (``Store.list_keys``,
+    torch 2.10 and later); without it :func:`workers_store` hosts a fresh one instead."""
     from torch.distributed import TCPStore
 
     return hasattr(TCPStore, "list_keys")
@@ -233,11 +231,14 @@ def clear_worker_store(previous: Round) -> None:
     torch gives every attempt the same store without a per-attempt prefix, so without this
     the next attempt's workers can read a dead worker's address (gloo: "Connection refused",
     or a hang). Only the node that hosted the store in the last round does it, before it
-    rejoins: no worker of the next round can start before the round completes. Needs
-    ``Store.list_keys`` (torch 2.10 and later; see :func:`can_clear_worker_store`)."""
+    rejoins: no worker of the next round can start before the round completes. Does
+    nothing without ``Store.list_keys`` (before torch 2.10: :func:`can_clear_worker_store`)."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
+
+    if not can_clear_worker_store():
+        return
 
     store = TCPStore(
         previous.master_addr, previous.master_port, is_master=False, timeout=timedelta(seconds=10)
