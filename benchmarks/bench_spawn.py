@@ -39,6 +39,15 @@ conditions, and reported as medians and ratios:
    child, which this benchmark kills afterwards). Target: non-blocking, under 50 ms (issue
    20.7: it took ``grace_period`` + ``kill_wait``, 35 s).
 
+Scheduler groups (every comparison with torch). numarun's workers each run in a session of
+their own (``setsid``), torch.multiprocessing's share the caller's. On a kernel with
+``/proc/sys/kernel/sched_autogroup_enabled`` at 1 (the desktop default; also this project's
+machine) each session is a scheduling group of its own, so on a busy machine numarun's workers
+get more CPU than torch's (4 x ``import torch``: 16.3 s in the caller's session, 8.4 s in new
+sessions) and the comparison flatters numarun. ``--autogroup off`` (root) sets it to 0 for the
+run and back afterwards, so every task weighs the same, as on a dedicated server with autogroup
+off; the first line of the output says which state the figures were measured in.
+
 The worker functions live in this file, which is imported by module name (not as ``__main__``)
 so that spawned workers import nothing but it and the standard library.
 """
@@ -423,6 +432,23 @@ def bench_poll(runs: int, torch_mp: Any) -> list[str]:
     ]
 
 
+AUTOGROUP = "/proc/sys/kernel/sched_autogroup_enabled"
+
+
+def autogroup() -> str | None:
+    """The kernel's autogroup switch ("0" or "1"), None where the kernel has none."""
+    try:
+        with open(AUTOGROUP) as knob:
+            return knob.read().strip()
+    except OSError:
+        return None
+
+
+def set_autogroup(value: str) -> None:
+    with open(AUTOGROUP, "w") as knob:
+        knob.write(value)
+
+
 def main() -> None:
     import argparse
 
@@ -439,20 +465,50 @@ def main() -> None:
     parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--poll-runs", type=int, default=5)
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--autogroup", choices=("as-is", "off"), default="as-is",
+        help="off: turn the kernel's autogroup scheduling off for the run (root), so that "
+        "numarun's workers (a session each) and torch's (the caller's session) weigh the same",
+    )  # fmt: skip
     args = parser.parse_args()
     if args.memory_child:
         method, nprocs, size = args.memory_child
         memory_child(method, int(nprocs), int(size))
         return
+    before = autogroup()
+    if args.autogroup == "off" and before not in (None, "0"):
+        try:
+            set_autogroup("0")
+        except OSError as error:
+            parser.error(f"--autogroup off: cannot write {AUTOGROUP}: {error.strerror}")
+    try:
+        measure(args)
+    finally:
+        if args.autogroup == "off" and before not in (None, "0"):
+            set_autogroup(before)
+
+
+def measure(args: Any) -> None:
     sections = set(args.sections.split(","))
     # Imported before any measurement, so every numarun and bare figure comes from the same
     # parent: one that has torch loaded, as a training script's parent usually does.
     torch_mp = None if args.no_torch else _torch_mp()
     counts = [int(count) for count in args.counts.split(",")]
     parent = "with torch imported" if torch_mp is not None else "without torch"
+    state = autogroup()
+    if state is None:
+        scheduling = "no autogroup in this kernel: every task weighs the same"
+    elif state == "0":
+        scheduling = "autogroup off: every task weighs the same, as on a dedicated server"
+    else:
+        scheduling = (
+            "autogroup ON: numarun's workers (a session each) outweigh torch's (the caller's "
+            "session) on a busy machine; figures against torch flatter numarun "
+            "(use --autogroup off)"
+        )
     rows = [
-        f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}; the parent runs "
-        f"{parent}.",
+        f"Machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, load average "
+        f"{os.getloadavg()[0]:.1f}; the parent runs {parent}; {scheduling}.",
         "",
         "### Start-up: call to the last worker's first line (median; ratio vs bare)",
         "",

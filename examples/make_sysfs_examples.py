@@ -23,7 +23,7 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "src"))
 
 import sysfs_fixtures  # noqa: E402
-from numarun.machine.topology import snapshot  # noqa: E402
+from numarun.machine.snapshot import snapshot  # noqa: E402
 
 # Every entry's and the gzip header's timestamp: 2026-01-01T00:00:00Z, so that regenerating
 # an unchanged machine rewrites the same bytes.

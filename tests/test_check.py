@@ -81,7 +81,8 @@ def assert_bound_as_planned(document: dict[str, Any], nprocs: int) -> None:
 
 
 MODES = {
-    "unbound, 1 rank": [],
+    "no flags: what plan chooses": [],
+    "unbound, 1 rank": ["--nproc-per-node", "1"],
     "unbound, 2 ranks": ["--nproc-per-node", "2"],
     "cpu, 1 rank": ["--numa-binding", "cpu"],
     "cpu, 2 ranks": ["--numa-binding", "cpu", "--nproc-per-node", "2"],
@@ -593,7 +594,8 @@ def test_the_json_of_a_real_run_follows_the_schema() -> None:
 
 def test_bad_check_options_are_one_line() -> None:
     for args in (["--seconds", "0"], ["--seconds", "inf"], ["--seconds", "nan"],
-                 ["--buffer-mib", "0"], ["--mem-binding", "bind"], ["--numa-binding", "nodes"],
+                 ["--buffer-mib", "0"], ["--nproc-per-node", "1", "--mem-binding", "bind"],
+                 ["--numa-binding", "nodes"],
                  ["--frobnicate"]):  # fmt: skip
         done = run_check(*args)
         assert done.returncode == 2, args
@@ -785,3 +787,104 @@ def test_the_probe_runs_the_copy_phases_when_torch_has_cuda(
         "D2H bandwidth (far): one NUMA node with CPUs and memory",
     ]
     assert result["late_phases"] == []
+
+
+# --- first contact: what it chooses, what it says while it measures, Ctrl-C ---------------------
+
+
+def test_without_flags_the_check_chooses_what_plan_chooses(
+    shape_root: Callable[[str], Path],
+) -> None:
+    for shape in ("dgx_h100", "no_gpus"):
+        root = str(shape_root(shape))
+        plan = subprocess.run(
+            [sys.executable, "-m", "numarun", "plan", "--sysfs-root", root],
+            capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+        note = plan.stdout.splitlines()[0]
+        assert note.startswith("numarun plan: planned with "), plan.stdout
+        done = run_check("--dry-run", "--sysfs-root", root, "--json")
+        assert done.returncode == 0, done.stderr
+        assert done.stderr.splitlines()[0] == note.replace("numarun plan:", "numarun check:")
+        settings = json.loads(done.stdout)["settings"]
+        chosen = note.split("planned with ")[1].split(" for this machine")[0].split()
+        assert ["--nproc-per-node", str(settings["nproc_per_node"]),
+                "--numa-binding", settings["numa_binding"]] == chosen  # fmt: skip
+
+
+def test_a_pet_variable_or_a_flag_turns_the_choice_off() -> None:
+    code, document, stderr = run_json("--nproc-per-node", "1")
+    assert code == 0 and document["settings"]["numa_binding"] is None, stderr
+    assert "planned with" not in stderr
+    code, document, stderr = run_json(env={"PET_NPROC_PER_NODE": "1"})
+    assert code == 0 and document["settings"]["numa_binding"] is None, stderr
+
+
+def test_the_header_says_a_list_of_nodes_and_a_count_of_gpus_in_words() -> None:
+    document = two_node_document([probe_result(0, 0, 1, gpu=True), probe_result(1, 1, 0, gpu=True)])
+    head = report.format_text(document).splitlines()[0]
+    assert head.endswith("; NUMA nodes with CPUs and memory: nodes 0-1; 2 GPUs"), head
+    assert head.startswith("numarun check: 2 ranks, ")
+    document["settings"]["nproc_per_node"] = 1
+    document["machine"].update(cpu_memory_nodes=[0], gpus=0)
+    head = report.format_text(document).splitlines()[0]
+    assert head.startswith("numarun check: 1 rank, ")
+    assert head.endswith("; NUMA nodes with CPUs and memory: node 0; no GPUs"), head
+
+
+def test_each_phase_says_what_it_measures_and_how_long_is_left() -> None:
+    from numarun.check.probe import progress_line
+
+    phases = ["memory-local", "memory-far", "h2d-planned", "d2h-planned"]
+    assert [progress_line(phases, i, 15) for i in range(4)] == [
+        "numarun check: measuring memory bandwidth on each rank's own node (phase 1 of 4), "
+        "about 60 s left",
+        "numarun check: measuring memory bandwidth on the farthest node (phase 2 of 4), "
+        "about 45 s left",
+        "numarun check: measuring host-to-GPU copies from each rank's own node (phase 3 of 4), "
+        "about 30 s left",
+        "numarun check: measuring GPU-to-host copies to each rank's own node (phase 4 of 4), "
+        "about 15 s left",
+    ]
+    done = run_check("--nproc-per-node", "2", *QUICK)
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in done.stderr.splitlines() if "measuring" in line]
+    assert lines == [
+        "numarun check: measuring memory bandwidth on each rank's own node (phase 1 of 1), "
+        "about 0 s left"
+    ]
+
+
+def test_ctrl_c_during_a_check_is_130_without_a_traceback_per_rank() -> None:
+    import signal
+    import time
+
+    argv = [sys.executable, "-m", "numarun", "check", "--nproc-per-node", "2", "--seconds",
+            "300", "--buffer-mib", "4"]  # fmt: skip
+    check = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,  # a terminal's Ctrl-C reaches the whole foreground group
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )  # fmt: skip
+    try:
+        assert check.stderr is not None
+        seen = []
+        deadline = time.monotonic() + 120
+        for line in check.stderr:  # wait for the measuring to begin, however slow
+            seen.append(line)
+            if "measuring" in line or time.monotonic() > deadline:
+                break
+        assert "measuring" in seen[-1], "".join(seen)
+        os.killpg(check.pid, signal.SIGINT)
+        stdout, rest = check.communicate(timeout=120)
+    finally:
+        if check.poll() is None:
+            os.killpg(check.pid, signal.SIGKILL)
+            check.communicate()
+    stderr = "".join(seen) + rest
+    assert check.returncode == 130, stderr
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr
+    assert stderr.rstrip().splitlines()[-1] == (
+        "numarun check: the check was stopped by SIGINT; no report"
+    )
+    assert stdout == ""

@@ -86,7 +86,7 @@ def test_socket_mode_survives_memory_only_nodes(tmp_path: Path, capsys) -> None:
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["plan", "--numa-binding", "bogus"], "unknown --numa-binding mode 'bogus'"),
+        (["plan", "--numa-binding", "bogus"], "unknown --numa-binding 'bogus': use one of"),
         (["plan", "--numa-binding", "node", "--nproc-per-node", "0"], "at least 1"),
         (["plan", "--numa-binding", "node", "--nproc-per-node", "two"], "positive integer"),
         (["plan", "--numa-binding", "node", "--sysfs-root", "/nonexistent"], "/nonexistent"),

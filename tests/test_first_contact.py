@@ -35,7 +35,7 @@ HELLO = (
     "import os\n"
     "os.write(1, f\"hello from {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\".encode())\n"
 )
-START = re.compile(r"numarun: run (?P<run>[\w-]+): (?P<rest>.*)")
+START = re.compile(r"numarun: run (?P<run>[\w-]+|'none' \([^)]*\)): (?P<rest>.*)")
 shape_root = sysfs_fixtures.shape_root
 
 
@@ -163,6 +163,10 @@ def test_under_a_torch_rendezvous_the_start_line_comes_from_the_round(
     assert done.returncode == 0, done.stderr
     starts = [line for line in done.stderr.splitlines() if line.startswith("numarun: run ")]
     assert len(starts) == 1, done.stderr
+    # No --rdzv-id: the job meets under torchrun's default id, and the line says so.
+    assert starts[0].startswith(
+        "numarun: run 'none' (torchrun's default --rdzv-id; name the job with --rdzv-id ID): "
+    ), starts[0]
     rest = START.fullmatch(starts[0])["rest"]  # type: ignore[index]
     assert re.fullmatch(
         r"node 0 of 1, 2 workers \(ranks 0-1\), meeting at \S+:\d+, CPUs: unbound, "
@@ -393,3 +397,83 @@ def test_cpu_mode_on_a_gpu_machine_warns_about_ranks_far_from_their_gpu(
     assert main(["plan", "--sysfs-root", root, "--numa-binding", "cpu", "--nproc-per-node", "8"]) \
         == 0  # fmt: skip
     assert "warning:" not in capsys.readouterr().out  # 8 ranks: each on its GPU's node
+
+
+# --- near misses: values, script names, options after the script, --h ---------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--numa-binding", "nodes"], "unknown --numa-binding 'nodes': did you mean 'node'? "
+                                      "(one of node, socket, exclusive, core-complex, cpu, "
+                                      "explicit)"),
+        (["--numa-binding", "node", "--mem-binding", "binding"],
+         "unknown --mem-binding 'binding': did you mean 'bind'?"),
+        (["--start-method", "forkserve"], "unknown --start-method 'forkserve': did you mean "
+                                          "'forkserver'?"),
+        (["--numa-binding", "gpu"], "unknown --numa-binding 'gpu': use one of node, socket"),
+    ],
+)  # fmt: skip
+def test_a_misspelt_value_gets_the_closest_choice(
+    argv: list[str], line: str, tmp_path: Path, marker_script: tuple[str, Path]
+) -> None:
+    script, marker = marker_script
+    done = numarun(*argv, script, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    (error,) = done.stderr.splitlines()
+    assert error.startswith(f"numarun: error: {line}"), error
+    assert not marker.exists()
+
+
+def test_plan_names_the_closest_mode_too(tmp_path: Path) -> None:
+    root = sysfs_fixtures.write_sysfs(sysfs_fixtures.no_gpus(), tmp_path / "tree")
+    done = subprocess.run(
+        [sys.executable, "-m", "numarun", "plan", "--sysfs-root", str(root), "--numa-binding",
+         "sockets"], capture_output=True, text=True, timeout=LIMIT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "unknown --numa-binding 'sockets': did you mean 'socket'?" in done.stderr
+
+
+def test_a_script_that_does_not_exist_names_the_closest_file(
+    tmp_path: Path, hello: str
+) -> None:
+    done = numarun("trian.py", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == (
+        "numarun: error: training script 'trian.py' not found: did you mean 'train.py'?\n"
+    )
+    far = numarun(str(tmp_path / "tran.py"), cwd=tmp_path.parent)
+    assert f"did you mean {str(tmp_path / 'train.py')!r}?" in far.stderr
+    unrelated = numarun("evaluate.py", cwd=tmp_path)
+    assert unrelated.stderr == "numarun: error: training script 'evaluate.py' not found\n"
+
+
+def test_launcher_options_after_the_script_go_to_it_with_one_warning(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "args.py").write_text("import sys\nprint(sys.argv[1:])\n")
+    done = numarun(
+        "args.py", "--nproc-per-node", "2", "--nnodes=1", "--nproc_per_node", "3", "--lr", "1",
+        cwd=tmp_path,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    warnings = [line for line in done.stderr.splitlines() if "warning" in line]
+    assert warnings == [
+        "numarun: warning: --nproc-per-node, --nnodes, --nproc_per_node after args.py go to "
+        "the script, as with torchrun, not to numarun; put numarun's options before the script"
+    ]
+    # One worker (the launcher read none of them), which got them all, as under torchrun.
+    assert done.stdout.splitlines() == [
+        "['--nproc-per-node', '2', '--nnodes=1', '--nproc_per_node', '3', '--lr', '1']"
+    ]
+    plain = numarun("args.py", "--lr", "1", "--log-dir", "runs", cwd=tmp_path)
+    assert "warning" not in plain.stderr
+
+
+@pytest.mark.parametrize("prefix", ["--h", "--he", "--hel"])
+def test_h_is_help_as_in_torchrun(prefix: str, tmp_path: Path) -> None:
+    done = numarun(prefix, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("usage: numarun ")

@@ -169,7 +169,8 @@ def test_topo_and_plan_write_svg_files(tmp_path: Path, shape_root: Callable[[str
     assert "rank 7: GPU 7, node 5" in (tmp_path / "p.svg").read_text()
     bad = subprocess.run([*numarun, "topo", "--svg", str(tmp_path / "no" / "such" / "x.svg")],
                          capture_output=True, text=True, timeout=60)  # fmt: skip
-    assert bad.returncode == 2 and bad.stderr.startswith("numarun: error: cannot write ")
+    assert bad.returncode == 2 and bad.stderr.startswith("numarun: error: --svg ")
+    assert f"{tmp_path / 'no'} does not exist" in bad.stderr
     assert bad.stderr.count("\n") == 1
 
 

@@ -308,15 +308,19 @@ def test_context_manager_tears_down_running_workers(tmp_path: Path) -> None:
     assert _wait_gone(pids) == []
 
 
-def test_context_join_raises_again_after_a_failure() -> None:
+def test_context_join_after_a_failure_reports_the_others_then_true() -> None:
+    # torch's rule: one worker per join() call, the torn-down ones too, then True for good.
     context = numarun.spawn(
         sp_funcs.exit_with, args=(4,), nprocs=2, join=False, start_method="fork"
     )
     with pytest.raises(ProcessExitedException) as first:
+        context.join(grace_period=0.5)
+    assert (first.value.error_index, first.value.exit_code) == (0, 4)
+    with pytest.raises(ProcessExitedException, match="process 1 terminated with signal") as second:
         context.join()
-    with pytest.raises(ProcessExitedException) as second:
-        context.join()
-    assert second.value is first.value
+    assert second.value.error_index == 1
+    assert context.join() is True
+    assert context.join() is True
 
 
 # --- binding -------------------------------------------------------------------------------------
@@ -494,9 +498,16 @@ class _Unpicklable:
         ({"fn": 42}, UsageError, "fn must be callable"),
         ({"args": "ab"}, UsageError, "args must be a tuple of arguments for fn, got str"),
         ({"env": {"A": 1}}, UsageError, "env must be a mapping of str to str"),
-        ({"binding": [[0]], "nprocs": 2}, UsageError, "binding lists CPUs for 1 ranks"),
+        ({"binding": [[0]], "nprocs": 2}, UsageError, "binding lists CPUs for 1 rank but"),
         ({"binding": [["x"]]}, UsageError, "invalid CPU list"),
-        ({"binding": "bogus"}, UsageError, "unknown binding mode 'bogus'"),
+        ({"binding": "bogus"}, UsageError, "unknown binding 'bogus': use one of node, socket"),
+        ({"binding": "nodes"}, UsageError, "unknown binding 'nodes': did you mean 'node'?"),
+        (
+            {"binding": "explicit"},
+            UsageError,
+            "binding='explicit' names no CPUs: pass the CPUs themselves, one list per rank, as "
+            "binding (binding=[[0, 1], [2, 3]] or ['0-1', '2-3'])",
+        ),
         ({"binding": [[0], [7]], "nprocs": 2}, PlanError, "7"),
         ({"binding": "cpu", "nprocs": 3}, PlanError, ""),
         ({"mem_binding": "bind"}, UsageError, "needs memory nodes from a CPU binding"),
@@ -862,3 +873,19 @@ def test_a_signal_ignored_by_the_caller_does_not_tear_down(tmp_path: Path) -> No
     job.send_signal(signal.SIGHUP)
     output, _ = job.communicate(timeout=30)
     assert (job.returncode, output) == (0, b"[None, None]\n")
+
+
+@pytest.mark.usefixtures("no_supervisor")
+def test_a_bad_keywords_traceback_is_the_callers_line_and_spawns_raise() -> None:
+    # Python always shows the frame that raises; numarun's is spawn's one re-raise, right
+    # under the caller's line, never the planner's depths.
+    import traceback
+
+    with pytest.raises(UsageError) as info:
+        numarun.spawn(sp_funcs.echo, nprocs=2, binding="explicit")
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert [frame.name for frame in frames] == [
+        "test_a_bad_keywords_traceback_is_the_callers_line_and_spawns_raise",
+        "spawn",
+    ]
+    assert frames[1].filename.endswith("numarun/spawning/api.py")

@@ -25,8 +25,9 @@ import sys
 import textwrap
 import time
 import unittest
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -783,6 +784,36 @@ def test_nprocs_zero_side_by_side_with_torch() -> None:
     for join in (True, False):
         with pytest.raises(InvalidArgument, match="nprocs must be an integer >= 1, got 0"):
             numarun.start_processes(sp_dropin.nothing, nprocs=0, join=join, start_method="fork")
+
+
+def _joins_after_a_failure(
+    start: Callable[..., Any],
+) -> list[tuple[str, int | None, int | None]]:
+    """(outcome, error_index, exit_code) of four ``join()`` calls after rank 1 raised while
+    ranks 0 and 2 slept: what each later call reports."""
+    context = start(sp_dropin.raise_on, args=(1,), nprocs=3, join=False, start_method="fork")
+    seen: list[tuple[str, int | None, int | None]] = []
+    for _ in range(4):
+        try:
+            seen.append(("True" if context.join(grace_period=0.2) else "False", None, None))
+        except (torch_mp.ProcessRaisedException, torch_mp.ProcessExitedException) as error:
+            # torch's classes catch numarun's too (numarun's derive from them once loaded)
+            code = getattr(error, "exit_code", None)
+            seen.append((type(error).__name__, error.error_index, code))
+    return seen
+
+
+def test_later_joins_after_a_failure_side_by_side_with_torch() -> None:
+    """As torch: the first join() raises the failure, each later one the next worker that did
+    not end with 0 (the torn-down ones: exit -15), one per call, then True."""
+    theirs = _joins_after_a_failure(torch_mp.start_processes)
+    ours = _joins_after_a_failure(numarun.start_processes)
+    assert ours == theirs == [
+        ("ProcessRaisedException", 1, None),
+        ("ProcessExitedException", 0, -15),
+        ("ProcessExitedException", 2, -15),
+        ("True", None, None),
+    ]
 
 
 def test_keyboard_interrupt_inside_a_worker_side_by_side_with_torch() -> None:

@@ -7,13 +7,14 @@ import os
 import resource
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from numarun.errors import TopologyError
 from numarun.machine.topology import read_topology
-from sysfs_fixtures import no_gpus, one_node_small, write_sysfs
+from sysfs_fixtures import FakeMachine, dgx_h100, no_gpus, one_node_small, write_sysfs
 
 CPU = "sys/devices/system/cpu"
 NODE = "sys/devices/system/node"
@@ -161,3 +162,74 @@ def test_odd_visible_devices_stop_the_list_as_cuda_does(tmp_path: Path, value: s
     root = _tree(tmp_path)
     topology = read_topology(str(root), environ={"CUDA_VISIBLE_DEVICES": value})
     assert len(topology.gpus) == (1 if value.startswith("0,") else 0)
+
+
+def _svg(root: Path, out: Path, command: str = "topo") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "numarun", command, "--sysfs-root", str(root), "--svg", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.mark.parametrize("machine", [no_gpus, dgx_h100])
+def test_one_core_claiming_every_cpu_is_shown_without_a_traceback(
+    machine: Callable[[], FakeMachine], tmp_path: Path
+) -> None:
+    # CPU 0's siblings are all 65536 ids: its core then spans both NUMA nodes and the second
+    # node had no core of its own (IndexError in the text view; JSON and plan were fine).
+    root = write_sysfs(machine(), tmp_path / "tree")
+    (root / CPU / "cpu0" / "topology" / "thread_siblings_list").write_text("0-65535\n")
+    done = _topo(root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    assert "node 1:" in done.stdout
+
+
+def _nic_names(root: Path, *names: bytes) -> None:
+    """Give the first ethernet NIC of ``root`` these interface names (raw bytes)."""
+    (net,) = [path for path in root.glob("sys/devices/*/*/net") if any(path.iterdir())][:1]
+    for child in net.iterdir():
+        for entry in child.iterdir():
+            entry.unlink()
+        child.rmdir()
+    for name in names:
+        os.mkdir(os.fsencode(net) + b"/" + name)
+
+
+HOSTILE_NAMES = (b"en\xffo1", b"x\x1b[2Jred", b"tab\tand\x7f<&>")
+
+
+def test_undecodable_and_control_characters_in_names_are_escaped_in_the_text(
+    tmp_path: Path,
+) -> None:
+    root = write_sysfs(dgx_h100(), tmp_path / "tree")
+    _nic_names(root, *HOSTILE_NAMES)
+    done = _topo(root)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "en\\xffo1" in done.stdout and "x\\x1b[2Jred" in done.stdout
+    assert "tab\\tand\\x7f<&>" in done.stdout
+    assert not any((ord(c) < 32 and c != "\n") or ord(c) == 127 for c in done.stdout)
+    listed = subprocess.run(
+        [sys.executable, "-m", "numarun", "topo", "--json", "--sysfs-root", str(root)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert listed.returncode == 0 and "\x1b" not in listed.stdout, listed.stderr[-2000:]
+
+
+@pytest.mark.parametrize("command", ["topo", "plan"])
+def test_hostile_names_give_a_well_formed_svg(command: str, tmp_path: Path) -> None:
+    import xml.etree.ElementTree as ElementTree
+
+    root = write_sysfs(dgx_h100(), tmp_path / "tree")
+    _nic_names(root, *HOSTILE_NAMES)
+    out = tmp_path / "machine.svg"
+    out.write_text("before")
+    done = _svg(root, out, command)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+    text = out.read_text(encoding="utf-8")  # UTF-8 throughout: no surrogate left in it
+    document = ElementTree.fromstring(text)  # raises on a control character
+    shown = " ".join(document.itertext())
+    assert "en\\xffo1" in shown and "x\\x1b[2Jred" in shown and "<&>" in shown

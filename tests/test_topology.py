@@ -21,7 +21,8 @@ from numarun.errors import TopologyError, UsageError
 from numarun.machine import nvml, topology
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.model import Gpu, Topology
-from numarun.machine.topology import read_topology, select_visible_gpus, snapshot
+from numarun.machine.snapshot import snapshot
+from numarun.machine.topology import read_topology, select_visible_gpus
 from numarun.placement.plan import make_plan
 from sysfs_fixtures import (
     CLASS_3D,

@@ -133,14 +133,21 @@ def test_every_flags_pet_variable_is_honoured_or_refused(option: launch_options.
 
 
 def test_every_prefix_torchrun_accepts_means_the_same_flag_in_numarun() -> None:
+    # numarun's own options never make a prefix ambiguous that torchrun reads as one of its
+    # own (--h is --help there, not ambiguous with --hang-timeout).
     from torch.distributed.run import get_args_parser
 
     parser = get_args_parser()
-    mine = {name: option for option in launch_options._OPTIONS for name in option.names}
+    options = (*launch_options._OPTIONS, *launch_options._PARSER_ONLY)
+    mine = {name: option for option in options for name in option.names}
+    theirs = {name.replace("_", "-") for name in parser._option_string_actions}
+    assert {
+        name.replace("_", "-") for name in mine if name.startswith("--")
+    } - theirs == launch_options.NUMARUN_ONLY
     checked = 0
     for full in parser._option_string_actions:
         if not full.startswith("--") or full not in mine:
-            continue  # a flag numarun does not have (yet), or --help
+            continue  # a flag numarun does not have (yet)
         for end in range(3, len(full)):
             prefix = full[:end]
             option_strings = [o for o in parser._option_string_actions if o.startswith(prefix)]

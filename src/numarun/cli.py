@@ -100,83 +100,6 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     return 0
 
 
-def _nprocs(text: str, topo) -> int:  # topo: Topology
-    if text == "gpu":
-        if not topo.gpus:
-            raise UsageError("--nproc-per-node gpu: no visible GPUs on this machine")
-        return len(topo.gpus)
-    try:
-        value = int(text)
-    except ValueError:
-        raise UsageError(
-            f"--nproc-per-node must be a positive integer or 'gpu', not {text!r}"
-        ) from None
-    if value < 1:
-        raise UsageError(f"--nproc-per-node must be at least 1, not {value}")
-    return value
-
-
-def _plan_defaults(
-    topo, mode: str | None, nproc_text: str | None, rank_cpus: list | None
-) -> tuple[int, str, str | None]:  # topo: Topology
-    """(ranks, mode, a note saying what was chosen and why, or None) for ``numarun plan``.
-
-    Whatever is not given is chosen for this machine: with visible GPUs one rank per GPU in
-    ``exclusive`` mode (``node`` when a node has more GPUs than allowed cores); without, in
-    ``cpu`` mode, one rank per NUMA node with allowed CPUs. A GPU mode without
-    ``--nproc-per-node`` has one rank per visible GPU, ``cpu`` one per such node."""
-    from numarun.placement.plan import GPU_MODES
-
-    chosen = []
-    why = []
-    if rank_cpus is not None:
-        nprocs = len(rank_cpus) if nproc_text is None else _nprocs(nproc_text, topo)
-        return nprocs, "explicit", None
-    if nproc_text is not None:
-        nprocs = _nprocs(nproc_text, topo)
-    if mode is None:
-        if topo.gpus and (nproc_text is None or nprocs <= len(topo.gpus)):
-            mode = "exclusive" if _exclusive_fits(topo) else "node"
-            why.append(
-                f"{len(topo.gpus)} visible GPU{'s' if len(topo.gpus) != 1 else ''}"
-                + ("" if mode == "exclusive" else ", a node with more GPUs than cores")
-            )
-        else:
-            mode = "cpu"
-            why.append("no visible GPUs" if not topo.gpus else "more ranks than GPUs")
-        chosen.append(f"--numa-binding {mode}")
-    if nproc_text is None:
-        if mode in GPU_MODES:
-            nprocs = _nprocs("gpu", topo)  # as before --numa-binding had a default: no note
-            if chosen:
-                why.append("one rank per GPU")
-                chosen.insert(0, f"--nproc-per-node {nprocs}")
-        else:
-            nodes = [node for node in topo.nodes if set(node.cpus) & set(topo.allowed_cpus)]
-            nprocs = max(1, len(nodes))
-            why.append("one rank per NUMA node with allowed CPUs")
-            chosen.insert(0, f"--nproc-per-node {nprocs}")
-    note = None
-    if chosen:
-        note = f"planned with {' '.join(chosen)} for this machine ({', '.join(why)})"
-    return nprocs, mode, note
-
-
-def _exclusive_fits(topo) -> bool:  # topo: Topology
-    """Whether ``exclusive`` can give each visible GPU at least one core of its node."""
-    allowed = set(topo.allowed_cpus)
-    for node in {gpu.numa_node for gpu in topo.gpus}:
-        gpus = sum(1 for gpu in topo.gpus if gpu.numa_node == node)
-        cores = {
-            cpu.core
-            for cpu in topo.cpus
-            if cpu.id in allowed and (node is None or cpu.node == node)
-        }
-        if len(cores) < gpus:
-            return False
-    return True
-
-
 def _cmd_plan(argv: Sequence[str]) -> int:
     from numarun.placement.plan import MODES
 
@@ -246,11 +169,15 @@ def _cmd_plan(argv: Sequence[str]) -> int:
         mode = "explicit"
         rank_cpus = [parse_cpulist(text) for text in args.rank_cpus]
     if mode is not None and mode not in MODES:
-        raise UsageError(f"unknown --numa-binding mode {mode!r}; choose one of {', '.join(MODES)}")
+        from numarun.errors import unknown_choice
+
+        raise UsageError(unknown_choice("--numa-binding", mode, MODES))
     if mode == "explicit" and rank_cpus is None:
         raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per rank")
     topo = _read(args)
-    nprocs, mode, note = _plan_defaults(topo, mode, args.nproc_per_node, rank_cpus)
+    from numarun.placement.defaults import plan_defaults
+
+    nprocs, mode, note = plan_defaults(topo, mode, args.nproc_per_node, rank_cpus)
     plan = make_plan(topo, nprocs, mode, rank_cpus=rank_cpus, allow_unbound=args.binding_fallback)
     if args.svg is not None:
         from numarun.placement.picture import plan_svg
@@ -282,13 +209,18 @@ def _cmd_plan(argv: Sequence[str]) -> int:
     return 0
 
 
-def _write_text(path: str, text: str) -> None:
-    """Write ``text`` to ``path``; an unwritable path is one line (exit 2)."""
+def _write_text(path: str, text: str, what: str = "--svg") -> None:
+    """Write ``text`` (UTF-8) to ``path`` by
+    :func:`numarun.launch.safedir.replace_file`'s rules: another user's link or directory on
+    the way refused, a new file renamed into place, so a failed write never truncates ``path``.
+    Every refusal or failure is one line (exit 2)."""
+    from numarun.launch.safedir import replace_file
+
     try:
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
-    except OSError as error:
-        raise UsageError(f"cannot write {path}: {error.strerror or error}") from None
+        data = text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise UsageError(f"cannot write {what} {path!r}: {error}") from None
+    replace_file(path, lambda out: out.write(data), what=what)
 
 
 def _json_one_rank_per_line(document: dict) -> str:
@@ -317,9 +249,14 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
         help="snapshot a tree under DIR instead of this machine",
     )
     args = parser.parse_args(argv)
-    from numarun.machine.topology import snapshot
+    from numarun.launch.safedir import replace_file
+    from numarun.machine.snapshot import snapshot
 
-    count = snapshot(args.sysfs_root, args.out)
+    counted: list[int] = []
+    replace_file(
+        args.out, lambda out: counted.append(snapshot(args.sysfs_root, out)), what="snapshot OUT"
+    )
+    count = counted[0] if counted else None
     print(f"wrote {args.out}" + (f" ({count} files)" if isinstance(count, int) else ""))
     return 0
 
@@ -369,9 +306,11 @@ def _cmd_check(argv: Sequence[str]) -> int:
         "1 when not, 2 for bad input.",
     )
     parser.add_argument("--nproc-per-node", "--nproc_per_node", metavar="N", default=None,
-                        help="ranks, as for a job: an integer, gpu, cpu or auto (default 1)")
+                        help="ranks, as for a job: an integer, gpu, cpu or auto (default, with "
+                        "no --numa-binding either: what numarun plan chooses)")
     parser.add_argument("--numa-binding", "--numa_binding", metavar="MODE", default=None,
-                        help="the binding mode to check, as for a job (default: none)")
+                        help="the binding mode to check, as for a job (default, with no "
+                        "--nproc-per-node either: what numarun plan chooses; else none)")
     parser.add_argument("--rank-cpus", "--rank_cpus", metavar="LIST", action="append",
                         default=None, help="explicit CPUs of the next rank (repeat per rank)")
     parser.add_argument("--mem-binding", "--mem_binding", metavar="POLICY", default=None,
@@ -391,23 +330,31 @@ def _cmd_check(argv: Sequence[str]) -> int:
                         f"(default {DEFAULT_BUFFER_MIB}; lowered to fit memory)")
     parser.add_argument("--json", action="store_true", help="print JSON for programs")
     args = parser.parse_args(argv)  # fmt: skip
-    from numarun.check.command import launch_argv, run_check
+    from numarun.check.command import CheckStopped, launch_argv, machine_defaults, run_check
     from numarun.check.report import format_text
 
-    document = run_check(
-        launch_argv(
-            nproc_per_node=args.nproc_per_node,
-            numa_binding=args.numa_binding,
-            rank_cpus=args.rank_cpus,
-            mem_binding=args.mem_binding,
-            binding_fallback=bool(args.binding_fallback),
-            cpus_allowed=args.cpus_allowed,
-            sysfs_root=args.sysfs_root,
-            dry_run=args.dry_run,
-        ),
-        seconds=args.seconds,
-        buffer_mib=args.buffer_mib,
+    nproc_per_node, numa_binding = args.nproc_per_node, args.numa_binding
+    if nproc_per_node is None and numa_binding is None and args.rank_cpus is None:
+        # What `numarun plan` chooses for this machine, said as plan says it.
+        chosen = machine_defaults(sysfs_root=args.sysfs_root, cpus_allowed=args.cpus_allowed)
+        if chosen is not None:
+            nproc_per_node, numa_binding, note = chosen
+            print(f"numarun check: {note}", file=sys.stderr)
+    check_argv = launch_argv(
+        nproc_per_node=nproc_per_node,
+        numa_binding=numa_binding,
+        rank_cpus=args.rank_cpus,
+        mem_binding=args.mem_binding,
+        binding_fallback=bool(args.binding_fallback),
+        cpus_allowed=args.cpus_allowed,
+        sysfs_root=args.sysfs_root,
+        dry_run=args.dry_run,
     )
+    try:
+        document = run_check(check_argv, seconds=args.seconds, buffer_mib=args.buffer_mib)
+    except CheckStopped as stopped:
+        print(f"numarun check: {stopped}", file=sys.stderr)
+        return stopped.exit_code
     if args.json:
         print(_json_one_rank_per_line(document))
     else:

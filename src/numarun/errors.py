@@ -8,6 +8,10 @@ it never shows a traceback for these.
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
 
 class NumarunError(Exception):
     """Base class: bad input or an impossible request, detected before anything starts."""
@@ -35,3 +39,18 @@ class PlanError(NumarunError):
 
 class BindingError(NumarunError):
     """A planned binding cannot be applied here (memory policy refused, CPUs not allowed)."""
+
+
+def unknown_choice(what: str, value: object, choices: Sequence[str], *, quote: bool = True) -> str:
+    """The one-line message for a value of ``what`` that is not one of ``choices``: the
+    closest choice first when one is close (difflib's ratio >= 0.7: a typo, a plural), then
+    every choice: ``unknown --numa-binding 'nodes': did you mean 'node'? (one of node,
+    socket, ...)``."""
+    import difflib
+
+    shown = repr(value) if quote else str(value)
+    close = difflib.get_close_matches(str(value).strip().lower(), list(choices), n=1, cutoff=0.7)
+    listed = ", ".join(map(str, choices))
+    if not close:
+        return f"unknown {what} {shown}: use one of {listed}"
+    return f"unknown {what} {shown}: did you mean {close[0]!r}? (one of {listed})"

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from numarun.errors import UsageError
+from numarun.errors import NumarunError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -79,6 +79,28 @@ def launch_argv(
     return [*argv, "-m", PROBE_MODULE]
 
 
+class CheckStopped(NumarunError):
+    """A teardown signal (Ctrl-C, SIGTERM, SIGHUP) ended the probes' job: no report;
+    :attr:`exit_code` is the launcher's, 128+N."""
+
+
+def machine_defaults(
+    *, sysfs_root: str | None, cpus_allowed: str | None, environ: Mapping[str, str] | None = None
+) -> tuple[str, str, str] | None:
+    """(``--nproc-per-node``, ``--numa-binding``, the note saying why) that ``numarun plan``
+    would choose for this machine (:func:`numarun.placement.defaults.plan_defaults`), for a
+    check given neither (nor their ``PET_*`` variables); None when one of them is given."""
+    env = os.environ if environ is None else environ
+    if env.get("PET_NPROC_PER_NODE") or env.get("PET_NUMA_BINDING"):
+        return None
+    from numarun.machine.topology import read_topology
+    from numarun.placement.defaults import plan_defaults
+
+    topology = read_topology(sysfs_root or "/", cpus_allowed=cpus_allowed)
+    nprocs, mode, note = plan_defaults(topology, None, None, None)
+    return str(nprocs), mode, note or ""
+
+
 def run_check(
     argv: Sequence[str],
     *,
@@ -97,7 +119,8 @@ def run_check(
     size, lowered so that every rank's buffers fit in half of ``MemAvailable``.
 
     Raises :class:`numarun.errors.NumarunError` (one line, nothing started) for bad input, an
-    impossible plan or memory policy, as the launcher does.
+    impossible plan or memory policy, as the launcher does; :class:`CheckStopped` when a
+    teardown signal ended the probes' job (its exit status 128+N, no document).
     """
     from numarun.check import report
     from numarun.launch import launcher
@@ -140,6 +163,15 @@ def run_check(
         with open(os.path.join(directory, "check.json"), "w", encoding="utf-8") as out:
             json.dump(document, out)
         code = launcher.run(config, {**env, "NUMARUN_CHECK_DIR": directory})
+        stopped = {128 + int(signum): signum for signum in config.teardown_signals}
+        if code in stopped:
+            import signal
+
+            stopping = CheckStopped(
+                f"the check was stopped by {signal.Signals(stopped[code]).name}; no report"
+            )
+            stopping.exit_code = code
+            raise stopping
         results = [_read_result(directory, rank) for rank in range(config.nproc_per_node)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)

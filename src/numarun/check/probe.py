@@ -86,7 +86,33 @@ class Barrier:
             time.sleep(0.001)
 
 
+# What each phase measures, for the progress line local rank 0 prints as it begins.
+PHASE_WORDS = {
+    "memory-local": "memory bandwidth on each rank's own node",
+    "memory-far": "memory bandwidth on the farthest node",
+    "h2d-planned": "host-to-GPU copies from each rank's own node",
+    "h2d-far": "host-to-GPU copies from the farthest node",
+    "d2h-planned": "GPU-to-host copies to each rank's own node",
+    "d2h-far": "GPU-to-host copies to the farthest node",
+}
+
+
+def progress_line(phases: "list[str]", index: int, phase_seconds: float) -> str:
+    """``numarun check: measuring WHAT (phase K of N), about S s left``."""
+    left = phase_seconds * (len(phases) - index)
+    what = PHASE_WORDS.get(phases[index], phases[index])
+    return (
+        f"numarun check: measuring {what} (phase {index + 1} of {len(phases)}), "
+        f"about {left:.0f} s left"
+    )
+
+
 def main(environ: "dict[str, str] | None" = None) -> int:
+    import signal
+
+    # Ctrl-C (relayed by the launcher) ends a rank at once, as the signal's default does:
+    # no traceback per rank, and no buffer unmapped under a copy thread still using it.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     env = dict(os.environ if environ is None else environ)
     directory = env.get(DIR_ENV)
     if not directory or "LOCAL_RANK" not in env:
@@ -203,8 +229,14 @@ class Probe:
         threads = _copy_threads(self.env, len(CPUS_AT_START))
         self.result["threads"] = threads
         copies = None
+        phases = self.instructions["phases"]
         try:
-            for phase in self.instructions["phases"]:
+            for index, phase in enumerate(phases):
+                if self.local_rank == 0:
+                    # The phase's setup (touching buffers, a CUDA context) comes first: said
+                    # when the rank gets there, the others start with it at the barrier.
+                    sys.stderr.write(progress_line(phases, index, seconds) + "\n")
+                    sys.stderr.flush()
                 kind, _, where = phase.partition("-")
                 if kind == "memory":
                     self._memory_phase(barrier, phase, where, seconds, threads)

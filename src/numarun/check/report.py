@@ -269,14 +269,18 @@ def format_text(document: Mapping[str, Any]) -> str:
     verdict as the last line. No trailing newline."""
     settings = document["settings"]
     machine = document["machine"]
+    ranks = settings["nproc_per_node"]
+    nodes = machine["cpu_memory_nodes"]
+    gpus = machine["gpus"]
     lines = [
-        f"numarun check: {settings['nproc_per_node']} ranks, "
+        f"numarun check: {ranks} rank{'s' if ranks != 1 else ''}, "
         f"--numa-binding {settings['numa_binding'] or 'none'}"
         + ("" if settings["plan_bound"] else " (unbound)")
         + f", --mem-binding {settings['mem_binding']}; "
-        f"NUMA nodes with CPUs and memory: {format_cpulist(machine['cpu_memory_nodes']) or '-'}"
-        f"; GPUs: {machine['gpus']}"
-    ]
+        + (f"NUMA nodes with CPUs and memory: node{'s' if len(nodes) != 1 else ''} "
+           f"{format_cpulist(nodes)}" if nodes else "no NUMA node with CPUs and memory")
+        + f"; {gpus or 'no'} GPU{'s' if gpus != 1 else ''}"
+    ]  # fmt: skip
     if not document["dry_run"]:
         buffer = f"{settings['buffer_mib']} MiB" + (
             " (lowered to fit memory)" if settings["buffer_lowered"] else ""

@@ -22,7 +22,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from numarun.errors import UsageError
+from numarun.errors import UsageError, unknown_choice
 from numarun.launch.nodes import parse_nodes
 from numarun.launch.options import build_parser, parse_int, parse_seconds, split_argv
 from numarun.process import capacity
@@ -171,7 +171,9 @@ def parse_args(
             raise UsageError(f"--monitor-interval must be > 0 seconds, not {ns.monitor_interval}")
     start_method = ns.start_method or "spawn"
     if start_method not in ("spawn", "fork", "forkserver"):
-        raise UsageError(f"--start-method must be spawn, fork or forkserver, not {start_method!r}")
+        raise UsageError(
+            unknown_choice("--start-method", start_method, ("spawn", "fork", "forkserver"))
+        )
     redirects, tee, ranks_filter, output_warnings = _output_specs(ns, nproc)
     mem_binding = (ns.mem_binding or "none").strip()
     _check_mem_binding(mem_binding, numa_binding)
@@ -246,7 +248,7 @@ def parse_args(
         max_restarts=max_restarts,
         monitor_interval=monitor_interval,
         local_addr=(ns.local_addr or "").strip() or None,
-        warnings=(*nodes.warnings, *output_warnings),
+        warnings=(*nodes.warnings, *output_warnings, *_after_entrypoint(entrypoint, args)),
         quiet=ns.quiet,
         preload=preload,
     )
@@ -327,12 +329,19 @@ def _rank_cpus(texts: list[str] | None) -> tuple[tuple[int, ...], ...] | None:
     return lists
 
 
+def _after_entrypoint(entrypoint: str, args: Sequence[str]) -> tuple[str, ...]:
+    from numarun.launch.options import options_after_entrypoint
+
+    warning = options_after_entrypoint(entrypoint, args)
+    return (warning,) if warning else ()
+
+
 def _numa_binding(mode: str | None, rank_cpus: tuple[tuple[int, ...], ...] | None) -> str | None:
     if mode is not None:
         from numarun.placement.plan import MODES
 
         if mode not in MODES:
-            raise UsageError(f"unknown --numa-binding {mode!r}: use one of {', '.join(MODES)}")
+            raise UsageError(unknown_choice("--numa-binding", mode, MODES))
     if rank_cpus is None:
         if mode == "explicit":
             raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per local rank")
@@ -407,7 +416,7 @@ def _output_specs(ns: argparse.Namespace, nproc: int) -> tuple[str, str, str, tu
 def _check_mem_binding(mem_binding: str, numa_binding: str | None) -> None:
     choices = ("none", "local", "preferred", "bind", "interleave")
     if mem_binding not in choices:
-        raise UsageError(f"unknown --mem-binding {mem_binding!r}: use one of {', '.join(choices)}")
+        raise UsageError(unknown_choice("--mem-binding", mem_binding, choices))
     if mem_binding != "none" and numa_binding is None:
         raise UsageError(
             f"--mem-binding {mem_binding} needs a CPU binding to know each rank's memory nodes: "

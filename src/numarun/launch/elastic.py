@@ -207,6 +207,8 @@ class ElasticNode:
         self._handler: Any = None
         self._store: Any = None
         self._announced = False
+        self._announcing = threading.Event()  # set once this node's last notice left
+        self._announcing.set()
         self._supervisor: Supervisor | None = None
         self._stacks: JobStacks | None = None
         self._asks: dict[str, Callable[[dict], None]] = {}
@@ -238,6 +240,7 @@ class ElasticNode:
         conf.setdefault("timeout", 900)  # torchrun's LaunchConfig adds it for every backend
 
         def create() -> Any:
+            torchcompat.check_torch()  # first: an older torch's parameters differ too
             from torch.distributed.elastic.rendezvous import RendezvousParameters
             from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -250,7 +253,6 @@ class ElasticNode:
                 local_addr=config.local_addr,
                 **conf,
             )
-            torchcompat.check_torch()
             return get_rendezvous_handler(parameters)
 
         self._waiting_since = time.monotonic()
@@ -292,13 +294,10 @@ class ElasticNode:
         config = self.config
         previous = self.round
         last_watched, self._last_round = self._last_round, None
-        shared = bool(handler.use_agent_store) and torchcompat.can_clear_worker_store()
-
-        def join() -> tuple[Any, Any, list[Any]]:
+        def join() -> tuple[Any, tuple[str, int, bool], list[Any]]:
             from types import SimpleNamespace
 
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
-            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
             if last_watched is not None:  # its thread may sleep in the old round's store
                 with contextlib.suppress(Exception):
@@ -310,27 +309,11 @@ class ElasticNode:
                     torchcompat.clear_worker_store(previous)
                 info = torchcompat.rejoin(handler)
             self._delete_posted()
-            store_info = info.bootstrap_store_info
-            if not shared:
-                # No way to empty the shared store between rounds: a fresh store per round
-                # instead, on a free port of node 0, hosted by its rank 0 worker (torch's own
-                # fallback when the store is not shared).
-                store_info = RendezvousStoreInfo.build(
-                    info.rank, info.store, local_addr=config.local_addr
-                )
-            elif handler.use_agent_store:
-                # torch's handler publishes the workers' store (MASTER_ADDR, MASTER_PORT in
-                # the round's store) only in the first round it is rank 0 in, and its other
-                # nodes read them only in their first round: a node joining a later round
-                # then waits forever for the keys (torchrun too: the first node of
-                # --nnodes 1:2 never admits the second). Every round, rank 0 publishes them
-                # again and the others read them, with torch's own RendezvousStoreInfo.build.
-                store_info = RendezvousStoreInfo.build(
-                    info.rank,
-                    info.store,
-                    local_addr=store_info.master_addr,
-                    server_port=store_info.master_port,
-                )
+            # The workers' store as torch's handler gives it, published again every round
+            # (torchcompat.workers_store says how, for each torch).
+            store_info = torchcompat.workers_store(
+                handler, info, first_round=previous is None, local_addr=config.local_addr
+            )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
             info.store.add(ALIVE_KEY.format(info.rank), 1)  # "a numarun node", at once
@@ -353,11 +336,12 @@ class ElasticNode:
                 ) from None
             raise RendezvousFailed(self._failure_text(error)) from None
         self._store = info.store
+        master_addr, master_port, shared = store_info
         self.round = Round(
             group_rank=info.rank,
             group_world_size=info.world_size,
-            master_addr=store_info.master_addr,
-            master_port=int(store_info.master_port),
+            master_addr=master_addr,
+            master_port=master_port,
             workers=tuple(
                 WorkerPlace(w.global_rank, w.role_rank, w.world_size, w.role_world_size)
                 for w in workers
@@ -387,6 +371,12 @@ class ElasticNode:
         if name == "RendezvousClosedError":
             return f"{self.where} was closed by another node" + _because(self.last_notice)
         if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
+            if self.last_notice:
+                # The node that posted it ended, and its store with it (it hosted it).
+                return (
+                    f"{self.where} went away after another node ended"
+                    f"{_because(self.last_notice)}: {_first_line(cause)}"
+                )
             return f"cannot reach the {self.where}: {_first_line(cause)}"
         return f"{self.where}: {name}: {_first_line(cause)}"
 
@@ -559,6 +549,7 @@ class ElasticNode:
             posted.set()
             return posted
         self._announced = True
+        self._announcing = posted
         store, me, text = self._store, self.round.group_rank, self._notice_text(message)
 
         def send() -> None:
@@ -584,6 +575,11 @@ class ElasticNode:
         when the barrier or the shutdown failed (torchrun logs and goes on), else None. Not
         called after a signal: torchrun leaves the rendezvous open then, for the others."""
         warning = None
+        # This node's failure notice leaves before the rendezvous closes: the others then
+        # read why it ended, not a bare "closed by another node".
+        self._announcing.wait(_ANNOUNCE_WAIT)
+        if not succeeded and self._announced:
+            self._await_readers()
         if succeeded and self.round is not None and self._store is not None:
             store, size = self._store, self.round.group_world_size
 
@@ -612,6 +608,28 @@ class ElasticNode:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
 
+    def _await_readers(self) -> None:
+        """After a final failure: give the other numarun nodes (they look every poll
+        interval) time to read this node's notice before ``shutdown()`` and this process's
+        exit, which takes the rendezvous store along when this node hosts it (the others then
+        saw only "lost the rendezvous: Connection reset by peer"; torch 2.4's store goes at
+        once). Each node that read it re-joins (torch's ``num_nodes_waiting``); at most two
+        poll intervals and a second, 10 s."""
+        if self.round is None or self._store is None or self._handler is None:
+            return
+        store, handler = self._store, self._handler
+
+        def others_rejoined() -> None:
+            others = max(0, int(store.add(NODES_KEY, 0)) - 1)
+            deadline = time.monotonic() + min(2 * self.poll_interval + 1, 10.0)
+            while others and time.monotonic() < deadline:
+                if handler.num_nodes_waiting() >= others:
+                    return
+                time.sleep(0.05)
+
+        with contextlib.suppress(Exception):
+            run_blocking(others_rejoined, limit=10.5)
+
     def _delete_posted(self) -> None:
         """Delete the notices this node posted (store calls: not from the loop)."""
         while self._posted:
@@ -620,12 +638,11 @@ class ElasticNode:
                 store.delete_key(key)
 
     def close(self) -> None:
-        """The job is over: the store thread ends (at most half a second); the notices this
-        node posted are deleted, best effort, waited for at most half a second."""
+        """The job is over: the store thread ends (at most half a second). The notices this
+        node posted stay in the round's store (they go with it): a node that looks only every
+        few seconds must still read why this one ended (deleted here, it read a bare "closed
+        by another node")."""
         self._watch.close(self._last_round or self._watched_round)
-        if self._posted:
-            with contextlib.suppress(Exception):
-                run_blocking(self._delete_posted, limit=0.5)
 
 
 class _HangJob:

@@ -178,6 +178,7 @@ class Job:
         *,
         announce: Callable[[Round | None, str | None], None] | None = None,
         remove_if_killed: str | None = None,
+        first_round: Callable[[Round], None] | None = None,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -189,6 +190,9 @@ class Job:
         # The start line: once the first attempt's files are set up, with its round (a torch
         # rendezvous) or None (static).
         self.announce = announce  # (round, what --preload did: None without it)
+        # Once the first round of a torch rendezvous formed, before its workers' files are
+        # used (the run directory takes this node's rank in its name).
+        self.first_round = first_round
         self.remove_if_killed = remove_if_killed
         self.started = False  # once workers ran: the log directory may hold their output
         self.last: _Attempt | None = None  # the attempt that ran last, whole
@@ -264,6 +268,9 @@ class Job:
                 except NotAdmitted as done:
                     sys.stderr.write(str(done) + "\n")
                     return 0
+                if self.first_round is not None:
+                    self.first_round(group)
+                    self.first_round = None
             attempt = self.run_attempt(group, port, name, directory, restart_count)
             result = attempt.result
             change = self.node.change if self.node is not None else None

@@ -179,13 +179,28 @@ def _script_hint(config: LaunchConfig) -> str:
 
     name = os.path.basename(config.entrypoint)
     if not re.fullmatch(r"python[0-9.]*", name):
-        return ""
+        return _close_file(config.entrypoint)
     args = list(config.args)
     if "-m" in args[:-1]:
         meant = f"-m {args[args.index('-m') + 1]}"
     else:
         meant = next((arg for arg in args if not arg.startswith("-")), "train.py")
     return f": numarun runs Python itself; drop {name!r} (numarun [options] {meant} ...)"
+
+
+def _close_file(path: str) -> str:
+    """``: did you mean 'train.py'?`` for a script path whose directory holds a file of a close
+    name (a typo: ``trian.py``), else ``""``."""
+    import difflib
+
+    folder, name = os.path.split(path)
+    try:
+        with os.scandir(folder or ".") as entries:
+            files = [entry.name for entry in entries if entry.is_file()][:10000]
+    except OSError:
+        return ""
+    close = difflib.get_close_matches(name, files, n=1, cutoff=0.75)
+    return f": did you mean {os.path.join(folder, close[0])!r}?" if close else ""
 
 
 def _check_module(name: str) -> None:
@@ -370,6 +385,17 @@ def _launch(
     # Refused here (one line, nothing made) when another user could redirect the writes.
     log_root = logdir.temp_log_dir() if temporary else logdir.open_log_dir(config.log_dir or "")
     log_base = log_root.path
+    # Several nodes may share --log-dir: each names its run directory by node rank and host
+    # (under a torch rendezvous the rank comes with the first round: renamed then).
+    nodes = config.max_nodes if config.elastic else config.nnodes
+    host = logdir.host_label() if nodes > 1 and not temporary else None
+    name = None
+    if host is not None:
+        name = (
+            f"{config.run_id}_{host}_joining_{os.urandom(3).hex()}"
+            if config.elastic
+            else logdir.node_run_name(config.run_id, config.node_rank, host)
+        )
     job: Job | None = None
     run_dir = None
     code = 2
@@ -378,12 +404,29 @@ def _launch(
     guard = SignalGuard(config.teardown_signals)
     try:
         guard.__enter__()
-        with log_root:
-            run_dir, first = logdir.make_run(
-                log_root, config.run_id, config.nproc_per_node, fresh=temporary,
-                announce=not config.quiet, rank_dirs=False,
-            )  # fmt: skip
-        logs = logdir.log_dir_note(log_base if temporary else run_dir.path, holds)
+        run_dir, first = logdir.make_run(
+            log_root, config.run_id, config.nproc_per_node, fresh=temporary,
+            announce=not config.quiet, name=name, rank_dirs=False,
+        )  # fmt: skip
+        if host is None or not config.elastic:
+            log_root.close()
+
+        def logs() -> str:
+            if temporary:
+                return logdir.log_dir_note(log_base, holds)
+            assert run_dir is not None
+            if host is not None:
+                return f"logs in {logdir.node_logs_note(run_dir.path, config.run_id)}"
+            return logdir.log_dir_note(run_dir.path, holds)
+
+        def first_round(group: Round) -> None:
+            """Under a torch rendezvous over several nodes: the run directory takes its name
+            from this node's rank in the first round, before any worker starts."""
+            assert run_dir is not None and job is not None
+            logdir.name_after_round(log_root, run_dir, first, config.run_id, group.group_rank,
+                                    str(host))  # fmt: skip
+            log_root.close()
+            job.shown_log_dir = logdir.node_logs_note(run_dir.path, config.run_id)
 
         def announce(group: Round | None, preload: str | None) -> None:
             """The start line (and, for a static multi-node job, where the workers wait),
@@ -392,7 +435,7 @@ def _launch(
                 return
             from numarun.launch.startline import meeting_note, start_line
 
-            lines = [start_line(config, plan, port=port, logs=logs, group=group, preload=preload)]
+            lines = [start_line(config, plan, port=port, logs=logs(), group=group, preload=preload)]
             note = meeting_note(config, port) if group is None else None
             if note is not None:
                 lines.append(note)
@@ -407,9 +450,11 @@ def _launch(
             mem_policies,
             outputs,
             # The summary names the directory when it stays (it stays after a failure
-            # whenever it holds log files).
-            log_base if holds != logdir.ERRORS else None,
+            # whenever it holds log files); over several nodes, this node's and the rule.
+            (logdir.node_logs_note(run_dir.path, config.run_id) if host is not None
+             else log_base if holds != logdir.ERRORS else None),
             announce=announce,
+            first_round=first_round if host is not None and config.elastic else None,
             # Killed (SIGKILL), numarun cannot clean up: its watchdog removes a temporary dir
             # that held nothing but error files; log files stay (the start said where).
             remove_if_killed=log_base if holds == logdir.ERRORS else None,
@@ -426,6 +471,7 @@ def _launch(
         return code
     finally:
         guard.__exit__(None, None, None)
+        log_root.close()
         if run_dir is not None:
             run_dir.close()
         nothing_ran = job is None or not job.started

@@ -16,6 +16,16 @@ deleting or reusing one) and :func:`make_attempt` makes an attempt's, everything
 directory descriptors; :func:`make_log_dirs` is the three in one. :func:`rank_log_dir`,
 :func:`error_file_path` and :func:`error_file` name a rank's place in an attempt.
 
+A job over several nodes (``--nnodes`` above 1, or a torch rendezvous whose ``--nnodes`` allows
+more than one) may share one ``--log-dir`` (a network file system): each node gets its own run
+directory named by :func:`node_run_name`, ``<run_id>_node<K>_<HOST>`` (``K`` its node rank,
+``HOST`` its host name), with torchrun's layout inside. Under a torch rendezvous the node rank
+is known only once the first round has formed: the directory is made as
+``<run_id>_<HOST>_joining_<random>`` and renamed by :func:`name_after_round` before any worker
+starts (a later round may give the node another rank: the name keeps the first). A name taken
+by an earlier run gets ``_<random>`` added, silently (the start line names the directory);
+:func:`node_logs_note` says where every node's logs are.
+
 Without ``--log-dir`` the base is a fresh private directory (:func:`temp_log_dir`), and what it
 holds (:func:`temp_dir_holds`) decides its end: :data:`ERRORS` (only error files) is removed at
 the end, :data:`COPIES` (log files the console showed in full) is kept only after a failure,
@@ -88,6 +98,21 @@ def open_log_dir(log_dir: str) -> Directory:
     return open_directory(log_dir, what="--log-dir", create=True)
 
 
+def host_label(host: str | None = None) -> str:
+    """This machine's host name (or ``host``) as part of a directory name: letters, digits,
+    ``.`` and ``-`` kept, anything else ``-``, at most 64 characters (``"host"`` when empty)."""
+    import socket
+
+    name = socket.gethostname() if host is None else host
+    kept = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "-" for c in name)
+    return kept.strip(".")[:64] or "host"
+
+
+def node_run_name(run_id: str, node_rank: int | str, host: str) -> str:
+    """``<run_id>_node<K>_<HOST>``: one node's run directory in a shared ``--log-dir``."""
+    return f"{run_id}_node{node_rank}_{host}"
+
+
 def make_run(
     base: Directory,
     run_id: str,
@@ -96,36 +121,39 @@ def make_run(
     fresh: bool,
     announce: bool = True,
     rank_dirs: bool = True,
+    name: str | None = None,
 ) -> tuple[Directory, Directory]:
     """Claim ``base/<run_id>/`` and make ``attempt_0/`` in it, and in that ``<local_rank>/``
     for ``nprocs`` ranks unless ``rank_dirs`` is False (:func:`make_attempt`); return (run
     dir, attempt dir), both open (the caller closes them).
 
     A ``fresh`` base (our own new temporary directory) cannot hold an earlier run. Otherwise,
-    when ``<run_id>`` exists (an earlier run, or another node's numarun sharing the file system
-    and the run id) this run takes ``<run_id>_<random>/`` -- torchrun's naming -- and, if
-    ``announce``, says so on stderr; nothing is deleted or reused, so a stale ``error.json``
-    is never read as this run's. Everything is made relative to ``base``'s descriptor
-    (:class:`numarun.launch.safedir.Directory`). :class:`UsageError` (one line) when a
-    directory cannot be made.
+    when ``<run_id>`` exists (an earlier run) this run takes ``<run_id>_<random>/`` --
+    torchrun's naming -- and, if ``announce``, says so on stderr; nothing is deleted or
+    reused, so a stale ``error.json`` is never read as this run's. ``name`` (a node's
+    directory, :func:`node_run_name`) replaces ``<run_id>``, and a taken one gets
+    ``_<random>`` without a word: the start line names the directory. Everything is made
+    relative to ``base``'s descriptor (:class:`numarun.launch.safedir.Directory`).
+    :class:`UsageError` (one line) when a directory cannot be made.
     """
     check_run_id(run_id)
+    wanted = run_id if name is None else name
     run: Directory | None = None
     try:
         try:
-            run = base.make(run_id)
+            run = base.make(wanted)
         except FileExistsError:
             if fresh:
                 raise
             for _ in range(100):
                 try:
-                    run = base.make(f"{run_id}_{os.urandom(4).hex()}")
+                    run = base.make(f"{wanted}_{os.urandom(4).hex()}")
                     break
                 except FileExistsError:
                     continue
             else:
                 raise
-            if announce:
+            if announce and name is None:
                 sys.stderr.write(
                     f"numarun: {os.path.join(base.path, run_id)} already exists; "
                     f"this run's logs go to {run.path}\n"
@@ -134,7 +162,7 @@ def make_run(
     except OSError as err:
         if run is not None:
             run.close()
-        where = run.path if run is not None else os.path.join(base.path, run_id)
+        where = run.path if run is not None else os.path.join(base.path, wanted)
         raise UsageError(
             f"cannot create log directory {where!r}: {err.strerror or err}; "
             "choose another --log-dir"
@@ -143,6 +171,43 @@ def make_run(
         if run is not None:
             run.close()
         raise
+
+
+def name_after_round(
+    base: Directory, run: Directory, attempt: Directory, run_id: str, node_rank: int, host: str
+) -> None:
+    """Rename ``run`` (made in ``base`` under a provisional name, before the rendezvous) to
+    :func:`node_run_name` now that the node rank is known, ``_<random>`` added when the name
+    is taken; ``run.path`` and ``attempt.path`` (an attempt directory in it, not yet used by
+    any worker) follow. Relative to ``base``'s descriptor; a rename that fails (the file
+    system refuses it) leaves the provisional name, which the start line then names."""
+    old = os.path.basename(run.path)
+    wanted = node_run_name(run_id, node_rank, host)
+    for candidate in [wanted, *(f"{wanted}_{os.urandom(4).hex()}" for _ in range(100))]:
+        try:
+            os.stat(candidate, dir_fd=base.fd, follow_symlinks=False)
+            continue  # taken (an earlier run's): a rename would replace an empty directory
+        except FileNotFoundError:
+            pass
+        except OSError:
+            return
+        try:
+            os.rename(old, candidate, src_dir_fd=base.fd, dst_dir_fd=base.fd)
+        except FileExistsError:
+            continue
+        except OSError:
+            return
+        path = os.path.join(base.path, candidate)
+        attempt.path = os.path.join(path, os.path.basename(attempt.path))
+        run.path = path
+        return
+
+
+def node_logs_note(run_dir: str, run_id: str) -> str:
+    """Where every node's logs are, for a job over several nodes sharing ``--log-dir``: this
+    node's run directory and the rule naming the others' beside it."""
+    rule = node_run_name(run_id, "<K>", "<HOST>")
+    return f"{run_dir} (this node; every node's: {rule}[_<random>] beside it)"
 
 
 def make_attempt(run: Directory, name: str, nprocs: int, *, rank_dirs: bool = True) -> Directory:

@@ -279,7 +279,8 @@ def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(conf.items())
 
 
-# The --rdzv-conf keys each torch 2.13 backend reads (unknown keys are ignored by torch).
+# The --rdzv-conf keys each torch backend reads (2.13's, and cas_backoff_max_seconds from 2.15
+# on: an older torch ignores it, as it ignores every key it does not know).
 _DYNAMIC_KEYS = (
     "join_timeout",
     "last_call_timeout",
@@ -290,8 +291,11 @@ _DYNAMIC_KEYS = (
 )
 RDZV_CONF_KEYS: dict[str, tuple[str, ...]] = {
     "static": ("timeout",),
-    "c10d": (*_DYNAMIC_KEYS, "read_timeout", "is_host", "store_type"),
-    "etcd-v2": (*_DYNAMIC_KEYS, "read_timeout", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert"),
+    "c10d": (*_DYNAMIC_KEYS, "read_timeout", "is_host", "store_type", "cas_backoff_max_seconds"),
+    "etcd-v2": (
+        *_DYNAMIC_KEYS, "read_timeout", "protocol", "ssl_cert", "ssl_cert_key", "ca_cert",
+        "cas_backoff_max_seconds",
+    ),
     "etcd": ("timeout", "last_call_timeout", "etcd_prefix", "protocol", "cacert", "cert", "key"),
 }
 _SECONDS_KEYS = (*_DYNAMIC_KEYS, "read_timeout", "timeout")

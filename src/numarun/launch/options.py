@@ -402,6 +402,45 @@ _PARSER_ONLY = (
     _Option(("--version",), "", flag=True),
 )
 
+# numarun's options that torchrun does not have (dashed spelling). A prefix torchrun reads as
+# one of its own options means that option here too, even where one of these also starts with
+# it (``--h`` is ``--help``, not ambiguous with ``--hang-timeout``; ``--v`` is
+# ``--virtual-local-rank``, not ``--version``).
+NUMARUN_ONLY = frozenset({
+    "--rank-cpus", "--mem-binding", "--binding-fallback", "--grace-period", "--hang-timeout",
+    "--dry-run", "--sysfs-root", "--cpus-allowed", "--quiet", "--version",
+})  # fmt: skip
+
+# Options that a training script hardly ever has itself: after the entry point they are the
+# script's (as with torchrun), which :func:`options_after_entrypoint` warns about once.
+_LAUNCHER_ONLY = (
+    "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
+    "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--standalone",
+    "--max-restarts", "--monitor-interval", "--numa-binding", "--mem-binding", "--rank-cpus",
+    "--binding-fallback", "--hang-timeout", "--redirects", "--tee", "--local-ranks-filter",
+    "--no-python", "--nproc_per_node", "--node_rank", "--master_addr", "--master_port",
+    "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
+    "--monitor_interval", "--numa_binding", "--mem_binding", "--rank_cpus",
+    "--binding_fallback", "--hang_timeout", "--local_ranks_filter", "--no_python",
+)  # fmt: skip
+
+
+def options_after_entrypoint(entrypoint: str, args: Sequence[str]) -> str | None:
+    """A warning when ``args`` (what follows the entry point, passed to it untouched) holds
+    launcher options such as ``--nproc-per-node``: torchrun passes them to the script too,
+    and so does numarun, but the user probably meant them for the launcher. None otherwise."""
+    found = []
+    for arg in args:
+        name = arg.partition("=")[0]
+        if name in _LAUNCHER_ONLY and name not in found:
+            found.append(name)
+    if not found:
+        return None
+    return (
+        f"{', '.join(found)} after {entrypoint} {'goes' if len(found) == 1 else 'go'} to the "
+        "script, as with torchrun, not to numarun; put numarun's options before the script"
+    )
+
 
 def _spell_out(token: str, by_name: Mapping[str, _Option]) -> str:
     """``--nnode`` -> ``--nnodes``, ``--nnode=2`` -> ``--nnodes=2``: argparse's abbreviation
@@ -418,8 +457,19 @@ def _spell_out(token: str, by_name: Mapping[str, _Option]) -> str:
         if full.startswith("--") and full.startswith(name)
     }
     if len(matches) > 1:
-        names = sorted(option.names[0] for _full, option in matches.values())
-        raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
+        torchruns = {
+            key: (full, option)
+            for key, (full, option) in matches.items()
+            if any(
+                n.startswith("--") and n.replace("_", "-") not in NUMARUN_ONLY
+                for n in option.names
+            )
+        }
+        if len(torchruns) == 1:
+            matches = torchruns  # torchrun reads the prefix as this option: so does numarun
+        else:
+            names = sorted(option.names[0] for _full, option in matches.values())
+            raise UsageError(f"ambiguous option: {name} could match {', '.join(names)}")
     if not matches:
         return token
     (full, option), = matches.values()

@@ -21,6 +21,11 @@ numarun's ``mkdir`` and its ``open`` and have root write into any file. Two rule
   ``O_CREAT | O_EXCL | O_NOFOLLOW``, so a name swapped for a link anyway is never followed and a
   file planted in advance is never truncated.
 
+Files named on the command line (``numarun topo --svg FILE``, ``plan --svg``, ``snapshot OUT``)
+follow the same rules through :func:`replace_file`: their directory reached by
+:func:`open_directory`, another user's link at the name refused, and the content written to a new
+file beside it and renamed into place, so that a write that fails never truncates what was there.
+
 The private per-user runtime directory of ``numarun stacks``
 (:func:`numarun.stacks.channel.runtime_dir`) follows the same ownership rule, stricter: it must
 be the caller's own, mode 0700, not a link.
@@ -32,6 +37,11 @@ import os
 import stat
 
 from numarun.errors import UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import BinaryIO
 
 _OPEN_PATH = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _OPEN_DIR = _OPEN_PATH | os.O_DIRECTORY
@@ -112,19 +122,24 @@ def _replaced(shown: str, error: OSError) -> UsageError | OSError:
     return error
 
 
-def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
+def open_directory(
+    path: str, *, what: str, create: bool = False, for_file: str | None = None
+) -> Directory:
     """Reach the directory ``path`` safely (see the module's rules); return it opened.
 
     ``what`` names ``path`` in the one-line :class:`UsageError` (``"--log-dir"``,
-    ``"TMPDIR"``). With ``create``, missing directories on the way are made (mode 0755 less
-    the umask) and removed again when the walk is refused further on; without it a missing one
-    is an error. Raises :class:`UsageError` for an empty path, a component that is not a
-    directory, more than 40 symbolic links, a directory or link another user could change, and
-    a directory that cannot be made or opened (its ``strerror``).
+    ``"TMPDIR"``); with ``for_file``, the messages name that file (in ``path``) instead.
+    With ``create``, missing directories on the way are made (mode 0755 less the umask) and
+    removed again when the walk is refused further on; without it a missing one is an error.
+    Raises :class:`UsageError` for an empty path, a component that is not a directory, more
+    than 40 symbolic links, a directory or link another user could change, and a directory
+    that cannot be made or opened (its ``strerror``).
     """
     if not path:
         raise UsageError(f"{what} is empty: name a directory")
     euid = os.geteuid()
+    named = path if for_file is None else for_file
+    itself = for_file is None  # the last directory is what is named, not the file's parent
     absolute = path.startswith("/")
     made: list[tuple[int, str]] = []  # (parent fd, name) of directories made here, in order
     current = -1
@@ -132,7 +147,7 @@ def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
     try:
         current = os.open("/" if absolute else ".", _OPEN_DIR)
         pending = [part for part in path.split("/") if part not in ("", ".")]
-        _check_directory(os.fstat(current), shown, path, what, euid, last=not pending)
+        _check_directory(os.fstat(current), shown, named, what, euid, last=itself and not pending)
         links = 0
         while pending:
             name = pending.pop(0)
@@ -141,7 +156,7 @@ def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
                 fd = os.open(name, _OPEN_PATH, dir_fd=current)
             except FileNotFoundError:
                 if not create:
-                    raise UsageError(f"{what} {path!r}: {here} does not exist") from None
+                    raise UsageError(f"{what} {named!r}: {here} does not exist") from None
                 try:
                     os.mkdir(name, DIR_MODE, dir_fd=current)
                     made.append((os.dup(current), name))
@@ -153,13 +168,13 @@ def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
                 os.close(fd)
                 if info.st_uid not in (0, euid):
                     raise UsageError(
-                        f"{what} {path!r} is reached through the symbolic link {here} of "
+                        f"{what} {named!r} is reached through the symbolic link {here} of "
                         f"another user (uid {info.st_uid}), who could point it anywhere; "
                         f"{_remedy(what)}"
                     )
                 links += 1
                 if links > _MAX_LINKS:
-                    raise UsageError(f"{what} {path!r}: too many symbolic links (a loop?)")
+                    raise UsageError(f"{what} {named!r}: too many symbolic links (a loop?)")
                 target = os.readlink(name, dir_fd=current)
                 if target.startswith("/"):
                     os.close(current)
@@ -168,18 +183,20 @@ def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
                     shown = "/"
                 pending[:0] = [part for part in target.split("/") if part not in ("", ".")]
                 if target.startswith("/"):
-                    _check_directory(os.fstat(current), shown, path, what, euid, last=not pending)
+                    _check_directory(
+                        os.fstat(current), shown, named, what, euid, last=itself and not pending
+                    )
                 continue
             if not stat.S_ISDIR(info.st_mode):
                 os.close(fd)
                 raise UsageError(
-                    f"{'cannot create ' if create else ''}{what} {path!r}: {here} exists and is "
+                    f"{'cannot create ' if create else ''}{what} {named!r}: {here} exists and is "
                     "not a directory"
                 )
             if name == "..":
                 here = os.path.normpath(os.path.join(shown, ".."))
             try:
-                _check_directory(info, here, path, what, euid, last=not pending)
+                _check_directory(info, here, named, what, euid, last=itself and not pending)
             except UsageError:
                 os.close(fd)
                 raise
@@ -194,15 +211,101 @@ def open_directory(path: str, *, what: str, create: bool = False) -> Directory:
     except OSError as error:
         _remove_made(made)
         raise UsageError(
-            f"cannot create {what} {path!r}: {error.strerror or error}"
+            f"cannot create {what} {named!r}: {error.strerror or error}"
             if create
-            else f"cannot open {what} {path!r}: {error.strerror or error}"
+            else f"cannot open {what} {named!r}: {error.strerror or error}"
         ) from None
     finally:
         if current >= 0:
             os.close(current)
         for parent, _ in made:
             os.close(parent)
+
+
+def replace_file(path: str, write: Callable[[BinaryIO], object], *, what: str) -> None:
+    """Write a file named on the command line (``numarun topo --svg FILE``, ``numarun
+    snapshot OUT``) so that no other user can redirect the write and a failing write leaves
+    any existing ``path`` untouched.
+
+    The directory holding ``path`` is reached by :func:`open_directory`'s rules (not made). A
+    symbolic link at ``path`` is followed, by the same rules, when it is the caller's or
+    root's, and refused when it is another user's (who could point it anywhere); a directory
+    there is refused. ``write`` gets a new file made beside the target (``.NAME.<random>``,
+    ``O_EXCL | O_NOFOLLOW``, mode 0666 less the umask, or an existing target's mode), which is
+    then renamed over the target: a rename replaces a link planted meanwhile instead of
+    following it. Raises :class:`UsageError` (one line) for each refusal and for an ``OSError``
+    or ``UnicodeError`` of the write, after removing the new file; anything else ``write``
+    raises propagates, the new file removed."""
+    if not path:
+        raise UsageError(f"{what} is empty: name a file")
+    euid = os.geteuid()
+    shown = path
+    for _ in range(_MAX_LINKS):
+        parent, name = os.path.split(path)
+        if name in ("", ".", ".."):
+            raise UsageError(f"{what} {shown!r} names a directory, not a file")
+        directory = open_directory(parent or ".", what=what, for_file=shown)
+        try:
+            info = os.stat(name, dir_fd=directory.fd, follow_symlinks=False)
+        except FileNotFoundError:
+            info = None
+        except OSError as error:
+            directory.close()
+            raise UsageError(f"cannot write {what} {shown!r}: {error.strerror}") from None
+        if info is not None and stat.S_ISLNK(info.st_mode):
+            target = os.readlink(name, dir_fd=directory.fd)
+            directory.close()
+            if info.st_uid not in (0, euid):
+                raise UsageError(
+                    f"{what} {shown!r} is reached through the symbolic link {path} of another "
+                    f"user (uid {info.st_uid}), who could point it anywhere; {_remedy(what)}"
+                )
+            path = os.path.join(parent, target)
+            continue
+        with directory:
+            if info is not None and not stat.S_ISREG(info.st_mode):
+                raise UsageError(f"{what} {shown!r} exists and is not a regular file")
+            keep = None if info is None or info.st_uid != euid else stat.S_IMODE(info.st_mode)
+            _write_beside(directory, name, write, keep, f"{what} {shown!r}")
+        return
+    raise UsageError(f"{what} {shown!r}: too many symbolic links (a loop?)")
+
+
+def _write_beside(
+    directory: Directory,
+    name: str,
+    write: Callable[[BinaryIO], object],
+    mode: int | None,
+    shown: str,
+) -> None:
+    """``write`` into a new file beside ``name`` in ``directory``, renamed over ``name``."""
+    for _ in range(100):
+        temporary = f".{name[:200]}.{os.urandom(4).hex()}"
+        try:
+            fd = directory.create(temporary, 0o666)
+            break
+        except FileExistsError:
+            continue
+        except OSError as error:
+            raise UsageError(f"cannot write {shown}: {error.strerror}") from None
+    else:
+        raise UsageError(f"cannot write {shown}: no free temporary name beside it")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            if mode is not None:
+                os.fchmod(out.fileno(), mode)
+            write(out)
+        os.rename(temporary, name, src_dir_fd=directory.fd, dst_dir_fd=directory.fd)
+    except BaseException as error:
+        import contextlib
+
+        with contextlib.suppress(OSError):
+            os.unlink(temporary, dir_fd=directory.fd)
+        if isinstance(error, OSError):
+            raise UsageError(f"cannot write {shown}: {error.strerror or error}") from None
+        if isinstance(error, UnicodeError):
+            raise UsageError(f"cannot write {shown}: {error}") from None
+        raise
 
 
 def _remove_made(made: list[tuple[int, str]]) -> None:
@@ -223,8 +326,8 @@ def _check_directory(
     if info.st_uid not in (0, euid):
         raise UsageError(
             f"{subject} belongs to another user (uid {info.st_uid}), who could swap "
-            "directories for links and redirect numarun's writes; numarun writes logs only "
-            f"into directories of yours or root's: {_remedy(what)}"
+            "directories for links and redirect numarun's writes; numarun writes only into "
+            f"directories of yours or root's: {_remedy(what)}"
         )
     mode = info.st_mode
     if mode & stat.S_ISVTX:

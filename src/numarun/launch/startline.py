@@ -51,7 +51,9 @@ def start_line(
     address), None for the static rendezvous (``config``'s, the store on ``port``). The
     meeting point is named when the job spans several nodes. CPUs: ``unbound`` when no rank
     is bound, else each rank's in the kernel's compact form (``rank 0: 0-3,8``), the mode in
-    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text. ``preload``
+    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text. Under a torch
+    rendezvous without ``--rdzv-id`` the id is torchrun's default ``none``, and the line says
+    that it is the default. ``preload``
     (``--preload``: ``preload: torch (on standbys)``, or ``(cold: why)``) comes last.
     """
     if group is None:
@@ -71,9 +73,14 @@ def start_line(
         parts.append(f"meeting at {host_port(addr, meet_port)}")
     parts.append(_cpus_text(plan, ranks))
     parts.append(logs)
+    run = config.run_id
+    if config.elastic and run == "none":
+        # torchrun's default id, under which every node of the job meets: say so, rather
+        # than "run none".
+        run = "'none' (torchrun's default --rdzv-id; name the job with --rdzv-id ID)"
     if preload:
         parts.append(preload)
-    return f"numarun: run {config.run_id}: " + ", ".join(parts)
+    return f"numarun: run {run}: " + ", ".join(parts)
 
 
 def meeting_note(config: LaunchConfig, port: int) -> str | None:

@@ -226,13 +226,16 @@ class StoreWatch:
             self._run_work(round_)
             now = time.monotonic()
             if now >= next_look:
-                for result in self._look(round_):
-                    self._report(round_, result)
                 looks += 1
                 # With a waiter, events wake it; the count is read now and then only, for an
-                # event whose poster died between its two calls (a hole to skip).
+                # event whose poster died between its two calls (a hole to skip). Events come
+                # before the look: a node that posts its failure and then closes the
+                # rendezvous (its last restart failed) is read as its notice, not as a bare
+                # "closed" (torch 2.4's handler sees the closing at once).
                 if round_.waiter is None or looks % _HOLE_LOOKS == 0:
                     self._take_events(round_, looking=True)
+                for result in self._look(round_):
+                    self._report(round_, result)
                 next_look = time.monotonic() + self.interval
                 continue
             if round_.waiter is None:

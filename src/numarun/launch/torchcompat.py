@@ -4,18 +4,26 @@ numarun's torch rendezvous (:mod:`numarun.launch.elastic`) is torch's own code u
 and a few of the names it calls are private or recent. Each is looked up before it is used:
 
 * required -- ``SimpleElasticAgent._assign_worker_ranks(self, store, group_rank,
-  group_world_size, spec)`` (rank assignment, torchrun's keys; called without an agent),
-  ``RendezvousStoreInfo.build`` and ``RendezvousInfo.bootstrap_store_info`` (the workers'
-  store): missing, the launch is refused in one line naming the torch version
-  (:func:`check_torch`, :func:`assign_ranks`);
+  group_world_size, spec)`` (rank assignment, torchrun's keys; called without an agent) and
+  ``RendezvousInfo.bootstrap_store_info`` (the workers' store): missing, the launch is refused in
+  one line naming the torch version (:func:`check_torch`, :func:`assign_ranks`), as is a torch
+  older than :data:`OLDEST` (the round's facts came in other shapes before 2.4);
 * optional -- ``dynamic_rendezvous._delay`` and the state holder's ``_cache_duration`` (a quick
   re-join, :func:`rejoin`, and a first join that notices the round sooner, :func:`first_join`),
-  ``Store.list_keys`` (emptying the workers' store between rounds, :func:`clear_worker_store`),
-  ``Store.clone`` (the watch's own connection, :mod:`numarun.launch.storewatch`): missing,
-  torch's own behaviour, a fresh workers' store per round (hosted by rank 0's worker on a free
-  port, as torch does when the store is not shared), or events read at each look.
+  ``Store.list_keys`` (emptying the workers' store between rounds,
+  :func:`clear_worker_store`), ``Store.clone`` (the watch's own connection,
+  :mod:`numarun.launch.storewatch`): missing, torch's own behaviour, a fresh workers' store
+  hosted by rank 0's launcher from its second round on, or events read at each look.
 
-The c10d path is written for torch :data:`TORCH_SUPPORTED` and tested with 2.13.
+Which workers' store a round gets follows torch's handler (:func:`workers_store`), so that a
+torchrun node in the same job hands its workers the same one: not shared (torch 2.4,
+``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``, etcd), the one torch's handler built for the round;
+shared (2.5 and later), torch's shared store, published again every round, emptied between
+rounds where ``Store.list_keys`` is there (2.10 and later) and else replaced, from rank 0's second
+round on, by a fresh store its launcher hosts.
+
+The c10d path is tested, by ``tests/run_c10d_tests.py``, with the releases the README's table
+names; :data:`TORCH_SUPPORTED` is what a refusal names.
 """
 
 from __future__ import annotations
@@ -26,8 +34,10 @@ from typing import Any
 
 from numarun.errors import UsageError
 
-TORCH_SUPPORTED = "2.4 to 2.13"  # the torch versions the c10d path is written for
+OLDEST = (2, 4)  # the oldest torch whose rendezvous the c10d path drives
+TORCH_SUPPORTED = "2.4 or later"  # what a refusal names
 _FIRST_POLL = 0.02  # re-joining: the first wait between polls of the rendezvous state
+_FIRST_JOIN_SPREAD = (0, 0.3)  # torch's random sleep before a node's first join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -63,12 +73,29 @@ def quiet_torch() -> None:
     elastic_logger.propagate = False
 
 
+def torch_release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a ``torch.__version__`` such as ``2.4.1+cu121`` or ``2.16.0a0+git``;
+    None when it does not start with two numbers."""
+    parts = version.split(".")
+    try:
+        return int(parts[0]), int("".join(c for c in parts[1][:3] if c.isdigit()) or "x")
+    except (IndexError, ValueError):
+        return None
+
+
 def check_torch() -> None:
     """Refuse, in one line, a torch without what the rendezvous path needs (checked once the
-    handler's modules load, before anything is joined)."""
+    handler's modules load, before anything is joined): older than :data:`OLDEST`, or one of
+    the required names missing."""
     from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
     from torch.distributed.elastic.rendezvous import api
 
+    release = torch_release(torch_version())
+    if release is not None and release < OLDEST:
+        raise UsageError(
+            f"numarun's torch rendezvous drives torch {TORCH_SUPPORTED}; this is torch "
+            f"{torch_version()}: upgrade torch (or use --rdzv-backend static)"
+        )
     assign = getattr(SimpleElasticAgent, "_assign_worker_ranks", None)
     if assign is None:
         raise unsupported("SimpleElasticAgent._assign_worker_ranks")
@@ -77,11 +104,65 @@ def check_torch() -> None:
     names = list(inspect.signature(assign).parameters)
     if names[:5] != ["self", "store", "group_rank", "group_world_size", "spec"]:
         raise unsupported("_assign_worker_ranks(self, store, group_rank, group_world_size, spec)")
-    store_info = getattr(api, "RendezvousStoreInfo", None)
-    if store_info is None or not hasattr(store_info, "build"):
-        raise unsupported("RendezvousStoreInfo.build")
     if not hasattr(getattr(api, "RendezvousInfo", None), "bootstrap_store_info"):
         raise unsupported("RendezvousInfo.bootstrap_store_info")
+
+
+def workers_store(
+    handler: Any, info: Any, *, first_round: bool, local_addr: str | None
+) -> tuple[str, int, bool]:
+    """(MASTER_ADDR, MASTER_PORT, shared) of the store this round's workers meet in, after
+    ``info = handler.next_rendezvous()``; ``shared`` is ``TORCHELASTIC_USE_AGENT_STORE``;
+    ``first_round``: this launcher's first round. Blocks in the round's store (every node but
+    rank 0 reads what rank 0 published).
+
+    * torch's handler does not share its store (``use_agent_store`` false: torch 2.4, etcd,
+      ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``): the store torch's handler built for this
+      round (a free port of rank 0's node, hosted by its rank 0 worker), exactly what
+      torchrun's workers get;
+    * shared (2.5 and later): rank 0 publishes the workers' store every round under torch's
+      own keys (``MASTER_ADDR``, ``MASTER_PORT`` in the round's store, as
+      ``RendezvousStoreInfo.build`` does; torch publishes only in the first round a node is
+      rank 0 in, and its other nodes read only in their first round, so a node joining a later
+      round, numarun's or torchrun's, would wait for the keys forever). In rank 0's first
+      round that is torch's shared store (what torch itself published: torchrun nodes agree);
+      later, torch's store emptied (:func:`clear_worker_store`, 2.10 and later), or where torch
+      cannot list its keys (2.5 to 2.9) a fresh store that this launcher hosts
+      (``local_addr``, else its fully qualified name), so that no worker reads a key the last
+      round's workers left (gloo: "connectFullMesh failed").
+    """
+    bootstrap = info.bootstrap_store_info
+    if not getattr(handler, "use_agent_store", False):
+        return str(bootstrap.master_addr), int(bootstrap.master_port), False
+    from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+    addr_key = getattr(RendezvousStoreInfo, "MASTER_ADDR_KEY", "MASTER_ADDR")
+    port_key = getattr(RendezvousStoreInfo, "MASTER_PORT_KEY", "MASTER_PORT")
+    store = info.store
+    if info.rank == 0:
+        addr, port = str(bootstrap.master_addr), int(bootstrap.master_port)
+        if not first_round and not can_clear_worker_store():
+            addr, port = _fresh_store(local_addr)
+        store.set(addr_key, addr.encode())
+        store.set(port_key, str(port).encode())
+    return bytes(store.get(addr_key)).decode(), int(bytes(store.get(port_key)).decode()), True
+
+
+_hosted: list[Any] = []  # the fresh workers' store this launcher hosts, until the next replaces it
+
+
+def _fresh_store(local_addr: str | None) -> tuple[str, int]:
+    """A new TCPStore server in this process on a free port, held until the next one."""
+    import socket
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    server = TCPStore(
+        "0.0.0.0", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+    )
+    _hosted[:] = [server]
+    return local_addr or socket.getfqdn(), int(server.port)
 
 
 def assign_ranks(agent_class: Any, info: Any, spec: Any) -> list[Any]:
@@ -118,7 +199,9 @@ def rejoin(handler: Any) -> Any:
 
     def delay(seconds: float | tuple[float, float]) -> None:
         if isinstance(seconds, tuple):
-            return  # the first-join spread
+            if tuple(seconds) != _FIRST_JOIN_SPREAD:
+                original(seconds)  # another random wait (2.15's backoff after a failed write)
+            return
         original(min(seconds, pause[0]))
         pause[0] = min(seconds, pause[0] * 2)
 
@@ -134,8 +217,8 @@ def rejoin(handler: Any) -> Any:
 
 
 def can_clear_worker_store() -> bool:
-    """Whether :func:`clear_worker_store` can empty the workers' store (``Store.list_keys``);
-    without it each round gets a fresh store (the rendezvous does not share its own)."""
+    """Whether :func:`clear_worker_store` can empty the workers' store (``Store.list_keys``,
+    torch 2.10 and later); without it :func:`workers_store` hosts a fresh one instead."""
     from torch.distributed import TCPStore
 
     return hasattr(TCPStore, "list_keys")
@@ -143,16 +226,20 @@ def can_clear_worker_store() -> bool:
 
 def clear_worker_store(previous: Round) -> None:
     """Delete every key the last attempt's workers left in the store this node hosts for them
-    (torch's shared TCPStore, MASTER_ADDR:MASTER_PORT), before the next round.
+    (torch's shared TCPStore, MASTER_ADDR:MASTER_PORT), before the next round (only for a
+    round whose store was shared, see :func:`workers_store`).
 
     torch gives every attempt the same store without a per-attempt prefix, so without this
     the next attempt's workers can read a dead worker's address (gloo: "Connection refused",
     or a hang). Only the node that hosted the store in the last round does it, before it
-    rejoins: no worker of the next round can start before the round completes. Needs
-    ``Store.list_keys`` (torch 2.10 and later; see :func:`can_clear_worker_store`)."""
+    rejoins: no worker of the next round can start before the round completes. Does
+    nothing without ``Store.list_keys`` (before torch 2.10: :func:`can_clear_worker_store`)."""
     from datetime import timedelta
 
     from torch.distributed import TCPStore
+
+    if not can_clear_worker_store():
+        return
 
     store = TCPStore(
         previous.master_addr, previous.master_port, is_master=False, timeout=timedelta(seconds=10)

@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 
 from numarun.machine.cpulist import format_cpulist
 from numarun.machine.model import Core, Gpu, Nic, NumaNode, Topology
+from numarun.machine.topology import printable
 
 PU_W, PU_H = 26, 16  # one logical CPU
 GAP, PAD, HEAD = 2, 6, 18  # between boxes, inside a box, a box's title line
@@ -295,8 +296,17 @@ def _text(
 
 
 def _escape(text: str) -> str:
+    """``text`` as XML character data or an attribute value: markup characters as entities,
+    and every character that is not printable (control characters, which XML 1.0 cannot hold
+    at all, lone surrogates from undecodable file names) as a visible escape
+    (:func:`numarun.machine.topology.printable`), so a name from a hostile tree still gives a
+    well-formed file."""
     return (
-        text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace('"', "&quot;")
+        printable(text)
+        .replace("&", "&amp;")
+        .replace("<", "&lt;")
+        .replace(">", "&gt;")
+        .replace('"', "&quot;")
     )
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import time
 from collections.abc import Mapping, Sequence
 
 from numarun.errors import TopologyError, UsageError
@@ -100,6 +99,21 @@ def _shown(text: str, limit: int = 200) -> str:
     """``text`` for a one-line message: control characters escaped, long text cut."""
     quoted = ascii(text)[1:-1]
     return quoted if len(quoted) <= limit else quoted[: limit - 3] + "..."
+
+
+def printable(text: str) -> str:
+    """``text`` safe for a terminal or an XML file: unchanged when every character is
+    printable, else each one that is not written as in a Python string literal (``\\x1b``;
+    ``\\xff`` for a byte of a file name that is not UTF-8). Directory entries read from a
+    tree go through it before they reach the :class:`Topology`; the views apply it again."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else _escaped(char) for char in text)
+
+
+def _escaped(char: str) -> str:
+    code = ord(char)
+    return f"\\x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else ascii(char)[1:-1]
 
 
 def _list_dir(path: str) -> list[str] | None:
@@ -561,7 +575,7 @@ def _read_pci(
         else:
             local = tuple(c for c in listed if c in online_set)
         node = _device_node(raw_node, local, cpu_nodes)
-        address = address.lower()
+        address = printable(address.lower())  # a directory entry: any bytes in a hostile tree
         if subclass in _GPU_CLASSES:
             if node is None:
                 warnings.append(
@@ -580,7 +594,9 @@ def _read_pci(
                 for child in sorted(reader.listdir(base) or ()):
                     if child.startswith("virtio"):
                         names += sorted(reader.listdir(f"{base}/{child}/net") or ())
-            nics.append(Nic(address, tuple(names), _NIC_CLASSES[subclass], node))
+            nics.append(
+                Nic(address, tuple(map(printable, names)), _NIC_CLASSES[subclass], node)
+            )
     return tuple(gpus), tuple(nics)
 
 
@@ -702,68 +718,14 @@ def _gpu_env(
     return ()
 
 
-# ---------------------------------------------------------------------------------------------
-# Snapshots.
-
-
-def snapshot(root: str | Path, out_path: str | Path, *, mtime: int | None = None) -> int:
-    """Write ``out_path`` (.tar.gz) holding exactly the sysfs files :func:`read_topology` reads.
-
-    Paths in the archive are relative to ``root`` (``sys/devices/system/cpu/online``...), and
-    every directory the reader lists is recorded with its entries, so ``read_topology`` of the
-    extracted directory gives the same machine (with every online CPU allowed, as for any
-    non-``/`` root). NVML is not consulted and visibility variables are ignored. Returns the
-    number of files written. Raises :class:`TopologyError` when ``root`` is not a sysfs root.
-
-    Every entry and the gzip header carry ``mtime`` (default: now), owner 0 and sorted paths,
-    so the same tree and ``mtime`` give the same bytes (tracked example archives stay
-    unchanged when regenerated).
-    """
+def files_read(root: str | Path) -> tuple[dict[str, list[str] | None], dict[str, str | None]]:
+    """What :func:`read_topology` reads under ``root`` (NVML not consulted, visibility
+    variables ignored): the directories it lists (relative path -> entries, None where it
+    found none) and the files it reads (relative path -> text, None where unreadable), for
+    :func:`numarun.machine.snapshot.snapshot`. :class:`TopologyError` when ``root`` is not a
+    sysfs root."""
     _topology, reader = _read(str(root), None, {}, False)
-    entries: dict[str, bytes | None] = {}  # path -> file contents, None for a directory
-    for rel, names in reader.dirs.items():
-        if names is None:
-            continue
-        _add_parents(entries, rel)
-        entries[rel] = None
-        for name in names:
-            entries.setdefault(f"{rel}/{name}", None)
-    for rel, text in reader.files.items():
-        if text is not None:
-            _add_parents(entries, rel)
-            entries[rel] = text.encode("ascii", errors="replace")
-    # Only here: read_topology is on every command's path, snapshots are not.
-    import gzip
-    import io
-    import tarfile
-
-    stamp = int(time.time()) if mtime is None else mtime
-    count = 0
-    with (
-        open(out_path, "wb") as raw,
-        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=stamp) as packed,
-        tarfile.open(fileobj=packed, mode="w", format=tarfile.PAX_FORMAT) as archive,
-    ):
-        for rel in sorted(entries):
-            data = entries[rel]
-            info = tarfile.TarInfo(rel)
-            info.mtime = stamp
-            if data is None:
-                info.type = tarfile.DIRTYPE
-                info.mode = 0o755
-                archive.addfile(info)
-            else:
-                info.size = len(data)
-                info.mode = 0o444
-                archive.addfile(info, io.BytesIO(data))
-                count += 1
-    return count
-
-
-def _add_parents(entries: dict[str, bytes | None], rel: str) -> None:
-    parts = rel.split("/")
-    for i in range(1, len(parts)):
-        entries.setdefault("/".join(parts[:i]), None)
+    return reader.dirs, reader.files
 
 
 __all__ = [
@@ -775,7 +737,7 @@ __all__ = [
     "NumaNode",
     "Package",
     "Topology",
+    "printable",
     "read_topology",
     "select_visible_gpus",
-    "snapshot",
 ]

@@ -10,6 +10,7 @@ from typing import Any
 
 from numarun.machine.cpulist import format_cpulist
 from numarun.machine.model import CacheGroup, Gpu, Nic, NumaNode, Topology, Value
+from numarun.machine.topology import printable
 
 WIDTH = 100  # lines are wrapped to this many columns
 
@@ -56,12 +57,12 @@ def render_topology(topo: Topology) -> str:
     if matrix:
         lines += ["", matrix]
     if topo.gpu_env:
-        env = " ".join(f"{k}={v}" for k, v in topo.gpu_env)
+        env = printable(" ".join(f"{k}={v}" for k, v in topo.gpu_env))
         lines += ["", f"workers get: {env}"]
     if topo.warnings:
         lines += ["", "warnings:"]
         for warning in topo.warnings:
-            lines += _wrap("  - ", warning.split(), "", "    ", joiner=" ")
+            lines += _wrap("  - ", printable(warning).split(), "", "    ", joiner=" ")
     return "\n".join(lines)
 
 
@@ -119,8 +120,7 @@ def render_matrix(topo: Topology) -> str:
     )
     lines = [*_wrap("", legend.split(), "", "  ", joiner=" "), *table]
     for k, nic in enumerate(topo.nics):
-        names = " ".join(nic.names) or "(no interface)"
-        lines += _wrap(f"  NIC{k}: ", [names, nic.kind], "", "    ", joiner=" ")
+        lines += _wrap(f"  NIC{k}: ", [_nic_names(nic), nic.kind], "", "    ", joiner=" ")
     return "\n".join(lines)
 
 
@@ -134,7 +134,7 @@ def _relation(name: str, node: int | None, other: str, other_node: int | None) -
 
 def _summary(topo: Topology) -> str:
     cpu_nodes = [n for n in topo.nodes if n.cpus]
-    threads = sorted({len(c.cpus) for c in topo.cores})
+    threads = sorted({len(c.cpus) for c in topo.cores}) or [0]
     smt = f"SMT {threads[0]}" if len(threads) == 1 else f"SMT {threads[0]}-{threads[-1]}"
     gpus = f"{len(topo.gpus)} of {len(topo.all_gpus)} GPUs visible" if topo.all_gpus else "no GPUs"
     return (
@@ -147,13 +147,20 @@ def _summary(topo: Topology) -> str:
 def _node_lines(
     topo: Topology, node: NumaNode, allowed: set[int], visible: dict[str, int]
 ) -> list[str]:
-    cores = [c for c in topo.cores if c.node == node.id]
+    # A core counts on every node holding one of its CPUs: a tree whose sibling lists join
+    # CPUs of several nodes (hostile, or a broken firmware table) still shows each node.
+    members = set(node.cpus)
+    cores = [c for c in topo.cores if c.node == node.id or members.intersection(c.cpus)]
     threads = sorted({len(c.cpus) for c in cores})
-    per_core = f"{threads[0]}" if len(threads) == 1 else f"{threads[0]}-{threads[-1]}"
-    lines = [
-        f"  node {node.id}: {_gib(node.memory_bytes)}, {len(cores)} cores x {per_core} "
-        f"thread{'s' if threads != [1] else ''}{_near(topo, node)}"
-    ]
+    if not threads:
+        shape = "no cores"
+    else:
+        per_core = f"{threads[0]}" if len(threads) == 1 else f"{threads[0]}-{threads[-1]}"
+        shape = (
+            f"{len(cores)} core{'s' if len(cores) != 1 else ''} x {per_core} "
+            f"thread{'s' if threads != [1] else ''}"
+        )
+    lines = [f"  node {node.id}: {_gib(node.memory_bytes)}, {shape}{_near(topo, node)}"]
     lines += _wrap("    CPUs ", _ranges(node.cpus), ",", "         ")
     lines += _cache_lines(topo, node)
     blocked = [c for c in node.cpus if c not in allowed]
@@ -201,13 +208,19 @@ def _device_lines(
 def _gpu_text(gpu: Gpu, visible: dict[str, int]) -> str:
     index = visible.get(gpu.pci_address)
     label = f"GPU {index}" if index is not None else "GPU hidden"
-    extra = f" {gpu.name}" if gpu.name else ""
-    return f"{label:<10} {gpu.pci_address} {gpu.vendor} (PCI index {gpu.pci_index}){extra}"
+    extra = f" {printable(gpu.name)}" if gpu.name else ""
+    return (
+        f"{label:<10} {printable(gpu.pci_address)} {gpu.vendor} (PCI index {gpu.pci_index})"
+        f"{extra}"
+    )
 
 
 def _nic_text(nic: Nic) -> str:
-    names = " ".join(nic.names) or "(no interface)"
-    return f"{'NIC':<10} {nic.pci_address} {nic.kind} {names}"
+    return f"{'NIC':<10} {printable(nic.pci_address)} {nic.kind} {_nic_names(nic)}"
+
+
+def _nic_names(nic: Nic) -> str:
+    return " ".join(printable(name) for name in nic.names) or "(no interface)"
 
 
 def _homeless_cpu_lines(topo: Topology) -> list[str]:

@@ -50,6 +50,7 @@ class ProcessContext:
         self._grace_period = grace_period
         self._values: list[Any] | None = None
         self._error: BaseException | None = None
+        self._later: list[ProcessException] = []  # what later join() calls raise, in order
         self._finished = False
 
     def pids(self) -> list[int]:
@@ -71,7 +72,10 @@ class ProcessContext:
         SIGTERM`` warning logged for each, as torch logs), then ``grace_period`` (default: the
         one given to ``spawn``) before SIGKILL; numarun sends these to each worker's whole
         process tree. Then :class:`ProcessRaisedException` or
-        :class:`ProcessExitedException` is raised; later calls raise it again. A SIGINT
+        :class:`ProcessExitedException` is raised; as in torch, each later call raises the
+        next worker that did not end with 0 (the ones torn down included: ``process 0
+        terminated with signal SIGTERM``), in rank order, one per call, and then returns True.
+        A SIGINT
         received while waiting is relayed to every process of the job (their ``except
         KeyboardInterrupt`` runs), SIGKILL follows after the grace period for what is left,
         then :class:`KeyboardInterrupt` is raised; SIGTERM or SIGHUP are relayed the same way,
@@ -80,7 +84,9 @@ class ProcessContext:
         the ``torch.multiprocessing.spawn`` logger, as torch's.
         """
         if self._error is not None:
-            raise self._error
+            if self._later:
+                raise self._later.pop(0)
+            return True
         if self._finished:
             return True
         if grace_period is not None:
@@ -109,6 +115,7 @@ class ProcessContext:
             self._values = _outcome(result, self._run)
         except ProcessException as exc:
             self._error = exc
+            self._later = _later_failures(result, self._run, exc)
             raise
         finally:
             self._finish()
@@ -198,6 +205,19 @@ def _outcome(result: RunResult, run: WorkerRun) -> list[Any]:
     if len(by_rank) != run.nprocs:
         raise RuntimeError(f"numarun: expected {run.nprocs} worker results, got {len(by_rank)}")
     return [_value_of(worker, run) for worker in by_rank]
+
+
+def _later_failures(
+    result: RunResult, run: WorkerRun, first: ProcessException
+) -> list[ProcessException]:
+    """What torch's later ``join()`` calls raise after the first failure: every other worker
+    that did not end with 0, in rank order (torch pops the remaining sentinels in order)."""
+    rest = [
+        worker
+        for worker in sorted(result.workers, key=lambda w: w.local_rank)
+        if worker.local_rank != first.error_index and worker.exit_code != 0
+    ]
+    return [_failure(worker, run) for worker in rest]
 
 
 def _death_time(worker: WorkerExit) -> float:

@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from numarun.errors import InvalidArgument, NumarunError
+from numarun.errors import InvalidArgument, NumarunError, unknown_choice
 from numarun.placement import workerenv
 from numarun.spawning.exceptions import warn
 
@@ -59,7 +59,9 @@ _PYTHON_TERMS = (
     (r"--mem-binding", "mem_binding"),
     (r"--binding-fallback", "binding_fallback=True"),
     (r"--nproc-per-node", "nprocs"),
-    (r"--rank-cpus", "binding's CPU list"),
+    (r"one --rank-cpus LIST per rank", "one CPU list per rank as binding (binding=[[0], [1]])"),
+    (r"--rank-cpus for rank", "the CPU list in binding for rank"),
+    (r"--rank-cpus", "binding's CPU lists"),
     (r"check --cpus-allowed and this", "check this"),
     (r"--cpus-allowed", "the allowed CPUs"),
     (r"--sysfs-root", "the sysfs root"),
@@ -141,9 +143,19 @@ def _make_plan(
                 "make the plan for the same number of workers"
             )
         return binding
-    topology = _read_topology(environ)
     if isinstance(binding, str):
-        return make_plan(topology, nprocs, binding, allow_unbound=allow_fallback)
+        from numarun.placement.plan import MODES
+
+        if binding == "explicit":
+            raise InvalidArgument(
+                "binding='explicit' names no CPUs: pass the CPUs themselves, one list per "
+                "rank, as binding (binding=[[0, 1], [2, 3]] or ['0-1', '2-3'])"
+            )
+        if binding not in MODES:
+            named = [mode for mode in MODES if mode != "explicit"]
+            raise InvalidArgument(unknown_choice("binding", binding, named))
+        return make_plan(_read_topology(environ), nprocs, binding, allow_unbound=allow_fallback)
+    topology = _read_topology(environ)
     rank_cpus = _explicit_cpus(binding, nprocs)
     return make_plan(
         topology, nprocs, "explicit", rank_cpus=rank_cpus, allow_unbound=allow_fallback
@@ -160,7 +172,8 @@ def _explicit_cpus(binding: object, nprocs: int) -> list[tuple[int, ...]]:
         )
     if len(binding) != nprocs:
         raise InvalidArgument(
-            f"binding lists CPUs for {len(binding)} ranks but nprocs is {nprocs}; "
+            f"binding lists CPUs for {len(binding)} rank{'s' if len(binding) != 1 else ''} "
+            f"but nprocs is {nprocs}; "
             "give one CPU list per rank"
         )
     rank_cpus = []
