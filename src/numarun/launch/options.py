@@ -408,7 +408,7 @@ _PARSER_ONLY = (
 # ``--virtual-local-rank``, not ``--version``).
 NUMARUN_ONLY = frozenset({
     "--rank-cpus", "--mem-binding", "--binding-fallback", "--grace-period", "--hang-timeout",
-    "--dry-run", "--sysfs-root", "--cpus-allowed", "--quiet", "--version",
+    "--dry-run", "--sysfs-root", "--cpus-allowed", "--quiet", "--version", "--preload",
 })  # fmt: skip
 
 # Options that a training script hardly ever has itself: after the entry point they are the
@@ -417,7 +417,8 @@ _LAUNCHER_ONLY = (
     "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
     "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--standalone",
     "--max-restarts", "--monitor-interval", "--numa-binding", "--mem-binding", "--rank-cpus",
-    "--binding-fallback", "--hang-timeout", "--redirects", "--tee", "--local-ranks-filter",
+    "--binding-fallback", "--hang-timeout", "--preload", "--redirects", "--tee",
+    "--local-ranks-filter",
     "--no-python", "--nproc_per_node", "--node_rank", "--master_addr", "--master_port",
     "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
     "--monitor_interval", "--numa_binding", "--mem_binding", "--rank_cpus",
