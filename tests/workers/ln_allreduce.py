@@ -2,13 +2,17 @@
 
 Each rank contributes rank + 1; the sum over WORLD_SIZE ranks must be W * (W + 1) / 2. Prints
 {"rank", "world_size", "sum", "cpus"} on stdout. With ``--raise-at R`` rank R raises
-RuntimeError after the process group is up and before the all_reduce, so the others block in
-the collective until the launcher tears them down.
+RuntimeError after the process group is up, and the others wait on the store for a key nobody
+sets until the launcher tears them down. Not in the collective: a raising rank's interpreter
+closes its gloo connections at exit before its process ends, and a peer blocked in an
+all_reduce fails on that at once -- under load sooner than the raising rank is reaped, which
+makes the peer the first failure by torchrun's rule (numarun's too).
 """
 
 import argparse
 import json
 import os
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -21,6 +25,8 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 if rank == args.raise_at:
     raise RuntimeError(f"rank {rank} gave up mid-job")
+if args.raise_at >= 0:
+    dist.distributed_c10d._get_default_store().wait(["never-set"], timedelta(hours=1))
 value = torch.tensor([float(rank + 1)])
 dist.all_reduce(value)
 with open("/proc/self/status") as status:
