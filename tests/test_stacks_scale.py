@@ -288,3 +288,31 @@ def test_ranks_importing_group_with_the_import_machinery_collapsed() -> None:
     )
     text = "\n".join(parse.format_groups(groups))
     assert text.count("importlib") == 2
+
+
+def test_a_job_of_thousands_of_classes_keeps_the_odd_and_the_largest_on_one_screen() -> None:
+    # Every rank computing somewhere else: 4,096 classes; what is kept stays bounded.
+    digests = []
+    for node in range(512):
+        classes = [(f"{node * 8 + local:016x}", [node * 8 + local], {}) for local in range(8)]
+        digests.append(remote.Digest(node, f"n{node}", 1, "answer", classes, []))
+    view = merge.merge(digests, kind="stacks", by="x", size=512)
+    assert view.rank_count == 4096
+    assert len(view.classes) == merge.MAX_CLASSES + 1
+    assert len(merge.encode_view(view)) < merge.VIEW_LIMIT
+    folded = [c for c in view.classes if c.problem]
+    assert folded[0].problem == "in 4,032 other classes of stacks, not shown"
+    assert len(folded[0].ranks) == 4032
+
+
+def test_the_whole_jobs_json_has_the_classes_and_the_call_tree() -> None:
+    digests, posts = job_digests(8)
+    view, inline = merge.read_view(merge.encode_view(
+        merge.merge(digests, kind="stacks", by="x", size=8), posts))  # fmt: skip
+    view.add_posts(inline)
+    document = json.loads(json.dumps(merge.view_to_json(view, run_id="r")))
+    assert document["run_id"] == "r" and document["nodes"] == 8
+    assert [len(c["ranks"]) for c in document["classes"]] == [1, 8, 55]
+    assert document["classes"][0]["where"].startswith("in load_batch (/job/data.py:12)")
+    assert document["classes"][0]["threads"][-1]["main"] is True
+    assert document["tree"]["ranks"] == 64

@@ -29,7 +29,7 @@ __all__ = [
     "attempt_line",
     "describe_exit",
     "format_attempts",
-    "format_job_stacks",
+    "format_job_view",
     "format_lost_logs",
     "format_summary",
     "rank_report",
@@ -402,12 +402,6 @@ def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
 
     lines = format_groups(group_ranks(stacks), max_frames=SUMMARY_FRAMES, other_threads=False)
     return [indent + _printable(line) for line in lines]
-
-
-def format_job_stacks(heading: str, stacks: Sequence[Any]) -> str:
-    """``heading``, then the ranks of a whole job grouped by identical stacks, each group with
-    its nodes and its main thread's innermost frames (escaped: other nodes' posts are shown)."""
-    return "\n".join([heading, *_stacks_lines(stacks)])
 
 
 def format_job_view(heading: str, view: Any) -> str:

@@ -16,8 +16,10 @@ never deletes a key that another node may still read before the round is over (t
 node reads are deleted by that node), so the check cannot be outrun. ``compare_set`` is used for
 repairs only: torch's libuv server wakes every client waiting for a key at each ``compare_set``
 on it, even one that sets nothing, so a read through it would wake the other nodes' waits for
-nothing; a wait that returns is checked the same way before anything is read. torch's timeout is
-recognised by its exception type (:func:`numarun.launch.torchcompat.is_store_timeout`).
+nothing. A key a ``wait`` returned for is read at once (:meth:`Conn.get_after_wait`): numarun's
+own connection has a timeout of :data:`OWN_TIMEOUT` seconds, so even a wait woken for nothing
+(a ``compare_set`` of another client's) costs that much at most. torch's timeout is recognised by
+its exception type (:func:`numarun.launch.torchcompat.is_store_timeout`).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 _COUNT = re.compile(rb"-?[0-9]{1,18}")
+OWN_TIMEOUT = 10.0  # seconds a call on numarun's own connection may wait for a key
 
 
 class Forged(Exception):
@@ -78,6 +81,11 @@ class Conn:
             except Exception:
                 store = None
         self.own = store is not None
+        if store is not None:
+            from datetime import timedelta
+
+            with contextlib.suppress(Exception):  # a store without it keeps torch's timeout
+                store.set_timeout(timedelta(seconds=OWN_TIMEOUT))
         self.store = store if store is not None else self.base
         try:
             self.extended = bool(self.store.has_extended_api())
@@ -92,7 +100,7 @@ class Conn:
         """A new connection of numarun's own; raises what cloning raises (the store is gone)."""
         if not self.own:
             raise RuntimeError("no connection of numarun's own to renew")
-        self.store = self.base.clone()
+        self._connect()
 
     # --- reads ---------------------------------------------------------------------------------
 
@@ -103,13 +111,28 @@ class Conn:
             return None
         return bytes(self.store.get(key))
 
+    def get_after_wait(self, key: str) -> bytes | None:
+        """``key``'s value once a :meth:`wait` for it returned (None: it woke for nothing)."""
+        if not self.own:
+            return self.get_now(key)  # torch's connection keeps torch's (long) timeout
+        try:
+            return bytes(self.store.get(key))
+        except Exception as error:
+            if torchcompat.is_store_timeout(error):
+                return None
+            raise
+
     def get_many(self, keys: list[str], seconds: float) -> list[bytes | None]:
         """The values of ``keys``: in one request when every key is there within ``seconds``
         (each absent one then read alone: None)."""
         if not keys:
             return []
-        if self.extended and self.wait(keys, seconds) and self.store.check(keys):
-            return [bytes(value) for value in self.store.multi_get(keys)]
+        if self.extended and self.own and self.wait(keys, seconds):
+            try:
+                return [bytes(value) for value in self.store.multi_get(keys)]
+            except Exception as error:  # woken for nothing: each read alone
+                if not torchcompat.is_store_timeout(error):
+                    raise
         return [self.get_now(key) for key in keys]
 
     def wait(self, keys: list[str], seconds: float) -> bool:

@@ -345,8 +345,11 @@ class StoreWatch:
                     if round_.active and not self._work:
                         self._cond.wait(next_look - now)
                 continue
-            if conn.wait([EVENT_KEY.format(round_.seen + 1)], next_look - now):
-                self._take_events(round_)
+            key = EVENT_KEY.format(round_.seen + 1)
+            if conn.wait([key], next_look - now):
+                value = conn.get_after_wait(key)
+                if value is not None:
+                    self._took(round_, value)
 
     def _run_work(self, round_: Round) -> None:
         while True:
@@ -381,12 +384,16 @@ class StoreWatch:
             value = conn.get_now(EVENT_KEY.format(round_.seen + 1))
             if value is None:
                 return
-            round_.seen += 1
-            round_.hole_since = 0.0
-            round_.read[round_.seen] = hash(value)
-            if len(round_.read) > 2 * _SCAN:
-                round_.read.pop(next(iter(round_.read)))
-            self._event(round_, round_.seen, value)
+            self._took(round_, value)
+
+    def _took(self, round_: Round, value: bytes) -> None:
+        """The next event read: counted, remembered (to tell a moved counter), handled."""
+        round_.seen += 1
+        round_.hole_since = 0.0
+        round_.read[round_.seen] = hash(value)
+        if len(round_.read) > 2 * _SCAN:
+            round_.read.pop(next(iter(round_.read)))
+        self._event(round_, round_.seen, value)
 
     def _check_count(self, round_: Round) -> None:
         """The event counter against what this node read: a hole (an event counted, never

@@ -32,11 +32,14 @@ from numarun.stacks.parse import (
 )
 from numarun.stacks.remote import (
     FORMAT,
+    FRAMES_LIMIT,
     MAX_TEXT,
     Digest,
     PostError,
+    check_ranks,
     decode_ranks,
     encode_ranks,
+    expand_ranks,
     listed,
     load_json,
     mapping,
@@ -47,6 +50,7 @@ from numarun.stacks.remote import (
 )
 
 VIEW_LIMIT = 256 * 1024  # bytes of a merged result (frames by id, not in it)
+MAX_CLASSES = 64  # classes with stacks kept: the smallest half and the largest half
 _SHOWN_RANGES = 12  # ranges of a rank list shown before "..."
 _HOSTS_SHOWN = 200  # characters of a compressed host list
 _DETAIL_NODES = 3  # a class on at most this many nodes names each node's ranks
@@ -61,8 +65,8 @@ class JobClass:
     def __init__(
         self,
         ident: str | None,
-        ranks: list[int],
-        nodes: list[int],
+        ranks: list[int] | tuple[list, int],
+        nodes: list[int] | tuple[list, int],
         *,
         hosts: str = "",
         pids: dict[int, int] | None = None,
@@ -70,14 +74,32 @@ class JobClass:
         per_node: dict[int, tuple[str, list[int]]] | None = None,
     ) -> None:
         self.ident = ident
-        self.ranks = ranks
-        self.nodes = nodes
+        # Lists, or (checked triples, count) read back: expanded when first looked at (a
+        # node that only passes the view on never builds 8,192 numbers per class).
+        self._ranks = ranks
+        self._nodes = nodes
         self.hosts = hosts
         self.pids = pids or {}
         self.problem = problem
         self.per_node = per_node or {}
         self.threads: tuple[Thread, ...] | None = None
         self.more = False
+
+    @property
+    def ranks(self) -> list[int]:
+        if isinstance(self._ranks, tuple):
+            self._ranks = expand_ranks(self._ranks[0])
+        return self._ranks
+
+    @property
+    def nodes(self) -> list[int]:
+        if isinstance(self._nodes, tuple):
+            self._nodes = expand_ranks(self._nodes[0])
+        return self._nodes
+
+    @property
+    def count(self) -> int:
+        return self._ranks[1] if isinstance(self._ranks, tuple) else len(self._ranks)
 
     def sample(self) -> RankStacks:
         """The representative as a :class:`RankStacks` (no threads: the problem, or frames
@@ -120,7 +142,7 @@ class JobView:
 
     @property
     def rank_count(self) -> int:
-        return sum(len(item.ranks) for item in self.classes)
+        return sum(item.count for item in self.classes)
 
     def frame_ids(self) -> list[str]:
         return [item.ident for item in self.classes if item.ident is not None]
@@ -192,8 +214,9 @@ def merge(
             group["ranks"].extend(kept)
             group["per_node"].setdefault(digest.node, (digest.host, []))[1].extend(kept)
             group["pids"].update({r: p for r, p in pids.items() if r in kept})
+    kept_groups = _kept(groups)
     classes = []
-    for (what, value), group in groups.items():
+    for (what, value), group in kept_groups.items():
         nodes = sorted(group["per_node"])
         classes.append(
             JobClass(
@@ -208,6 +231,26 @@ def merge(
         )
     return JobView(kind, by, size, sorted(seen_nodes), classes, list(missing),
                    notes[:_NOTES], idle)  # fmt: skip
+
+
+def _kept(groups: dict[tuple, dict]) -> dict[tuple, dict]:
+    """At most :data:`MAX_CLASSES` classes with stacks (ranks computing at random lines can
+    make one per rank): the smallest half (the odd ones out) and the largest half; the others
+    become one group without stacks that says so."""
+    stacks = sorted((key for key in groups if key[0] == "class"),
+                    key=lambda key: len(groups[key]["ranks"]))  # fmt: skip
+    if len(stacks) <= MAX_CLASSES:
+        return groups
+    half = MAX_CLASSES // 2
+    dropped = stacks[half:-half]
+    kept = {key: group for key, group in groups.items() if key not in set(dropped)}
+    folded: dict = {"ranks": [], "per_node": {}, "pids": {}}
+    for key in dropped:
+        folded["ranks"].extend(groups[key]["ranks"])
+        for node, (host, ranks) in groups[key]["per_node"].items():
+            folded["per_node"].setdefault(node, (host, []))[1].extend(ranks)
+    kept[("problem", f"in {len(dropped):,} other classes of stacks, not shown")] = folded
+    return kept
 
 
 # --- the call-path prefix tree -------------------------------------------------------------------
@@ -280,8 +323,9 @@ def encode_view(view: JobView, frames: dict[str, bytes] | None = None) -> bytes:
         "idle": view.idle,
         "classes": [_class_doc(item) for item in view.classes],
     }  # fmt: skip
-    if frames is not None:
-        document["frames"] = {key: json.loads(value) for key, value in frames.items()}
+    if frames is not None:  # as text: decoded by the client, not by the loop that sends it
+        document["frames"] = {key: value.decode("utf-8", "replace") for key, value in
+                              frames.items() if key in view.frame_ids()}  # fmt: skip
     return json.dumps(document, separators=(",", ":")).encode()
 
 
@@ -325,8 +369,8 @@ def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[st
             raise PostError("a class has neither stacks nor a problem, or both")
         item = JobClass(
             ident,
-            decode_ranks(entry.get("ranks"), "ranks"),
-            decode_ranks(entry.get("nodes"), "nodes"),
+            check_ranks(entry.get("ranks"), "ranks"),
+            check_ranks(entry.get("nodes"), "nodes"),
             hosts=text(entry.get("hosts", ""), "hosts", _HOSTS_SHOWN + 40),
             problem=None if problem is None else text(problem, "a problem"),
         )
@@ -356,7 +400,7 @@ def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[st
     inline: dict[str, bytes] = {}
     if "frames" in document:
         for key, value in mapping(document["frames"], "frames").items():
-            inline[str(key)] = json.dumps(value).encode()
+            inline[str(key)] = text(value, "frames", FRAMES_LIMIT).encode()
     return view, inline
 
 

@@ -175,6 +175,12 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
             threads.append(Thread(ident, current, kept, truncated, bool(frames) and not kept))
 
     for line in text.split("\n"):
+        if line.startswith('  File "'):  # most lines: no header to look for
+            match = _FRAME.match(line)
+            if match is not None and ident is not None:
+                file, number, function = match.groups()
+                frames.append(Frame(file, None if number == "???" else int(number), function))
+            continue
         header = _HEADER.match(line)
         if header is not None or line == "Stack (most recent call first):":
             close()
@@ -182,14 +188,7 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
             current = header is None or header.group(1) == "Current thread"
             frames, truncated = [], False
             continue
-        match = _FRAME.match(line)
-        if match is not None and ident is not None:
-            number = match.group("line")
-            frames.append(
-                Frame(match.group("file"), None if number == "???" else int(number),
-                      match.group("function"))
-            )  # fmt: skip
-        elif line == "  ..." and ident is not None:
+        if line == "  ..." and ident is not None:
             truncated = True
         elif line == "...":
             more = True
@@ -208,7 +207,7 @@ def _is_runpy(frame: Frame) -> bool:
 def _without_bootstrap(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     """The frames inside the innermost numarun bootstrap frame, runpy's calls removed."""
     for index, frame in enumerate(frames):
-        if _is_bootstrap(frame):
+        if frame.file.endswith(_BOOTSTRAP_FILES):
             kept = list(frames[:index])
             while kept and _is_runpy(kept[-1]):
                 kept.pop()

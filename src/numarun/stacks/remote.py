@@ -144,24 +144,41 @@ def encode_ranks(ranks: Sequence[int]) -> list[list[int]]:
     return triples
 
 
-def decode_ranks(value: object, name: str, *, below: int = MAX_RANKS) -> list[int]:
-    """The sorted ranks of an encoded rank set, each below ``below``; :class:`PostError` for
-    anything else (a rank set of more than :data:`MAX_RANKS` ranks included)."""
-    ranks: list[int] = []
-    position = 0
+def check_ranks(value: object, name: str, *, below: int = MAX_RANKS) -> tuple[list, int]:
+    """(the triples, how many ranks) of an encoded rank set whose ranks are all below
+    ``below``, checked without expanding it; :class:`PostError` for anything else (a rank set
+    of more than :data:`MAX_RANKS` ranks included)."""
+    triples = []
+    count = position = 0
     for triple in listed(value, name, 1 << 16):
         if not isinstance(triple, list) or len(triple) != 3:
             raise PostError(f"{name} is not a list of [skip, take, times]")
         skip = whole(triple[0], name, 0, below)
         take = whole(triple[1], name, 1, below)
         times = whole(triple[2], name, 1, below)
-        if len(ranks) + take * times > MAX_RANKS or position + (skip + take) * times > below:
+        count += take * times
+        position += (skip + take) * times
+        if count > MAX_RANKS or position > below:
             raise PostError(f"{name} holds ranks beyond {below - 1}")
+        triples.append((skip, take, times))
+    return triples, count
+
+
+def expand_ranks(triples: list) -> list[int]:
+    """The sorted ranks of checked triples (:func:`check_ranks`)."""
+    ranks: list[int] = []
+    position = 0
+    for skip, take, times in triples:
         for _ in range(times):
             position += skip
             ranks.extend(range(position, position + take))
             position += take
     return ranks
+
+
+def decode_ranks(value: object, name: str, *, below: int = MAX_RANKS) -> list[int]:
+    """The sorted ranks of an encoded rank set (:func:`check_ranks`)."""
+    return expand_ranks(check_ranks(value, name, below=below)[0])
 
 
 # --- one node's digest ---------------------------------------------------------------------------
@@ -216,8 +233,9 @@ def frames_post(stacks: RankStacks, limit: int = FRAMES_LIMIT - 512) -> tuple[st
     outermost frames."""
     main, others = stacks.threads[-1], list(stacks.threads[:-1])
     docs = [_thread_doc(thread) for thread in stacks.threads]
-    whole_size = len(json.dumps(docs, separators=(",", ":")))
-    if whole_size > limit:  # rare: faulthandler's 100 threads of 100 frames
+    data = json.dumps({"v": FORMAT, "threads": docs, "more": stacks.more_threads},
+                      separators=(",", ":"))  # fmt: skip
+    if len(data) > limit:  # rare: faulthandler's 100 threads of 100 frames
         sizes = [len(json.dumps(doc)) + 1 for doc in docs]
         frames = len(main.frames)
         main_doc, size = docs[-1], sizes[-1]
@@ -232,10 +250,10 @@ def frames_post(stacks: RankStacks, limit: int = FRAMES_LIMIT - 512) -> tuple[st
             kept.insert(0, doc)
             size += extra
         docs = [*kept, main_doc]
+        more = stacks.more_threads or len(docs) - 1 < len(others)
+        data = json.dumps({"v": FORMAT, "threads": docs, "more": more}, separators=(",", ":"))
     more = stacks.more_threads or len(docs) - 1 < len(others)
-    document = {"v": FORMAT, "threads": docs, "more": more}
-    ident = class_id([doc["frames"] for doc in docs], more)
-    return ident, json.dumps(document, separators=(",", ":")).encode()
+    return class_id([doc["frames"] for doc in docs], more), data.encode()
 
 
 def read_frames(data: bytes, wanted: str) -> tuple[tuple[Thread, ...], bool]:
