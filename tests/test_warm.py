@@ -525,6 +525,7 @@ REFORM = textwrap.dedent(
         # gives this node three local ranks (torch's rendezvous never changes them; this
         # stands for a launch whose standbys were born for another local world size).
         where = "a stand-in rendezvous"
+        verdict = None  # no hang verdict ever reaches this node
 
         def __init__(self, config):
             self.change, self.rounds = None, 0

@@ -64,18 +64,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch import storewatch, torchcompat
+from numarun.launch import jobwide, storewatch, torchcompat
 from numarun.launch.rendezvous import Round, WorkerPlace
-from numarun.launch.storewatch import ALIVE_KEY, EVENT_KEY, EVENTS_KEY, NODES_KEY, StoreWatch
+from numarun.launch.storeops import Conn, Forged, Woken, run_blocking
+from numarun.launch.storewatch import ALIVE_KEY, NODES_KEY, StoreWatch, post_event, read_count
 
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
+    from numarun.stacks.dumps import Raw
     from numarun.stacks.job import JobStacks
+    from numarun.stacks.merge import JobView
 
 DEFAULT_POLL_INTERVAL = 2.0
 """Seconds between looks at the rendezvous while workers run, unless ``--monitor-interval``.
@@ -96,8 +99,6 @@ _SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the 
 
 REJOIN = "rejoin"
 END = "end"
-
-T = TypeVar("T")
 
 
 class RendezvousFailed(NumarunError):
@@ -124,45 +125,6 @@ class Change:
     def reason(self) -> str:
         """The ``stop_reason`` given to the supervisor."""
         return f"rendezvous: {self.message}"
-
-
-def run_blocking(
-    call: Callable[[], T],
-    *,
-    limit: float | None = None,
-    every: float | None = None,
-    tick: Callable[[], None] | None = None,
-) -> T:
-    """``call()`` in a daemon thread; wait here, where signal handlers run (see the module
-    docstring). Returns its value or raises its exception; :class:`TimeoutError` after
-    ``limit`` seconds (the call goes on in its thread). An exception raised by a signal
-    handler while waiting propagates; the call is then abandoned. ``tick()`` is called here
-    every ``every`` seconds while the call runs (it must not block)."""
-    done = threading.Event()
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            outcome["value"] = call()
-        except BaseException as exc:  # handed to the waiting thread
-            outcome["error"] = exc
-        finally:
-            done.set()
-
-    threading.Thread(target=target, name="numarun-rendezvous", daemon=True).start()
-    deadline = None if limit is None else time.monotonic() + limit
-    while True:
-        left = None if deadline is None else max(0.0, deadline - time.monotonic())
-        step = left if every is None else (every if left is None else min(every, left))
-        if done.wait(step):
-            break
-        if deadline is not None and time.monotonic() >= deadline:
-            raise TimeoutError(f"no answer within {limit:g} s")
-        if tick is not None:
-            tick()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def _first_line(error: BaseException) -> str:
@@ -212,10 +174,14 @@ class ElasticNode:
         self._supervisor: Supervisor | None = None
         self._stacks: JobStacks | None = None
         self._asks: dict[str, Callable[[dict], None]] = {}
-        # Notices this node posted (with its stacks): deleted once the next round formed, when
-        # every node has left the round they were posted in.
+        # Keys this node posted that other nodes read (events, frames, its hang post), and the
+        # rounds whose watch ended: deleted once the next round formed, when every node has
+        # left the round they were posted in.
         self._posted: list[tuple[Any, str]] = []
-        self._watch = StoreWatch(self.poll_interval, self._look)
+        self._ended: list[storewatch.Round] = []
+        self.verdict: tuple[JobView, str] | None = None  # a hang verdict met in the exit barrier
+        self._in_barrier = False
+        self._watch = StoreWatch(self.poll_interval, self._look, jobwide.on_event)
         self._watched_round: storewatch.Round | None = None
         self._last_round: storewatch.Round | None = None
         self._watched: int | None = None
@@ -293,6 +259,7 @@ class ElasticNode:
         handler = self._handler
         config = self.config
         previous = self.round
+        self._end_watch()
         last_watched, self._last_round = self._last_round, None
         def join() -> tuple[Any, tuple[str, int, bool], list[Any]]:
             from types import SimpleNamespace
@@ -301,14 +268,16 @@ class ElasticNode:
 
             if last_watched is not None:  # its thread may sleep in the old round's store
                 with contextlib.suppress(Exception):
-                    storewatch.wake(last_watched)
+                    conn = Conn(last_watched.store, clone=False)
+                    storewatch.wake(conn, last_watched.me)
+                    conn.close()
             if previous is None:
                 info = torchcompat.first_join(handler, config.max_nodes)
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
                 info = torchcompat.rejoin(handler)
-            self._delete_posted()
+            _delete_posted(self)
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).
             store_info = torchcompat.workers_store(
@@ -316,8 +285,15 @@ class ElasticNode:
             )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
-            info.store.add(ALIVE_KEY.format(info.rank), 1)  # "a numarun node", at once
-            info.store.add(NODES_KEY, 1)
+            # Read before added to: a forged value must not make the store close torch's
+            # connection (a connection of numarun's own would cost a connection per round).
+            conn = Conn(info.store, clone=False)
+            try:
+                for key in (ALIVE_KEY.format(info.rank), NODES_KEY):  # "a numarun node", at once
+                    with contextlib.suppress(Forged):  # named by the watch when it matters
+                        conn.add(key, 1)
+            finally:
+                conn.close()
             return info, store_info, workers
 
         self._waiting_since = time.monotonic()
@@ -350,6 +326,7 @@ class ElasticNode:
         )
         self.change = None
         self._announced = False
+        self._in_barrier = False
         self._round_started = time.monotonic()
         size = info.world_size
         self._watched = (info.rank + 1) % size if size > 1 else None
@@ -392,28 +369,46 @@ class ElasticNode:
         self._asks.clear()
         if stacks is not None:
             stacks.job_wide = self._ask_job_stacks
+        workers = self.round.workers
         round_ = storewatch.Round(
             self._store, self._handler, self.round.group_rank, self.round.group_world_size,
-            self._on_result,
+            self._on_result, world=workers[0].world_size if workers else 1 << 22,
+            host=self.host,
         )  # fmt: skip
         self._watched_round = round_
         self._watch.begin(supervisor, round_)
 
     def unwatch(self) -> None:
-        """The attempt is over: the thread lets its round go (and deletes what it posted)."""
-        self._last_round = self._watch.end()
-        self._watched_round = None
+        """The attempt's run is over: its results no longer go to the supervisor's loop; the
+        round stays watched until the next round or :meth:`finish` (a verdict may still come
+        while this node waits in the exit barrier)."""
+        self._watch.detach()
         self._supervisor = None
         for reply in self._asks.values():
             reply({"error": "the attempt ended before every node answered"})
         self._asks.clear()
+
+    def _end_watch(self) -> None:
+        """The thread lets the round go (deleting the keys only this node reads)."""
+        ended = self._watch.end()
+        if ended is not None:
+            self._last_round = ended
+            self._ended.append(ended)
+        self._watched_round = None
 
     def hang_job(self) -> _HangJob:
         """What ``--hang-timeout`` calls to judge over every node (:mod:`numarun.stacks.hang`)."""
         return _HangJob(self)
 
     def _look(self, round_: storewatch.Round) -> list[tuple]:
-        """In the store thread, every look interval: results for :meth:`_on_result`."""
+        """In the store thread, every look interval: results for :meth:`_on_result`. In the
+        exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
+        which torch's handler would wait behind."""
+        if self._in_barrier:
+            if time.monotonic() >= self._next_beat:
+                self._next_beat = time.monotonic() + self.beat_interval
+                self._beat(round_)
+            return []
         if self.change is not None:
             return []
         waiting = self._handler.num_nodes_waiting()
@@ -422,8 +417,8 @@ class ElasticNode:
         now = time.monotonic()
         if now >= self._next_beat:
             self._next_beat = now + self.beat_interval
-            round_.store.add(ALIVE_KEY.format(round_.me), 1)
-            silent = self._silent_neighbour(round_)
+            self._beat(round_)
+            silent = _silent_neighbour(self, round_)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [("change", END, message)]
@@ -434,31 +429,24 @@ class ElasticNode:
                 f"node {silent} stopped answering (no heartbeat for "
                 f"{self.silence_limit:g} s: its launcher is gone)"
             )
-            key = _post_notice(round_.store, round_.me, self._notice_text(message), b"")
-            self._posted.append((round_.store, key))
+            assert round_.conn is not None
+            body = _notice_body(self._notice_text(message))
+            key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
+            if key is not None:
+                round_.shared.append(key)
             self._announced = True
             return [("change", REJOIN, message)]
         return []
 
-    def _silent_neighbour(self, round_: storewatch.Round) -> int | None:
-        """The watched node's group rank once its beat stood still for the silence limit.
-        A node that never beat (a torchrun node) is passed over for the next one."""
-        if self._watched is None:
-            return None
-        now = time.monotonic()
-        beat = round_.store.add(ALIVE_KEY.format(self._watched), 0)
-        if beat != self._watched_beat:
-            self._watched_beat = beat
-            self._watched_since = now
-            return None
-        if now - self._watched_since < self.silence_limit:
-            return None
-        if beat == 0:
-            following = (self._watched + 1) % round_.size
-            self._watched = None if following == round_.me else following
-            self._watched_since = now
-            return None
-        return self._watched
+    def _beat(self, round_: storewatch.Round) -> None:
+        conn = round_.conn
+        assert conn is not None
+        key = ALIVE_KEY.format(round_.me)
+        try:
+            conn.add(key, 1)
+        except Forged as forged:
+            self._watch.note(round_, key, f"{forged}; set back to 1")
+            conn.repair(key, forged.value, 1)
 
     def _on_result(self, result: tuple) -> None:
         """In the supervisor's loop: what the store thread found."""
@@ -468,51 +456,57 @@ class ElasticNode:
         elif kind == "lost":
             self._stop(END, f"lost the {self.where}: {_first_line(_root(result[1]))}")
         elif kind == "notice":
-            notice, post = result[1], result[2]
+            notice, digest, frames = result[1], result[2], result[3]
             self.last_notice = notice
-            if self.change is None and self._stacks is not None:
-                # This node's ranks go through the same post as the other node's, so that
-                # identical stacks group together.
-                own = self._post_of(self._take())
-                self._stacks.note_notice(notice, _decode_posts([post, own] if post else [own]))
-            self._stop(REJOIN, notice)
+            stacks = self._stacks
+            if self.change is not None or stacks is None:
+                self._stop(REJOIN, notice)
+                return
+
+            def taken(dumps: list[Raw]) -> None:  # this node's ranks, before the teardown
+                stacks.note_notice(notice, digest, frames, dumps)
+                self._stop(REJOIN, notice)
+
+            stacks.take_async(taken)
         elif kind == "ask":
-            self._watch.answer(result[1], self._post_of(self._take()))
-        elif kind == "answer":
-            reply = self._asks.pop(result[1], None)
+            number = result[1]
+            if self._stacks is None:
+                self._watch.answer(number, [])
+            else:
+                self._stacks.take_async(lambda dumps: self._watch.answer(number, dumps))
+        elif kind == "merged":
+            reply = self._asks.pop(result[1], None) if result[1] else None
             if reply is not None:
-                reply(_job_fields(result[2], self.round))
+                reply(_job_fields(result[2], result[3]))
         elif kind == "hang" and self._stacks is not None and self._stacks.hang is not None:
-            posts = result[1]
-            self._stacks.hang.declare(_decode_posts(posts), nodes=len(posts))
+            self._stacks.hang.declare_job(result[1], self._declared_by(result[2]))
 
-    def _take(self) -> list[Any]:
-        return self._stacks.take() if self._stacks is not None else []
-
-    def _post_of(self, stacks: list[Any]) -> bytes:
-        from numarun.stacks.remote import encode_post
-
-        assert self.round is not None
-        return encode_post(stacks, group_rank=self.round.group_rank, host=self.host,
-                           pid=os.getpid())  # fmt: skip
+    def _declared_by(self, sender: int) -> str:
+        if self.round is not None and sender == self.round.group_rank:
+            return "this node"
+        return f"node {sender}, through the rendezvous store"
 
     def _ask_job_stacks(self, reply: Callable[[dict], None]) -> None:
         """A ``numarun stacks`` request for the whole job, from the loop: posted
-        fire-and-forget; every node (this one too) answers through its thread, which on this
-        node collects the answers and hands them to ``reply``."""
+        fire-and-forget; every node (this one too) answers through its thread; this node's
+        merges the answers and the merged result comes back through it to ``reply``."""
         round_ = self._watched_round
         if round_ is None:
             reply({"error": "the job is between attempts; ask again"})
             return
         token = os.urandom(6).hex()
         self._asks[token] = reply
-        store, me = round_.store, round_.me
+        me, after = round_.me, round_.seen
 
-        def ask() -> None:
-            number = store.add(EVENTS_KEY, 1)
-            store.set(EVENT_KEY.format(number), f"stacks {me} {token}".encode())
+        def noted(line: str) -> None:
+            self._watch.note(round_, "events", line)
 
-        StoreWatch.post(ask)
+        def ask(conn: Conn) -> None:
+            key = post_event(conn, f"stacks {me} {token}", after=after, note=noted)
+            if key is not None:
+                round_.shared.append(key)
+
+        StoreWatch.post(round_, ask)
 
     def _stop(self, kind: str, message: str) -> None:
         if self.change is not None:
@@ -524,13 +518,14 @@ class ElasticNode:
     def on_worker_failure(self, ended: WorkerExit) -> None:
         """The supervisor's ``on_failure``: tell the other nodes at once, with where this
         node's other ranks were (the stacks taken at the failure, when there are)."""
+        from numarun.stacks.dumps import Raw
+
         code = ended.exit_code
         what = f"signal {ended.signal_name}" if ended.signal_name else f"exit code {code}"
-        post = b""
         at_failure = self._stacks.at_failure if self._stacks is not None else None
-        if at_failure is not None and self.round is not None:
-            post = self._post_of(list(at_failure[1]))
-        self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}", post)
+        dumps = [Raw.of(item) for item in at_failure[1]] if at_failure is not None else []
+        self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}",
+                      dumps)  # fmt: skip
 
     def _notice_text(self, message: str) -> str:
         assert self.round is not None
@@ -539,26 +534,40 @@ class ElasticNode:
             return message
         return f"node {me} ({self.host}): {message}"
 
-    def announce(self, message: str, post: bytes = b"") -> threading.Event:
+    def announce(self, message: str, dumps: list[Raw] | None = None) -> threading.Event:
         """Post ``message`` (prefixed with this node) for the other numarun nodes of the round,
-        with ``post`` (this node's stacks), from a short-lived thread nobody waits for; once per
-        round, best effort (a store that is gone loses nothing here). Returns an event set once
-        it was posted (or failed)."""
+        with the digest of ``dumps`` (this node's ranks), from a short-lived thread nobody
+        waits for; once per round, best effort (a store that is gone loses nothing here).
+        Returns an event set once it was posted (or failed)."""
         posted = threading.Event()
         if self._announced or self.round is None or self._store is None:
             posted.set()
             return posted
         self._announced = True
         self._announcing = posted
-        store, me, text = self._store, self.round.group_rank, self._notice_text(message)
+        text = self._notice_text(message)
+        round_ = self._watched_round or self._last_round
+        if round_ is None:  # not watched yet: the round's store all the same
+            round_ = storewatch.Round(self._store, self._handler, self.round.group_rank,
+                                      self.round.group_world_size, lambda result: None)  # fmt: skip
+        store, me = self._store, self.round.group_rank
 
-        def send() -> None:
+        def noted(line: str) -> None:
+            self._watch.note(round_, "events", line)
+
+        def send(conn: Conn) -> None:
             try:
-                self._posted.append((store, _post_notice(store, me, text, post)))
+                if dumps:
+                    header, body = jobwide.notice_post(round_, dumps, text, conn)
+                else:
+                    header, body = f"stop {me}", _notice_body(text)
+                key = post_event(conn, header, body, after=round_.seen, note=noted)
+                if key is not None:
+                    self._posted.append((store, key))
             finally:
                 posted.set()
 
-        StoreWatch.post(send)
+        StoreWatch.post(round_, send)
         return posted
 
     def announce_and_linger(self, message: str) -> None:
@@ -573,33 +582,26 @@ class ElasticNode:
         exit barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
         the rendezvous); after a final failure, ``shutdown()`` at once. Returns a warning line
         when the barrier or the shutdown failed (torchrun logs and goes on), else None. Not
-        called after a signal: torchrun leaves the rendezvous open then, for the others."""
+        called after a signal: torchrun leaves the rendezvous open then, for the others.
+
+        With ``--hang-timeout`` this node counts as still while it waits in the barrier (its
+        ranks all ended) and keeps watching the round: a hang verdict of the other nodes ends
+        the wait; it is left in :attr:`verdict` (the job's classes, who declared it)."""
         warning = None
         # This node's failure notice leaves before the rendezvous closes: the others then
         # read why it ended, not a bare "closed by another node".
         self._announcing.wait(_ANNOUNCE_WAIT)
         if not succeeded and self._announced:
-            self._await_readers()
+            _await_readers(self)
         if succeeded and self.round is not None and self._store is not None:
-            store, size = self._store, self.round.group_world_size
-
-            def barrier() -> None:
-                import torch.distributed.elastic.utils.store as store_util
-
-                store_util.barrier(
-                    store=store,
-                    world_size=size,
-                    key_prefix=_BARRIER_KEY,
-                    barrier_timeout=EXIT_BARRIER_TIMEOUT,
-                )
-
             try:
-                run_blocking(barrier)
+                _wait_in_barrier(self)
             except Exception as error:
                 warning = (
                     f"not every node of the {self.where} finished within "
                     f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {_first_line(_root(error))}"
                 )
+        self._end_watch()
         try:
             # Bounded: a store that stopped answering must not hold the summary for the
             # store's own timeout.
@@ -608,89 +610,153 @@ class ElasticNode:
             warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
         return warning
 
-    def _await_readers(self) -> None:
-        """After a final failure: give the other numarun nodes (they look every poll
-        interval) time to read this node's notice before ``shutdown()`` and this process's
-        exit, which takes the rendezvous store along when this node hosts it (the others then
-        saw only "lost the rendezvous: Connection reset by peer"; torch 2.4's store goes at
-        once). Each node that read it re-joins (torch's ``num_nodes_waiting``); at most two
-        poll intervals and a second, 10 s."""
-        if self.round is None or self._store is None or self._handler is None:
-            return
-        store, handler = self._store, self._handler
-
-        def others_rejoined() -> None:
-            others = max(0, int(store.add(NODES_KEY, 0)) - 1)
-            deadline = time.monotonic() + min(2 * self.poll_interval + 1, 10.0)
-            while others and time.monotonic() < deadline:
-                if handler.num_nodes_waiting() >= others:
-                    return
-                time.sleep(0.05)
-
-        with contextlib.suppress(Exception):
-            run_blocking(others_rejoined, limit=10.5)
-
-    def _delete_posted(self) -> None:
-        """Delete the notices this node posted (store calls: not from the loop)."""
-        while self._posted:
-            store, key = self._posted.pop()
-            with contextlib.suppress(Exception):
-                store.delete_key(key)
-
     def close(self) -> None:
-        """The job is over: the store thread ends (at most half a second). The notices this
-        node posted stay in the round's store (they go with it): a node that looks only every
-        few seconds must still read why this one ended (deleted here, it read a bare "closed
-        by another node")."""
+        """The job is over: the store thread ends (at most half a second). What this node
+        posted in its last round stays in the round's store (it goes with it): a node that looks
+        only every few seconds must still read why this one ended (deleted here, it read a bare
+        "closed by another node"). What it posted in earlier rounds, which every node has left,
+        is deleted, best effort, waited for at most half a second."""
         self._watch.close(self._last_round or self._watched_round)
+        if self._posted or self._ended:
+            with contextlib.suppress(Exception):
+                run_blocking(lambda: _delete_posted(self), limit=0.5)
+
+
+def _await_readers(self: ElasticNode) -> None:
+    """After a final failure: give the other numarun nodes (they look every poll
+    interval) time to read this node's notice before ``shutdown()`` and this process's
+    exit, which takes the rendezvous store along when this node hosts it (the others then
+    saw only "lost the rendezvous: Connection reset by peer"; torch 2.4's store goes at
+    once). Each node that read it re-joins (torch's ``num_nodes_waiting``); at most two
+    poll intervals and a second, 10 s."""
+    if self.round is None or self._store is None or self._handler is None:
+        return
+    store, handler = self._store, self._handler
+
+    def others_rejoined() -> None:
+        others = max(0, int(store.add(NODES_KEY, 0)) - 1)
+        deadline = time.monotonic() + min(2 * self.poll_interval + 1, 10.0)
+        while others and time.monotonic() < deadline:
+            if handler.num_nodes_waiting() >= others:
+                return
+            time.sleep(0.05)
+
+    with contextlib.suppress(Exception):
+        run_blocking(others_rejoined, limit=10.5)
+
+
+def _delete_posted(self: ElasticNode) -> None:
+    """Delete what this node posted for the others in rounds every node has left (store
+    calls: not from the loop)."""
+    for ended in self._ended:
+        self._posted += [(ended.store, key) for key in ended.shared]
+        ended.shared = []
+    self._ended.clear()
+    while self._posted:
+        store, key = self._posted.pop()
+        with contextlib.suppress(Exception):
+            store.delete_key(key)
+
+
+def _silent_neighbour(self: ElasticNode, round_: storewatch.Round) -> int | None:
+    """The watched node's group rank once its beat stood still for the silence limit.
+    A node that never beat (a torchrun node) is passed over for the next one."""
+    if self._watched is None:
+        return None
+    now = time.monotonic()
+    assert round_.conn is not None
+    beat = read_count(round_.conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
+    if beat is None:  # not a number: not the neighbour's, and no sign it is gone
+        beat = self._watched_beat + 1
+    if beat != self._watched_beat:
+        self._watched_beat = beat
+        self._watched_since = now
+        return None
+    if now - self._watched_since < self.silence_limit:
+        return None
+    if beat == 0:
+        following = (self._watched + 1) % round_.size
+        self._watched = None if following == round_.me else following
+        self._watched_since = now
+        return None
+    return self._watched
+
+
+def _wait_in_barrier(self: ElasticNode) -> None:
+    """Torch's exit barrier for ``self`` (:meth:`ElasticNode.finish`); with ``--hang-timeout``
+    this node counts as still meanwhile and a hang verdict ends the wait (``self.verdict``)."""
+    assert self.round is not None
+    store, size = self._store, self.round.group_world_size
+
+    def barrier() -> None:
+        import torch.distributed.elastic.utils.store as store_util
+
+        store_util.barrier(
+            store=store,
+            world_size=size,
+            key_prefix=_BARRIER_KEY,
+            barrier_timeout=EXIT_BARRIER_TIMEOUT,
+        )
+
+    if not self.config.hang_timeout or self._watch._round is None:
+        run_blocking(barrier)
+        return
+    wake = threading.Event()
+    self._watch.delivered = wake
+    self._in_barrier = True
+    ended = "ended with exit code 0; its node waits in the exit barrier"
+    jobwide.mark_done(self._watch, [
+        _raw(place.rank, local_rank, ended)
+        for local_rank, place in enumerate(self.round.workers)
+    ])  # fmt: skip
+    while True:
+        try:
+            run_blocking(barrier, wake=wake)
+            return
+        except Woken:
+            pass
+        for result in self._watch.take_delivered():
+            if result[0] == "hang":
+                self.verdict = (result[1], self._declared_by(result[2]))
+        if self.verdict is not None:
+            return
+        wake = threading.Event()  # the abandoned call sets the old one when it ends
+        self._watch.delivered = wake
 
 
 class _HangJob:
     """``--hang-timeout`` over every node: this node's still/moving marks go to the store
-    thread (:mod:`numarun.launch.storewatch`)."""
+    thread (:mod:`numarun.launch.jobwide`)."""
 
     def __init__(self, node: ElasticNode) -> None:
         self._node = node
 
-    def still(self, stacks: list[Any], idle: float) -> None:
-        self._node._watch.mark_still(self._node._post_of(stacks))
+    def still(self, dumps: list[Raw], idle: float) -> None:
+        jobwide.mark_still(self._node._watch, dumps)
 
     def moving(self) -> None:
-        self._node._watch.mark_moving()
+        jobwide.mark_moving(self._node._watch)
 
 
-def _post_notice(store: Any, me: int, text: str, post: bytes) -> str:
-    """Post a stop notice (``text``, with ``post``: this node's stacks) as the round's next
-    event; returns its key."""
-    number = store.add(EVENTS_KEY, 1)
-    body = text.replace("\n", " ").encode("utf-8", "replace")
-    key = EVENT_KEY.format(number)
-    store.set(key, f"stop {me}\n".encode() + body + b"\n" + post)
-    return key
+def _raw(rank: int, local_rank: int, problem: str) -> Raw:
+    from numarun.stacks.dumps import Raw
+
+    return Raw(rank, local_rank, None, "", problem)
 
 
-def _decode_posts(posts: list[bytes]) -> list[Any]:
-    """Every rank's stacks of the posts that read as numarun's (others are left out)."""
-    from numarun.stacks.remote import decode_post
-
-    stacks: list[Any] = []
-    for post in posts:
-        with contextlib.suppress(ValueError):
-            stacks.extend(decode_post(post)[3])
-    return stacks
+def _notice_body(text: str) -> bytes:
+    """A notice without stacks: its one line (newlines would end it)."""
+    return text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
 
 
-def _job_fields(replies: list[tuple[int, bytes | None, str]], round_: Round | None) -> dict:
-    """The reply fields of a whole-job ``numarun stacks`` request: each node's post (text)
-    and the nodes that did not answer, with why."""
-    posts, missing = [], []
-    for rank, post, why in replies:
-        if post is not None:
-            posts.append(post.decode("utf-8", "replace"))
-        else:
-            missing.append({"node": rank, "why": why})
-    size = round_.group_world_size if round_ is not None else len(replies)
-    return {"job_wide": True, "nodes": size, "posts": posts, "missing": missing}
+def _job_fields(view: JobView | None, frames: dict[str, bytes]) -> dict:
+    """The reply fields of a whole-job ``numarun stacks`` request: the merged classes with
+    their frames, as one JSON text the client reads back checked."""
+    if view is None:
+        return {"error": "the merged stacks that came back through the store are unreadable"}
+    from numarun.stacks.merge import encode_view
+
+    return {"job_wide": True, "view": encode_view(view, frames).decode()}
 
 
 def _because(notice: str | None) -> str:

@@ -35,7 +35,7 @@ __all__ = [
     "attempt_line",
     "describe_exit",
     "format_attempts",
-    "format_job_stacks",
+    "format_job_view",
     "format_lost_logs",
     "format_summary",
     "rank_report",
@@ -442,10 +442,44 @@ def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
     return [indent + _printable(line) for line in lines]
 
 
-def format_job_stacks(heading: str, stacks: Sequence[Any]) -> str:
-    """``heading``, then the ranks of a whole job grouped by identical stacks, each group with
-    its nodes and its main thread's innermost frames (escaped: other nodes' posts are shown)."""
-    return "\n".join([heading, *_stacks_lines(stacks)])
+def format_job_view(heading: str, view: Any) -> str:
+    """``heading``, then a whole job's classes (a :class:`numarun.stacks.merge.JobView`): odd
+    ones first, each with its ranks and nodes as ranges and its main thread's innermost
+    frames; escaped (other nodes' posts are shown)."""
+    from numarun.stacks.merge import format_view, summary_lines
+    from numarun.stacks.parse import SUMMARY_FRAMES
+
+    lines = [*summary_lines(view),
+             *format_view(view, max_frames=SUMMARY_FRAMES, other_threads=False)]  # fmt: skip
+    return "\n".join([heading, *(f"  {_printable(line)}" for line in lines)])
+
+
+def _job_hang_lines(hang: Any) -> list[str]:
+    """A hang over several nodes: who declared it, the culprits, what the others did."""
+    from numarun.stacks.merge import heading, nodes_text, ordered
+
+    view = hang.view
+    shown, majority = ordered(view)
+    odd = [item for item in shown if item.problem is None and item is not majority]
+    lines = [f"Declared by {hang.by}." if hang.by else ""]
+    if odd:
+        label = "Likely culprit" if len(odd) == 1 and len(odd[0].ranks) == 1 else "Likely culprits"
+        why = "stacks differ from the other ranks'" if majority is not None else (
+            "still running while the other ranks had ended"
+        )
+        lines.append(f"{label} ({why}):")
+        for item in odd:
+            label_text, _, where = heading(item).partition(": ")
+            details = [nodes_text(item)] if item.nodes else []
+            pid = item.pids.get(item.ranks[0]) if len(item.ranks) == 1 else None
+            if pid:
+                details.append(f"pid {pid}")
+            lines.append(f"  {label_text} ({', '.join(details)}): {where}")
+        others = [majority] if majority is not None else [c for c in shown if c.problem]
+        lines.extend(f"  while {heading(item)}" for item in others)
+    elif majority is not None:
+        lines.append(f"Every rank with stacks is in the same place: {heading(majority)}")
+    return [_printable(line) for line in lines if line]
 
 
 def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
@@ -469,6 +503,14 @@ def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
         f"Hang: {who} made progress for {hang.idle:.1f} s (--hang-timeout {hang.timeout:g}): "
         f"{counted}.",
     ]
+    if getattr(hang, "view", None) is not None:
+        lines.extend(_job_hang_lines(hang))
+        lines.append(_THIN)
+        lines.append("Stacks when the hang was declared:")
+        lines.extend(format_job_view("", hang.view).split("\n")[1:])
+        if stacks_logs is not None:
+            lines.append(f"  full stacks of this node's ranks: {_printable(stacks_logs)}")
+        return lines
     groups = group_ranks(hang.stacks)
     majority, odd = odd_ones_out(groups)
     by_rank = {item.rank: item for item in hang.stacks}

@@ -75,7 +75,7 @@ class SignalGuard:
     """While no supervisor runs (the workers' files being set up, a rendezvous, the exit
     barrier, the gap between attempts), a teardown signal ends the launch at once: its handler
     raises :class:`Interrupted` in the main thread, wherever it waits
-    (:func:`numarun.launch.elastic.run_blocking` keeps torch's blocking calls off that thread).
+    (:func:`numarun.launch.storeops.run_blocking` keeps torch's blocking calls off that thread).
     The supervisor's own handling replaces this while workers run. A signal the caller ignores
     stays ignored when it is in ``keep_ignored`` (SIGHUP under ``nohup``). Main thread only;
     elsewhere it does nothing. Restores the previous handlers."""
@@ -282,20 +282,25 @@ class Job:
             if ours and change is not None and change.kind == "rejoin":
                 attempt.line = f"{name}: stopped: {change.message} (no restart used)"
                 if not config.quiet:
-                    sys.stderr.write(f"numarun: {attempt.line}\n" + _notice_stacks(attempt))
+                    sys.stderr.write(
+                        f"numarun: {attempt.line}\n" + _notice_stacks(attempt, self.node)
+                    )
                 reforms += 1
                 continue
             if ours and change is not None:
                 attempt.line = f"{name}: stopped: {change.message}"
                 sys.stderr.write(
-                    _notice_stacks(attempt) + f"numarun: {change.message}; this node stops\n"
+                    _notice_stacks(attempt, self.node)
+                    + f"numarun: {change.message}; this node stops\n"
                 )
                 return 1
             if exit_code_for(result) == 0:
                 if self.node is not None:
                     self.waiting_for = f"waiting for the other nodes to finish ({self.node.where})"
                     warning = self.node.finish(succeeded=True)
-                    if warning and not config.quiet:
+                    if self.node.verdict is not None:  # the job hung while this node waited
+                        _hung_after(attempt, *self.node.verdict)
+                    elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
             self._describe_failure(attempt)
@@ -579,15 +584,32 @@ class Job:
         return code
 
 
-def _notice_stacks(attempt: _Attempt) -> str:
+def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
     """Where every rank of the job was when another node's failure stopped this attempt (the
-    notice's stacks and this node's own), as lines for stderr; empty without them."""
-    at_notice = getattr(attempt.stacks, "at_notice", None)
-    if not at_notice or not at_notice[1]:
+    notice's classes and this node's ranks, merged), as lines for stderr; empty without
+    them."""
+    stacks = attempt.stacks
+    if getattr(stacks, "at_notice", None) is None or node is None or node.round is None:
         return ""
-    from numarun.launch.failures import format_job_stacks
+    from numarun.launch.failures import format_job_view
 
-    return format_job_stacks("numarun: where every rank of the job was:", at_notice[1]) + "\n"
+    view = stacks.notice_view(node.round.group_rank, node.host)  # type: ignore[attr-defined]
+    if view is None or not view.classes:
+        return ""
+    return format_job_view("numarun: where every rank of the job was:", view) + "\n"
+
+
+def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
+    """This node's ranks had all ended when the other nodes found the job hung: the attempt
+    ends as a hang (exit status 124, the hang's summary)."""
+    import dataclasses
+
+    from numarun.stacks.dumps import HANG_REASON
+
+    if attempt.stacks is not None:
+        attempt.stacks.note_verdict(view, by)  # type: ignore[attr-defined]
+    reason = f"{HANG_REASON}the job hung while this node's ranks had ended (verdict of {by})"
+    attempt.result = dataclasses.replace(attempt.result, stop_reason=reason)
 
 
 def _job_stacks(

@@ -8,6 +8,10 @@ and a few of the names it calls are private or recent. Each is looked up before 
   ``RendezvousInfo.bootstrap_store_info`` (the workers' store): missing, the launch is refused in
   one line naming the torch version (:func:`check_torch`, :func:`assign_ranks`), as is a torch
   older than :data:`OLDEST` (the round's facts came in other shapes before 2.4);
+* store errors -- a store call that timed out raises ``DistStoreError`` in the torch versions
+  that have it (torch's own barrier relies on it), and is recognised by that type; a torch without
+  it raised ``RuntimeError`` with "timeout" in the message, recognised by the text
+  (:func:`is_store_timeout`);
 * optional -- ``dynamic_rendezvous._delay`` and the state holder's ``_cache_duration`` (a quick
   re-join, :func:`rejoin`, and a first join that notices the round sooner, :func:`first_join`),
   ``Store.list_keys`` (emptying the workers' store between rounds,
@@ -81,6 +85,26 @@ def torch_release(version: str) -> tuple[int, int] | None:
         return int(parts[0]), int("".join(c for c in parts[1][:3] if c.isdigit()) or "x")
     except (IndexError, ValueError):
         return None
+
+
+def store_timeout_type() -> type[BaseException] | None:
+    """torch's exception type for a store call that timed out (``DistStoreError``), or None
+    for a torch without it."""
+    distributed = sys.modules.get("torch.distributed")
+    if distributed is None:
+        import torch.distributed as distributed
+    kind = getattr(distributed, "DistStoreError", None)
+    return kind if isinstance(kind, type) and issubclass(kind, BaseException) else None
+
+
+def is_store_timeout(error: BaseException) -> bool:
+    """Whether ``error``, raised by a store call, is its timeout: by type where torch gives one
+    (:func:`store_timeout_type`), else by the text older torch releases used."""
+    kind = store_timeout_type()
+    if kind is not None:
+        return isinstance(error, kind)
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and ("timeout" in text or "timed out" in text)
 
 
 def check_torch() -> None:

@@ -28,9 +28,10 @@ Signals. :meth:`Loop.open` makes a socket pair; its write end, :attr:`Loop.wakeu
 read end ready calls ``on_signal(signum)`` for each signal number read, in order.
 
 Timers. :meth:`Loop.call_every` adds a timer, due one interval after it is added; they cannot be
-cancelled. :meth:`Loop.next_due` is the earliest due time (a ``time.monotonic()``), for the
-caller's select timeout; :meth:`Loop.run_due` calls each due timer in the order they were added,
-while ``go_on()`` holds (checked before each: a timer may end the run), and makes its next call
+cancelled; :meth:`Loop.call_later` adds one called once, which can be cancelled.
+:meth:`Loop.next_due` is the earliest due time (a ``time.monotonic()``), for the caller's select
+timeout; :meth:`Loop.run_due` calls each due timer in the order they were added, while ``go_on()``
+holds (checked before each: a timer may end the run), and makes its next call
 due one interval after this one ends, so a slow callback never makes calls pile up.
 
 Readers and writers. :meth:`Loop.add_reader` watches an fd of the caller's (never closed here) in
@@ -79,6 +80,12 @@ class _Timer:
     interval: float
     callback: Callable[[], None]
     due: float
+    once: bool = False
+    cancelled: bool = False
+
+    def cancel(self) -> None:
+        """A :meth:`Loop.call_later` timer not called yet never is."""
+        self.cancelled = True
 
 
 class Loop:
@@ -204,6 +211,13 @@ class Loop:
             raise UsageError(f"call_every needs an interval > 0 seconds, got {interval!r}")
         self._timers.append(_Timer(float(interval), callback, time.monotonic() + interval))
 
+    def call_later(self, delay: float, callback: Callable[[], None]) -> _Timer:
+        """Call ``callback()`` once from :meth:`run_due`, ``delay`` seconds (>= 0) from now;
+        returns the timer (``cancel()`` it to drop the call)."""
+        timer = _Timer(0.0, callback, time.monotonic() + max(0.0, delay), once=True)
+        self._timers.append(timer)
+        return timer
+
     def next_due(self) -> float | None:
         """When the next timer is due (``time.monotonic()``); None without timers."""
         if not self._timers:
@@ -213,13 +227,18 @@ class Loop:
     def run_due(self, go_on: Callable[[], bool]) -> None:
         """Call every timer that is due, while ``go_on()`` holds."""
         now = time.monotonic()
-        for timer in self._timers:
+        if any(timer.cancelled for timer in self._timers):
+            self._timers = [timer for timer in self._timers if not timer.cancelled]
+        for timer in list(self._timers):
             if not go_on():
                 return
-            if timer.due <= now:
+            if timer.due <= now and not timer.cancelled:
+                if timer.once:
+                    timer.cancelled = True
+                    self._timers.remove(timer)
+                timer.callback()
                 # The next call is one interval after this one ends: a slow callback never
                 # makes calls pile up.
-                timer.callback()
                 timer.due = time.monotonic() + timer.interval
 
     # --- the callers' readers ------------------------------------------------------------------

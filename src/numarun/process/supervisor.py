@@ -181,13 +181,12 @@ class Supervisor:
     before the others are signalled (say, to take the other workers' stacks); it blocks the
     loop while it runs, so it must bound its own time.
 
-    Callers extend the loop without threads: :meth:`call_every` (timers),
-    :meth:`add_reader` / :meth:`add_writer` (an fd of the caller's, such as a listening
-    socket, or a pipe a helper thread writes to),
-    :meth:`send_signal` (to workers only, not their trees) and :meth:`request_stop` (a
-    teardown begun from a callback, recorded as ``RunResult.stop_reason``). Callbacks run in the
-    thread that runs the loop, between events; an exception from one tears everything down and
-    propagates from :meth:`wait` / :meth:`run`.
+    Callers extend the loop without threads: :meth:`call_every` (timers), :meth:`call_later`,
+    :meth:`add_reader` / :meth:`add_writer` (an fd of the caller's, such as a listening socket,
+    or a pipe a helper thread writes to), :meth:`send_signal` (to workers only, not their
+    trees) and :meth:`request_stop` (a teardown begun from a callback, recorded as
+    ``RunResult.stop_reason``). Callbacks run in the thread that runs the loop, between events;
+    an exception from one tears everything down and propagates from :meth:`wait` / :meth:`run`.
 
     Bad arguments raise :class:`UsageError`; nothing starts.
     """
@@ -387,18 +386,19 @@ class Supervisor:
 
     def call_every(self, interval: float, callback: Callable[[], None]) -> None:
         """Call ``callback()`` from the loop every ``interval`` seconds (> 0), first after one
-        interval, while the workers run (not during start or teardown). Call before or after
-        :meth:`start`; there is no way to cancel a timer but ending the run."""
+        interval, while the workers run (not during start or teardown); never cancelled."""
         self._loop.call_every(interval, callback)
 
+    def call_later(self, delay: float, callback: Callable[[], None]) -> object:
+        return self._loop.call_later(delay, callback)  # once; cancel() the handle it returns
+
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
-        """Call ``callback()`` from the loop whenever ``fd`` (the caller's; never closed here)
-        is readable, until :meth:`remove_reader` or the end of the run."""
+        """Call ``callback()`` from the loop whenever ``fd`` (the caller's; never closed here) is
+        readable, until :meth:`remove_reader` (nothing when not watched) or the run's end."""
         self._loop.add_reader(fd, callback)
 
     def remove_reader(self, fd: int) -> None:
-        """Stop watching ``fd``; nothing happens when it is not watched."""
-        self._loop.remove_reader(fd)
+        self._loop.remove_reader(fd)  # nothing happens when fd is not watched
 
     def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
         """:meth:`add_reader` for an fd to write to when it can take data (not both)."""

@@ -18,8 +18,8 @@ Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}`` (
 "job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.job`); one reply line
 of JSON; the connection is closed. The server runs inside the supervisor's loop
 (:meth:`Supervisor.add_reader`), every connection non-blocking with a deadline, a bound on its
-request and on how many are served at once (:class:`JobServer`): a client never blocks the loop;
-the loop waits only while this node's dumps are read (milliseconds, at most about 1 s). A socket
+request and on how many are served at once (:class:`JobServer`): a client never blocks the loop,
+and neither do the dumps (taken from the loop's timers, :meth:`RankDumps.take_async`). A socket
 whose launcher died (nothing listens: ``ECONNREFUSED``) is stale; the client removes it and its
 dump directory. Names carry a random part, so a stale name is never reused by a new job.
 """
@@ -45,7 +45,8 @@ REQUEST_LIMIT = 4096  # bytes of one request line
 MAX_CONNECTIONS = 8  # clients served at once; more are closed at once
 REQUEST_DEADLINE = 1.0  # seconds from connecting to the end of the request, in all
 ANSWER_DEADLINE = 5.0  # seconds for the job to answer (a whole-job request takes up to ~2.5)
-REPLY_DEADLINE = 1.0  # seconds for the client to take the reply once it is ready
+REPLY_DEADLINE = 1.0  # seconds for the client to take a small reply once it is ready
+REPLY_RATE = 4 * 1024 * 1024  # bytes per second a client is given on top, for a large reply
 CLIENT_TIMEOUT = 5.0
 RUNTIME_DIR_ENV = "NUMARUN_RUNTIME_DIR"  # one directory instead of the default places
 
@@ -126,13 +127,14 @@ class _Connection:
     """One client of a :class:`JobServer`: its socket, what it sent, what waits to be sent, and
     when it is cut off."""
 
-    __slots__ = ("deadline", "outbox", "request", "sock")
+    __slots__ = ("deadline", "outbox", "request", "sent", "sock")
 
     def __init__(self, sock: socket.socket, deadline: float) -> None:
         self.sock = sock
         self.deadline = deadline
         self.request = b""
-        self.outbox = b""
+        self.outbox: memoryview | None = None
+        self.sent = 0
 
 
 class JobServer:
@@ -144,10 +146,13 @@ class JobServer:
     non-blocking and served as its bytes come: at most :data:`MAX_CONNECTIONS` at once (more are
     closed at once), a request of at most :data:`REQUEST_LIMIT` bytes that must arrive within
     :data:`REQUEST_DEADLINE` seconds of the connection in all (not per byte), a reply that must
-    be taken within :data:`REPLY_DEADLINE` seconds of being ready, and :data:`ANSWER_DEADLINE`
-    for the answer itself. A connection past its deadline is closed the next time the loop looks
-    at it or at a new connection; one that does not read its reply never blocks the loop. So a
-    client that dribbles, idles or never reads costs the job nothing but one of the slots.
+    be taken within :data:`REPLY_DEADLINE` seconds of being ready plus one second per
+    :data:`REPLY_RATE` bytes (a 40 MB reply: 11 s), and :data:`ANSWER_DEADLINE` for the answer
+    itself. A reply is sent from a :class:`memoryview` of it, so each send costs what the
+    socket takes, never a copy of the rest. A connection past its deadline is closed the next
+    time the loop looks at it or at a new connection; one that does not read its reply never
+    blocks the loop. So a client that dribbles, idles or never reads costs the job nothing but
+    one of the slots.
     """
 
     def __init__(
@@ -261,12 +266,13 @@ class JobServer:
         import json
 
         fd = connection.sock.fileno()
-        if fd < 0 or self._connections.get(fd) is not connection or connection.outbox:
+        if fd < 0 or self._connections.get(fd) is not connection or connection.outbox is not None:
             return  # cut off meanwhile, or answered already
-        connection.outbox = json.dumps(reply).encode() + b"\n"
-        connection.deadline = time.monotonic() + REPLY_DEADLINE
+        data = json.dumps(reply).encode() + b"\n"
+        connection.outbox = memoryview(data)
+        connection.deadline = time.monotonic() + REPLY_DEADLINE + len(data) / REPLY_RATE
         self._write(connection)
-        if connection.outbox and self._supervisor is not None:
+        if connection.sock.fileno() >= 0 and self._supervisor is not None:
             with contextlib.suppress(Exception):
                 self._supervisor.add_writer(fd, lambda: self._write(connection))
 
@@ -274,16 +280,17 @@ class JobServer:
         if time.monotonic() > connection.deadline:
             self._drop(connection.sock)
             return
+        outbox = connection.outbox
+        assert outbox is not None
         try:
-            sent = connection.sock.send(connection.outbox)
+            while connection.sent < len(outbox):
+                connection.sent += connection.sock.send(outbox[connection.sent :])
         except BlockingIOError:
             return
         except OSError:
             self._drop(connection.sock)
             return
-        connection.outbox = connection.outbox[sent:]
-        if not connection.outbox:
-            self._drop(connection.sock)
+        self._drop(connection.sock)
 
     def close(self, supervisor: Supervisor | None = None) -> None:
         from numarun.process import children
@@ -510,39 +517,34 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
 
 
 def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
-    """The whole job's stacks: every answering node's ranks grouped together, each group
-    naming its nodes; the nodes that did not answer, and why."""
-    from numarun.stacks import parse, remote
+    """The whole job's stacks: the merged classes the launcher sent (every node's ranks, each
+    class naming its ranks and nodes), the nodes that did not answer, and why. What came
+    through the rendezvous store is read back checked and shown escaped."""
+    import json
 
-    ranks: list[parse.RankStacks] = []
-    nodes: list[str] = []
-    for text in reply.get("posts") or ():
-        try:
-            group_rank, host, pid, stacks = remote.decode_post(str(text).encode())
-        except ValueError:
-            continue
-        nodes.append(f"{remote.node_label(group_rank, host)}: launcher pid {pid}")
-        ranks.extend(stacks)
-    missing = [
-        f"node {item.get('node')}: {item.get('why')}"
-        for item in reply.get("missing") or ()
-        if isinstance(item, dict)
-    ]
+    from numarun.stacks import merge, remote
+
+    view_doc = reply.get("view")
+    if not isinstance(view_doc, str):
+        raise JobsError(f"job {fields['run_id']}: the job's stacks did not come back")
+    try:
+        view, inline = merge.read_view(view_doc.encode(), limit=64 << 20)
+    except remote.PostError as error:
+        raise JobsError(
+            f"job {fields['run_id']}: the job's stacks are unreadable: {error}"
+        ) from None
+    view.add_posts(inline)
     if as_json:
-        import json
-
-        document = parse.stacks_to_json(ranks, **fields)
-        document["nodes"] = nodes
-        document["missing_nodes"] = missing
-        print(json.dumps(document, indent=1))
+        print(json.dumps(merge.view_to_json(view, **fields), indent=1))
         return 0
-    count = len(ranks)
+    count = view.rank_count
     lines = [
-        f"numarun stacks: job {fields['run_id']} ({count} rank{'s' if count != 1 else ''} on "
-        f"{len(nodes)} of {reply.get('nodes')} nodes): {fields['entrypoint']}",
-        *(f"  {line}" for line in nodes),
-        *(f"  {line}" for line in missing),
-        *parse.format_groups(parse.group_ranks(ranks)),
+        remote.printable(
+            f"numarun stacks: job {fields['run_id']} ({count:,} rank{'s' if count != 1 else ''} "
+            f"on {len(view.answered):,} of {view.size:,} nodes): {fields['entrypoint']}"
+        ),
+        *(f"  {line}" for line in merge.summary_lines(view)),
+        *merge.format_view(view),
     ]
-    sys.stdout.write("\n".join(remote.printable(line) for line in lines) + "\n")
+    sys.stdout.write("\n".join(lines) + "\n")
     return 0

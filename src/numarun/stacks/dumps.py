@@ -23,8 +23,13 @@ its last line is the bottom of the main thread (listed last, so written last), w
 bootstraps is their ``-c`` code (``File "<string>", line 1 in <module>``), or faulthandler's
 ``...`` after 100 threads; any other dump that ends with a newline and has not
 grown for 25 ms is taken too (a fork worker's, a stack deeper than 100 frames).
-:meth:`RankDumps.take` waits at most ``limit`` seconds (1 s) for all ranks together, typically
-a few milliseconds.
+:meth:`RankDumps.take_async` never waits: it asks, then looks at the files from the supervisor's
+timers (:meth:`Supervisor.call_later`: after 1 ms, then twice as long each time, at most 25 ms
+apart) and hands the dumps, unparsed (:class:`Raw`), to its callback once each is complete or
+``limit`` seconds (1 s) passed; the loop is free in between. :meth:`RankDumps.take` is the same
+in a blocking form, for the supervisor's ``on_failure`` (whose contract is to finish before the
+teardown signals anyone): it waits at most ``limit`` seconds for all ranks together, typically a
+few milliseconds.
 
 The hang verdict built on these dumps is :mod:`numarun.stacks.hang`; a job's stacks wired into
 one supervisor (the socket, at a failure) are :mod:`numarun.stacks.job`.
@@ -39,7 +44,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 from numarun.process import children
 from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
@@ -110,6 +115,85 @@ def _structurally_complete(data: bytes) -> bool:
 def normalized(dump: bytes) -> bytes:
     """A dump without what changes when nothing moved: which thread ran the handler."""
     return dump.replace(b"Current thread ", b"Thread ")
+
+
+class Raw:
+    """One rank's dump as read, not parsed (parsing waits for a thread other than the loop):
+    ``text`` empty when ``problem`` says why there is none."""
+
+    __slots__ = ("local_rank", "pid", "problem", "rank", "text")
+
+    def __init__(
+        self, rank: int, local_rank: int, pid: int | None, text: str, problem: str | None
+    ) -> None:
+        self.rank = rank
+        self.local_rank = local_rank
+        self.pid = pid
+        self.text = text
+        self.problem = problem
+
+    @classmethod
+    def of(cls, stacks: RankStacks) -> Raw:
+        return cls(stacks.rank, stacks.local_rank, stacks.pid, stacks.text, stacks.problem)
+
+
+class _Collection:
+    """One taking of dumps in progress: which ranks are still awaited, what was read, since
+    when each file stopped growing."""
+
+    def __init__(self, dumps: RankDumps, wanted: list[int], limit: float) -> None:
+        self.dumps = dumps
+        self.wanted = wanted
+        self.limit = limit
+        self.problems = dumps.ask(wanted)
+        self.texts: dict[int, bytes] = {}
+        self.pending = [r for r in wanted if r not in self.problems]
+        self.deadline = time.monotonic() + limit
+        self.seen: dict[int, tuple[int, float]] = {}  # local rank -> (size, when it changed)
+
+    def step(self) -> bool:
+        """Read what the awaited ranks wrote; True once every dump is complete or the time
+        is up (then what is missing is said)."""
+        dumps = self.dumps
+        now = time.monotonic()
+        for local_rank in list(self.pending):
+            data = dumps.read(local_rank)
+            size, since = self.seen.get(local_rank, (-1, now))
+            if len(data) != size:
+                self.seen[local_rank] = (len(data), now)
+                since = now
+            done = _structurally_complete(data) or (
+                data.endswith(b"\n") and now - since >= _QUIET_ANY
+            )
+            problem = None if data else dumps.answer_problem(local_rank, data, final=False)
+            if done or problem is not None:
+                self.pending.remove(local_rank)
+                self.texts[local_rank] = data
+                if problem is not None:
+                    self.problems[local_rank] = problem
+        if not self.pending:
+            return True
+        if now < self.deadline:
+            return False
+        for local_rank in self.pending:
+            data = dumps.read(local_rank)
+            self.texts[local_rank] = data
+            self.problems[local_rank] = (
+                f"incomplete: the dump was still being written after {self.limit:g} s"
+                if data
+                else dumps.answer_problem(local_rank, data, final=True)
+                or f"no dump within {self.limit:g} s"
+            )
+        self.pending = []
+        return True
+
+    def raw(self) -> list[Raw]:
+        ranks = self.dumps._ranks
+        return [
+            Raw(ranks[r].rank, r, ranks[r].pid or None,
+                self.texts.get(r, b"").decode("utf-8", "replace"), self.problems.get(r))
+            for r in self.wanted
+        ]  # fmt: skip
 
 
 class _Rank:
@@ -264,7 +348,35 @@ class RankDumps:
             return REPLACED
         return None
 
-    # --- taking, with a bounded wait -------------------------------------------------------------
+    # --- taking -------------------------------------------------------------------------------
+
+    def take_async(
+        self,
+        done: Callable[[list[Raw]], None],
+        local_ranks: Iterable[int] | None = None,
+        limit: float = TAKE_LIMIT,
+    ) -> None:
+        """Ask ``local_ranks`` (default: all) and call ``done(dumps)`` from the supervisor's
+        loop once each dump is complete or ``limit`` seconds passed (module docstring): one
+        :class:`Raw` per rank, the problem of those that have none. Never waits; without a
+        running supervisor ``done`` may never be called."""
+        wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
+        collection = _Collection(self, wanted, limit)
+        delay = [_POLL]
+
+        def step() -> None:
+            try:
+                finished = collection.step()
+            except OSError:  # the files went with the run: what was read
+                finished = True
+            if finished:
+                done(collection.raw())
+                return
+            assert self._supervisor is not None
+            self._supervisor.call_later(delay[0], step)
+            delay[0] = min(delay[0] * 2, _QUIET_ANY)
+
+        step()
 
     def take(
         self, local_ranks: Iterable[int] | None = None, limit: float = TAKE_LIMIT
@@ -272,56 +384,15 @@ class RankDumps:
         """Ask ``local_ranks`` (default: all) and wait, at most ``limit`` seconds in all, until
         each dump is complete (see the module docstring); returns one
         :class:`numarun.stacks.parse.RankStacks` per rank, with the problem of those that have
-        none."""
+        none. Blocks: for the supervisor's ``on_failure`` only."""
         from numarun.stacks.parse import rank_stacks
 
         wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
-        problems = self.ask(wanted)
-        texts: dict[int, bytes] = {}
-        pending = [r for r in wanted if r not in problems]
-        deadline = time.monotonic() + limit
-        seen: dict[int, tuple[int, float]] = {}  # local rank -> (size, when it last changed)
-        while pending:
-            now = time.monotonic()
-            for local_rank in list(pending):
-                data = self.read(local_rank)
-                size, since = seen.get(local_rank, (-1, now))
-                if len(data) != size:
-                    seen[local_rank] = (len(data), now)
-                    since = now
-                done = _structurally_complete(data) or (
-                    data.endswith(b"\n") and now - since >= _QUIET_ANY
-                )
-                problem = None if data else self.answer_problem(local_rank, data, final=False)
-                if done or problem is not None:
-                    pending.remove(local_rank)
-                    texts[local_rank] = data
-                    if problem is not None:
-                        problems[local_rank] = problem
-            if not pending:
-                break
-            if now >= deadline:
-                for local_rank in pending:
-                    data = self.read(local_rank)
-                    texts[local_rank] = data
-                    problems[local_rank] = (
-                        f"incomplete: the dump was still being written after {limit:g} s"
-                        if data
-                        else self.answer_problem(local_rank, data, final=True)
-                        or f"no dump within {limit:g} s"
-                    )
-                break
+        collection = _Collection(self, wanted, limit)
+        while not collection.step():
             time.sleep(_POLL)
-        return [
-            rank_stacks(
-                self._ranks[r].rank,
-                r,
-                self._ranks[r].pid or None,
-                texts.get(r, b"").decode("utf-8", "replace"),
-                problems.get(r),
-            )
-            for r in wanted
-        ]
+        return [rank_stacks(item.rank, item.local_rank, item.pid, item.text, item.problem)
+                for item in collection.raw()]  # fmt: skip
 
     def close(self) -> None:
         """Close and remove the files and the directory; idempotent."""

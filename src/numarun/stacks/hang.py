@@ -9,8 +9,12 @@ previous sample (every thread's file, line and function), a byte of output from 
 numarun reads (``--redirects``/``--tee``/``--local-ranks-filter``; output that goes straight to the
 terminal is invisible to the launcher), a rank that exited, a rank not yet armed. A hang is declared
 once nothing progressed for ``timeout`` seconds; a rank whose own code took signal 42 over and a
-``--no-python`` rank are judged by their output alone, a rank that does not answer counts as not
-moving, and a job in which nothing at all can be observed is never declared hung.
+``--no-python`` rank are judged by their output alone, and a job in which nothing at all can be
+observed is never declared hung. A rank that does not answer a dump request by the next sample
+(its signal still pending: a rank starved of CPU on a loaded machine, or one blocking the signal)
+is *unknown*: not progress, and not stillness either: no verdict is reached (and no node says it
+is still) at a sample in which a rank is unknown, so a busy job on a loaded machine is never taken
+for a hung one; a rank that never answers keeps its node from ever being judged hung.
 
 Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
 ``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
@@ -22,11 +26,12 @@ timeout (a blocking read, a huge matmul) to look hung. Conversely a rank that lo
 line (``while not ready: time.sleep(1)``) looks still: that is a hang by this rule.
 
 Over several nodes (a torch rendezvous, ``job`` given): a hang is judged over the whole job, no
-rank on any numarun node made progress for the timeout. This node's watch then never ends the run
-by itself: once its own ranks have been still for the timeout it calls ``job.still(stacks, idle)``
-(the last samples of its ranks; the launcher posts them for the other nodes), and
-``job.moving()`` when one of them moves again; the launcher calls :meth:`HangWatch.declare` with
-every node's stacks once every numarun node is still, on every node alike.
+rank on any numarun node made progress for the timeout (a node whose ranks all ended counts as
+still). This node's watch then never ends the run by itself: once its own ranks have been still
+for the timeout it calls ``job.still(dumps, idle)`` (the last samples of its ranks, unparsed; the
+launcher posts their digest for the other nodes), and ``job.moving()`` when one of them moves
+again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged classes
+(:class:`numarun.stacks.merge.JobView`) once every numarun node is still, on every node alike.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from numarun.stacks.dumps import (
     PENDING,
     REPLACED,
     RankDumps,
+    Raw,
     normalized,
 )
 
@@ -51,34 +57,46 @@ if TYPE_CHECKING:
     from typing import Any, Protocol
 
     from numarun.process.supervisor import Supervisor
+    from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
 
     class JobHang(Protocol):
         """The launcher's side of a hang judged over several nodes."""
 
-        def still(self, stacks: list[RankStacks], idle: float) -> None: ...
+        def still(self, dumps: list[Raw], idle: float) -> None: ...
         def moving(self) -> None: ...
 
 
 class HangReport:
-    """What :class:`HangWatch` saw when it declared the hang: ``stacks`` of every rank (the
-    last samples; over several nodes every node's ranks, each with its ``node``), ``idle``
-    seconds without progress, whether output counted, and ``nodes``: how many nodes were
-    judged (1: this node alone)."""
+    """What :class:`HangWatch` saw when it declared the hang: ``stacks`` of this node's ranks
+    (the last samples, parsed when first read), ``idle`` seconds without progress, whether
+    output counted, ``nodes``: how many nodes were judged (1: this node alone); over several
+    nodes ``view``, the job's merged classes, and ``by``, who declared it: ``"this node"`` or
+    the node whose verdict came through the rendezvous store."""
 
     def __init__(
         self,
         timeout: float,
         idle: float,
-        stacks: Sequence[RankStacks],
+        stacks: Sequence[RankStacks] | Callable[[], Sequence[RankStacks]],
         output_watched: bool,
         nodes: int = 1,
+        view: JobView | None = None,
+        by: str | None = None,
     ) -> None:
         self.timeout = timeout
         self.idle = idle
-        self.stacks = stacks
+        self._stacks = stacks
         self.output_watched = output_watched
         self.nodes = nodes
+        self.view = view
+        self.by = by
+
+    @property
+    def stacks(self) -> Sequence[RankStacks]:
+        if callable(self._stacks):
+            self._stacks = self._stacks()
+        return self._stacks
 
 
 class HangWatch:
@@ -140,6 +158,7 @@ class HangWatch:
         progress = self._output != self._seen_output
         self._seen_output = self._output
         observable = self.output_watched
+        unknown = False  # a rank did not answer: no verdict at this sample
         for local_rank in dumps.local_ranks:
             state = dumps._ranks[local_rank]
             if state.exited:
@@ -154,14 +173,14 @@ class HangWatch:
                 progress = True  # still starting up (or exec'd): not hung
                 continue
             if unasked == PENDING:
-                observable = True  # does not answer: counts as not moving
+                unknown = True  # the last signal is still pending: not answered
                 continue
             if state.asked_at is None:
                 continue  # first tick: nothing asked yet
             data = dumps.read(local_rank)
             problem = None if data else dumps.answer_problem(local_rank, data, final=True)
             if problem == PENDING:
-                observable = True
+                unknown = True
                 continue
             if not data:
                 continue
@@ -170,38 +189,64 @@ class HangWatch:
             if self._last.get(local_rank) != sample:
                 self._last[local_rank] = sample
                 progress = True
-        if progress or not observable:
+        if progress or not (observable or unknown):
             self._progress_at = now
             if self.still and self.job is not None:
                 self.still = False
                 self.job.moving()
-        elif now - self._progress_at >= self.timeout:
+        elif now - self._progress_at >= self.timeout and not unknown:
             if self.job is None:
                 self._declare(now)
                 return
             if not self.still:
                 self.still = True
-                self.job.still(self.last_stacks(), now - self._progress_at)
+                self.job.still(self.last_raw(), now - self._progress_at)
         self._unasked = dumps.ask(dumps.live())
 
     def idle(self) -> float:
         """Seconds since this node's ranks last made progress."""
         return time.monotonic() - self._progress_at
 
-    def declare(self, stacks: Sequence[RankStacks], nodes: int) -> None:
-        """The whole job is hung (every one of ``nodes`` numarun nodes still): set
-        :attr:`report` with ``stacks`` (every node's ranks) and stop the run, as a local verdict
-        does, on every node alike (also one whose ranks moved since it said they were still:
-        the job as a whole was still). Does nothing once a verdict was given."""
+    def declare_job(self, view: JobView, by: str) -> None:
+        """The whole job is hung (every numarun node of ``view`` still): set :attr:`report`
+        with the job's classes and this node's last samples, and stop the run, as a local
+        verdict does, on every node alike (also one whose ranks moved since it said they were
+        still: the job as a whole was still). ``by`` names who declared it. Does nothing once
+        a verdict was given."""
         if self.report is not None:
             return
-        idle = self.idle()
-        self.report = HangReport(self.timeout, idle, stacks, self.output_watched, nodes)
+        self.report = self.job_report(view, by, self.idle())
         assert self._supervisor is not None
+        nodes = len(view.answered)
         self._supervisor.request_stop(
-            f"{HANG_REASON}no rank of the {nodes} nodes made progress for {idle:.1f} s "
-            f"(--hang-timeout {self.timeout:g})"
+            f"{HANG_REASON}no rank of the {nodes} nodes made progress for "
+            f"{self.report.idle:.1f} s (--hang-timeout {self.timeout:g})"
         )
+
+    def job_report(self, view: JobView, by: str, idle: float) -> HangReport:
+        """The report of a verdict over the job (this node's ranks parsed when read)."""
+        return HangReport(self.timeout, idle, self.last_stacks, self.output_watched,
+                          len(view.answered), view, by)  # fmt: skip
+
+    def last_raw(self) -> list[Raw]:
+        """This node's ranks as last sampled, unparsed (a rank without a sample: why)."""
+        dumps = self.dumps
+        found = []
+        for local_rank in dumps.local_ranks:
+            state = dumps._ranks[local_rank]
+            problem = None
+            if state.fd is None:
+                problem = NOT_PYTHON
+            elif state.exited:
+                problem = EXITED
+            elif state.replaced:
+                problem = REPLACED
+            text = self._last.get(local_rank, b"") if problem is None else b""
+            if problem is None and not text:
+                problem = PENDING
+            found.append(Raw(state.rank, local_rank, state.pid or None,
+                             text.decode("utf-8", "replace"), problem))  # fmt: skip
+        return found
 
     def last_stacks(self) -> list[RankStacks]:
         """This node's ranks as last sampled (a rank without a sample: why)."""

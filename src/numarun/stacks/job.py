@@ -8,7 +8,11 @@ hooks, set before the run: :attr:`JobStacks.job_wide` answers a ``numarun stacks
 the whole job (asynchronously: the answer comes back through the supervisor's loop once every
 node answered or about 2 s passed), ``hang_job`` (:mod:`numarun.stacks.hang`) judges a hang over
 the whole job, and :meth:`JobStacks.note_notice` records another node's failure with where every
-rank of the job was.
+rank of the job was (merged when the summary is written: :meth:`JobStacks.notice_view`).
+
+Nothing here waits on the supervisor's loop but the stacks taken at a failure (the supervisor's
+``on_failure`` finishes before the teardown signals anyone): a ``numarun stacks`` request and
+another node's notice take the dumps with :meth:`numarun.stacks.dumps.RankDumps.take_async`.
 """
 
 from __future__ import annotations
@@ -28,8 +32,11 @@ if TYPE_CHECKING:
 
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
+    from numarun.stacks.dumps import Raw
     from numarun.stacks.hang import HangWatch, JobHang
+    from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
+    from numarun.stacks.remote import Digest
 
 Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
 
@@ -83,8 +90,9 @@ class JobStacks:
         self.scope = scope
         self.job_wide: Callable[[Reply], None] | None = None
         self.at_failure: tuple[WorkerExit, list[RankStacks]] | None = None
-        # Another node's failure: (its notice, every rank of the job with its node).
-        self.at_notice: tuple[str, list[RankStacks]] | None = None
+        # Another node's failure: (its notice, its digest, its classes' frames, this node's
+        # dumps taken then).
+        self.at_notice: tuple[str, Digest | None, dict, list[Raw]] | None = None
         self._close_when_done = close_when_done
         self._server: Any = None
         self._supervisor: Supervisor | None = None
@@ -131,20 +139,45 @@ class JobStacks:
         with contextlib.suppress(OSError):  # no stacks then: the teardown must go on
             self.at_failure = (ended, self.dumps.take(others) if others else [])
 
-    def take(self) -> list[RankStacks]:
-        """Every live rank's stacks now (at most :data:`TAKE_LIMIT` seconds); an exited rank
-        says so. An I/O error gives no stacks rather than an exception."""
+    def take_async(self, done: Callable[[list[Raw]], None]) -> None:
+        """Every rank's dump, unparsed, to ``done`` from the loop once taken (at most
+        :data:`TAKE_LIMIT` seconds; the loop is free meanwhile); an exited rank says so. An
+        I/O error gives no dumps rather than an exception."""
         try:
-            return self.dumps.take()
+            self.dumps.take_async(done)
         except OSError:
-            return []
+            done([])
 
-    def note_notice(self, notice: str, stacks: Sequence[RankStacks]) -> None:
-        """Another node's failure (``notice``) and where every rank of the job was (that
-        node's ranks from its notice, this node's taken at once, before the teardown), kept
-        for what this node prints (the first notice of the run only)."""
+    def note_notice(
+        self, notice: str, digest: Digest | None, frames: dict, own: Sequence[Raw]
+    ) -> None:
+        """Another node's failure (``notice``, that node's ``digest`` and its classes'
+        ``frames``) and this node's ranks taken at once, before the teardown; kept for what
+        this node prints (the first notice of the run only)."""
         if self.at_notice is None:
-            self.at_notice = (notice, list(stacks))
+            self.at_notice = (notice, digest, frames, list(own))
+
+    def notice_view(self, node: int, host: str) -> JobView | None:
+        """Where every rank of the job was at another node's notice: its ranks and this
+        node's (``node``, ``host``) merged into classes; None without a notice."""
+        if self.at_notice is None:
+            return None
+        from numarun.stacks.merge import merge
+        from numarun.stacks.remote import Classes, node_digest
+
+        _, digest, frames, own = self.at_notice
+        mine, posts = node_digest(own, node=node, host=host, pid=os.getpid(), state="notice",
+                                  known=Classes())  # fmt: skip
+        digests = [digest, mine] if digest is not None else [mine]
+        view = merge(digests, kind="notice", by="this node", size=len(digests))
+        view.add_posts({**frames, **posts})
+        return view
+
+    def note_verdict(self, view: JobView, by: str) -> None:
+        """The job's hang verdict reached this node after its run ended (its ranks had all
+        ended; it waited in the exit barrier): the report the summary shows."""
+        if self.hang is not None and self.hang.report is None:
+            self.hang.report = self.hang.job_report(view, by, self.hang.idle())
 
     def _answer(self, op: str, request: dict, reply: Reply) -> None:
         info: dict[str, object] = {
@@ -162,17 +195,16 @@ class JobStacks:
         if request.get("scope") == "job" and self.job_wide is not None:
             self.job_wide(lambda fields: reply({**info, **fields}))
             return
-        info["dumps"] = [
-            {
-                "rank": item.rank,
-                "local_rank": item.local_rank,
-                "pid": item.pid,
-                "problem": item.problem,
-                "text": item.text,
-            }
-            for item in self.dumps.take()
-        ]
-        reply(info)
+
+        def taken(dumps: list[Raw]) -> None:
+            info["dumps"] = [
+                {"rank": item.rank, "local_rank": item.local_rank, "pid": item.pid,
+                 "problem": item.problem, "text": item.text}
+                for item in dumps
+            ]  # fmt: skip
+            reply(info)
+
+        self.take_async(taken)
 
     def summary_fields(self, attempt_dir: str | None) -> dict[str, object]:
         """Keyword arguments for :func:`numarun.launch.failures.format_summary`: the hang report or

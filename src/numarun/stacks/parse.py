@@ -17,14 +17,18 @@ thread" only names the thread that happened to run the signal handler.
 :func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
 (``numarun/launch/bootstrap.py``, ``spawning/worker.py``, ``process/children.py``, everything
 outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
-the user's program. :func:`group_ranks` puts ranks with identical stacks (every thread's file, line
-and function; thread ids and which thread was "current" do not count) into one :class:`Group`: the
-largest group first, ties by lowest rank, ranks without stacks last. Each group's heading
-(:func:`where`) names the innermost *user* frame of its main thread first -- a frame outside the
-standard library, ``site-packages``/``dist-packages``, numarun and ``<frozen ...>`` code -- then the
-innermost frame when that is elsewhere (``all_reduce`` in torch), so the rank that is somewhere else
-stands out at a glance. :func:`odd_ones_out` names the groups that differ from the majority (the
-likely culprits of a hang).
+the user's program; and each run of import machinery frames (``<frozen importlib._bootstrap>``,
+``<frozen importlib._bootstrap_external>``: about 35 per nested import) collapsed into one
+:data:`IMPORTING` frame, as Python's own tracebacks leave them out, so that ranks importing the same
+modules group together whatever step of the import each is at. :func:`group_ranks` puts ranks with
+identical stacks (every thread's file, line and function; thread ids and which thread was
+"current" do not count) into one :class:`Group`: the largest group first, ties by lowest rank,
+ranks without stacks last. Each group's heading (:func:`where`) names the innermost *user* frame of
+its main thread first -- a frame outside the standard library, ``site-packages``/``dist-packages``,
+numarun and ``<frozen ...>`` code -- then the innermost frame when that is elsewhere
+(``all_reduce`` in torch), so the rank that is somewhere else stands out at a glance.
+:func:`odd_ones_out` names the groups that differ from the majority (the likely culprits of a
+hang).
 """
 
 from __future__ import annotations
@@ -60,6 +64,7 @@ _BOOTSTRAP_FILES = tuple(
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
+_IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
 _COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
 # The failure and hang summaries show this many innermost frames of each group's main thread.
@@ -85,6 +90,10 @@ class Frame(Value):
         """``file:line`` (``short``: library paths from the package or stdlib module on)."""
         path = _short_path(self.file) if short else self.file
         return f"{path}:{'?' if self.line is None else self.line}"
+
+
+IMPORTING = Frame("<frozen importlib._bootstrap>", None, "<import machinery>")
+"""Stands for a run of import machinery frames (module docstring): a rank inside ``import``."""
 
 
 class Thread(Value):
@@ -211,10 +220,16 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
 
     def close() -> None:
         if ident is not None:
-            kept = _without_bootstrap(frames)
+            kept = _imports_collapsed(_without_bootstrap(frames))
             threads.append(Thread(ident, current, kept, truncated, bool(frames) and not kept))
 
     for line in text.split("\n"):
+        if line.startswith('  File "'):  # most lines: no header to look for
+            match = _FRAME.match(line)
+            if match is not None and ident is not None:
+                file, number, function = match.groups()
+                frames.append(Frame(file, None if number == "???" else int(number), function))
+            continue
         header = _HEADER.match(line)
         if header is not None or line == "Stack (most recent call first):":
             close()
@@ -222,14 +237,7 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
             current = header is None or header.group(1) == "Current thread"
             frames, truncated = [], False
             continue
-        match = _FRAME.match(line)
-        if match is not None and ident is not None:
-            number = match.group("line")
-            frames.append(
-                Frame(match.group("file"), None if number == "???" else int(number),
-                      match.group("function"))
-            )  # fmt: skip
-        elif line == "  ..." and ident is not None:
+        if line == "  ..." and ident is not None:
             truncated = True
         elif line == "...":
             more = True
@@ -248,12 +256,26 @@ def _is_runpy(frame: Frame) -> bool:
 def _without_bootstrap(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     """The frames inside the innermost numarun bootstrap frame, runpy's calls removed."""
     for index, frame in enumerate(frames):
-        if _is_bootstrap(frame):
+        if frame.file.endswith(_BOOTSTRAP_FILES):
             kept = list(frames[:index])
             while kept and _is_runpy(kept[-1]):
                 kept.pop()
             return tuple(kept)
     return tuple(frames)
+
+
+def _imports_collapsed(frames: tuple[Frame, ...]) -> tuple[Frame, ...]:
+    """``frames`` with each run of import machinery frames replaced by :data:`IMPORTING`."""
+    if not any(frame.file in _IMPORT_MACHINERY for frame in frames):
+        return frames
+    kept: list[Frame] = []
+    for frame in frames:
+        if frame.file in _IMPORT_MACHINERY:
+            if not kept or kept[-1] is not IMPORTING:
+                kept.append(IMPORTING)
+        else:
+            kept.append(frame)
+    return tuple(kept)
 
 
 # --- where a rank is -----------------------------------------------------------------------------
@@ -288,14 +310,19 @@ def where(stacks: RankStacks) -> str:
         if thread.in_bootstrap:
             return "in numarun's bootstrap (the program has not begun)"
         return "no Python frame (the interpreter is starting up or exiting)"
-    innermost = thread.frames[0]
-    user = next((frame for frame in thread.frames if not is_library(frame.file)), None)
+    importing = thread.frames[0] == IMPORTING
+    real = [frame for frame in thread.frames if frame != IMPORTING]
+    if not real:
+        return "importing (only import machinery frames)"
+    innermost = real[0]
+    user = next((frame for frame in real if not is_library(frame.file)), None)
     if user is None:
-        return f"in {innermost.function} ({innermost.location(short=True)})"
-    text = f"in {user.function} ({user.location()})"
-    if user is not innermost:
-        text += f", innermost {innermost.function} ({innermost.location(short=True)})"
-    return text
+        text = f"in {innermost.function} ({innermost.location(short=True)})"
+    else:
+        text = f"in {user.function} ({user.location()})"
+        if user is not innermost:
+            text += f", innermost {innermost.function} ({innermost.location(short=True)})"
+    return text + (", importing" if importing else "")
 
 
 # --- grouping ------------------------------------------------------------------------------------

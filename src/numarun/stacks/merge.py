@@ -1,0 +1,615 @@
+"""The whole job's stacks: every node's digest (:mod:`numarun.stacks.remote`) merged into the job's
+classes, posted once, read by every node, shown on one screen. Pure: no effects.
+
+One node merges (the one asked, or the one that found the job hung): the classes of every
+digest by id, each with its ranks, its nodes and their host names; the ranks without stacks by
+problem; the nodes that did not answer, and why. The main threads' call paths go into a prefix
+tree (:class:`CallTree`, STAT's call-path tree: a path from the outermost frame in, each node of
+the tree counting the ranks through it), which says where each odd class leaves the others.
+The result (:class:`JobView`) travels as one bounded JSON document (:func:`encode_view`), class
+frames by id (each node reads the frames of classes it has not seen this round), and is read
+back checked (:func:`read_view`).
+
+What the user sees (:func:`format_view`) stays one screen at thousands of ranks: odd classes
+first, the largest last, ranks and nodes as ranges with their count (``ranks
+0-4094,4096-8191 (8,191)``), host names compressed (``gpu[0001-1024]``), each class once with
+its representative's main thread in full, its other threads in one line each.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+
+from numarun.stacks.parse import (
+    IMPORTING,
+    RankStacks,
+    Thread,
+    format_ranks,
+    is_library,
+    where,
+)
+from numarun.stacks.remote import (
+    FORMAT,
+    FRAMES_LIMIT,
+    MAX_TEXT,
+    Digest,
+    PostError,
+    check_ranks,
+    decode_ranks,
+    encode_ranks,
+    expand_ranks,
+    listed,
+    load_json,
+    mapping,
+    printable,
+    read_frames,
+    text,
+    whole,
+)
+
+VIEW_LIMIT = 256 * 1024  # bytes of a merged result (frames by id, not in it)
+MAX_CLASSES = 64  # classes with stacks kept: the smallest half and the largest half
+_SHOWN_RANGES = 12  # ranges of a rank list shown before "..."
+_HOSTS_SHOWN = 200  # characters of a compressed host list
+_DETAIL_NODES = 3  # a class on at most this many nodes names each node's ranks
+_NOTES = 16
+_HOST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
+
+
+class JobClass:
+    """Ranks of the job with the same stacks (``ident`` set, ``threads`` the representative's
+    when its frames were read) or the same problem (``problem``)."""
+
+    def __init__(
+        self,
+        ident: str | None,
+        ranks: list[int] | tuple[list, int],
+        nodes: list[int] | tuple[list, int],
+        *,
+        hosts: str = "",
+        pids: dict[int, int] | None = None,
+        problem: str | None = None,
+        per_node: dict[int, tuple[str, list[int]]] | None = None,
+    ) -> None:
+        self.ident = ident
+        # Lists, or (checked triples, count) read back: expanded when first looked at (a
+        # node that only passes the view on never builds 8,192 numbers per class).
+        self._ranks = ranks
+        self._nodes = nodes
+        self.hosts = hosts
+        self.pids = pids or {}
+        self.problem = problem
+        self.per_node = per_node or {}
+        self.threads: tuple[Thread, ...] | None = None
+        self.more = False
+
+    @property
+    def ranks(self) -> list[int]:
+        if isinstance(self._ranks, tuple):
+            self._ranks = expand_ranks(self._ranks[0])
+        return self._ranks
+
+    @property
+    def nodes(self) -> list[int]:
+        if isinstance(self._nodes, tuple):
+            self._nodes = expand_ranks(self._nodes[0])
+        return self._nodes
+
+    @property
+    def count(self) -> int:
+        return self._ranks[1] if isinstance(self._ranks, tuple) else len(self._ranks)
+
+    def sample(self) -> RankStacks:
+        """The representative as a :class:`RankStacks` (no threads: the problem, or frames
+        that were not read)."""
+        rank = self.ranks[0] if self.ranks else -1
+        if self.threads:
+            return RankStacks(rank, -1, self.pids.get(rank), self.threads,
+                              more_threads=self.more)  # fmt: skip
+        problem = self.problem or "its frames could not be read from the store"
+        return RankStacks(rank, -1, self.pids.get(rank), problem=problem)
+
+
+class JobView:
+    """The job's classes merged by one node (module docstring). ``kind``: ``"stacks"``,
+    ``"hang"`` or ``"notice"``; ``by``: the node that merged; ``size``: nodes in the round;
+    ``answered``: group ranks of the nodes merged; ``missing``: (why, nodes); ``notes``: posts
+    that were not merged and why (one line each); ``idle``: seconds without progress (a hang)."""
+
+    def __init__(
+        self,
+        kind: str,
+        by: str,
+        size: int,
+        answered: list[int],
+        classes: list[JobClass],
+        missing: list[tuple[str, list[int]]] | None = None,
+        notes: list[str] | None = None,
+        idle: float | None = None,
+    ) -> None:
+        self.kind = kind
+        self.by = by
+        self.size = size
+        self.answered = answered
+        self.classes = classes
+        self.missing = missing or []
+        self.notes = notes or []
+        self.idle = idle
+        self.posts: dict[str, bytes] = {}
+        self._resolved = True
+
+    @property
+    def rank_count(self) -> int:
+        return sum(item.count for item in self.classes)
+
+    def frame_ids(self) -> list[str]:
+        return [item.ident for item in self.classes if item.ident is not None]
+
+    def add_posts(self, posts: dict[str, bytes]) -> None:
+        """The classes' frames posts, as read (decoded, checked, when the view is shown)."""
+        self.posts.update(posts)
+        self._resolved = False
+
+    def resolve(self) -> None:
+        """Decode the frames posts of the classes that have none yet, each checked against its
+        class (:func:`numarun.stacks.remote.read_frames`); a post that is not its class's is
+        named in :attr:`notes` and left out. Idempotent; done by every function that shows
+        the view, so the thread that reads the store never pays for it."""
+        if self._resolved:
+            return
+        self._resolved = True
+        for item in self.classes:
+            post = self.posts.get(item.ident) if item.ident is not None else None
+            if item.threads is not None or post is None:
+                continue
+            try:
+                item.threads, item.more = read_frames(post, item.ident)  # type: ignore[arg-type]
+            except PostError as error:
+                self.notes.append(f"the frames of class {item.ident}: {error}")
+
+
+# --- merging -------------------------------------------------------------------------------------
+
+
+def merge(
+    digests: Iterable[Digest],
+    *,
+    kind: str,
+    by: str,
+    size: int,
+    missing: Sequence[tuple[str, list[int]]] = (),
+    notes: Sequence[str] = (),
+    idle: float | None = None,
+) -> JobView:
+    """The job's classes from every node's digest: a rank claimed twice (a forged post, say)
+    is kept where it came first and named in ``notes``; so is a second digest of one node."""
+    notes = list(notes)
+    seen_nodes: set[int] = set()
+    owner: dict[int, int] = {}
+    groups: dict[tuple, dict] = {}
+    hosts: dict[int, str] = {}
+    for digest in digests:
+        if digest.node in seen_nodes:
+            notes.append(f"a second digest of node {digest.node} was ignored")
+            continue
+        seen_nodes.add(digest.node)
+        hosts[digest.node] = digest.host
+        entries = [(("class", i), r, p) for i, r, p in digest.classes]
+        entries += [(("problem", why), r, {}) for why, r in digest.problems]
+        for key, ranks, pids in entries:
+            kept = []
+            for rank in ranks:
+                if owner.setdefault(rank, digest.node) != digest.node:
+                    notes.append(
+                        f"rank {rank} claimed by node {digest.node} and node {owner[rank]}: "
+                        f"kept on node {owner[rank]}"
+                    )
+                    continue
+                kept.append(rank)
+            if not kept:
+                continue
+            group = groups.setdefault(key, {"ranks": [], "per_node": {}, "pids": {}})
+            group["ranks"].extend(kept)
+            group["per_node"].setdefault(digest.node, (digest.host, []))[1].extend(kept)
+            group["pids"].update({r: p for r, p in pids.items() if r in kept})
+    kept_groups = _kept(groups)
+    classes = []
+    for (what, value), group in kept_groups.items():
+        nodes = sorted(group["per_node"])
+        classes.append(
+            JobClass(
+                value if what == "class" else None,
+                sorted(group["ranks"]),
+                nodes,
+                hosts=compress_hosts(hosts[node] for node in nodes),
+                pids=group["pids"] if len(group["ranks"]) <= 8 else {},
+                problem=value if what == "problem" else None,
+                per_node=group["per_node"] if len(nodes) <= _DETAIL_NODES else None,
+            )
+        )
+    return JobView(kind, by, size, sorted(seen_nodes), classes, list(missing),
+                   notes[:_NOTES], idle)  # fmt: skip
+
+
+def _kept(groups: dict[tuple, dict]) -> dict[tuple, dict]:
+    """At most :data:`MAX_CLASSES` classes with stacks (ranks computing at random lines can
+    make one per rank): the smallest half (the odd ones out) and the largest half; the others
+    become one group without stacks that says so."""
+    stacks = sorted((key for key in groups if key[0] == "class"),
+                    key=lambda key: len(groups[key]["ranks"]))  # fmt: skip
+    if len(stacks) <= MAX_CLASSES:
+        return groups
+    half = MAX_CLASSES // 2
+    dropped = stacks[half:-half]
+    kept = {key: group for key, group in groups.items() if key not in set(dropped)}
+    folded: dict = {"ranks": [], "per_node": {}, "pids": {}}
+    for key in dropped:
+        folded["ranks"].extend(groups[key]["ranks"])
+        for node, (host, ranks) in groups[key]["per_node"].items():
+            folded["per_node"].setdefault(node, (host, []))[1].extend(ranks)
+    kept[("problem", f"in {len(dropped):,} other classes of stacks, not shown")] = folded
+    return kept
+
+
+# --- the call-path prefix tree -------------------------------------------------------------------
+
+
+class CallTree:
+    """The main threads' call paths of a view's classes, outermost frame first, merged into a
+    prefix tree (STAT's): each node of the tree is one frame with the ranks that pass through
+    it (counted per class). :meth:`branch` says where a class leaves the others."""
+
+    def __init__(self, view: JobView) -> None:
+        view.resolve()
+        self.root: dict = {"children": {}, "count": 0, "classes": set()}
+        self._paths: dict[str, list] = {}
+        for index, item in enumerate(view.classes):
+            if not item.threads:
+                continue
+            path = list(reversed(item.threads[-1].frames))
+            self._paths[str(index)] = path
+            node = self.root
+            node["count"] += len(item.ranks)
+            for frame in path:
+                node = node["children"].setdefault(
+                    (frame.file, frame.line, frame.function),
+                    {"children": {}, "count": 0, "classes": set()},
+                )
+                node["count"] += len(item.ranks)
+                node["classes"].add(index)
+
+    def branch(self, index: int) -> tuple[str, int] | None:
+        """(the innermost frame the class at ``index`` shares with other classes, the ranks
+        through it), or None when it shares no frame."""
+        path = self._paths.get(str(index))
+        if not path:
+            return None
+        node = self.root
+        shared = None
+        for frame in path:
+            node = node["children"][(frame.file, frame.line, frame.function)]
+            if len(node["classes"]) < 2:
+                break
+            shared = (f"{frame.function} ({frame.location()})", node["count"])
+        return shared
+
+    def to_json(self, depth: int = 200) -> dict:
+        def walk(node: dict, level: int) -> list[dict]:
+            if level >= depth:
+                return []
+            return [
+                {"file": key[0], "line": key[1], "function": key[2], "ranks": child["count"],
+                 "children": walk(child, level + 1)}
+                for key, child in node["children"].items()
+            ]  # fmt: skip
+
+        return {"ranks": self.root["count"], "children": walk(self.root, 0)}
+
+
+# --- travelling: the merged result as JSON -------------------------------------------------------
+
+
+def encode_view(view: JobView, frames: dict[str, bytes] | None = None) -> bytes:
+    """``view`` as one JSON document (frames by id; with ``frames``, those posts inline, for
+    the ``numarun stacks`` client)."""
+    document: dict = {
+        "v": FORMAT, "kind": view.kind, "by": view.by[:300], "size": view.size,
+        "answered": encode_ranks(view.answered),
+        "missing": [{"why": why[:MAX_TEXT], "nodes": encode_ranks(nodes)}
+                    for why, nodes in view.missing],
+        "notes": [note[:MAX_TEXT] for note in view.notes[:_NOTES]],
+        "idle": view.idle,
+        "classes": [_class_doc(item) for item in view.classes],
+    }  # fmt: skip
+    if frames is not None:  # as text: decoded by the client, not by the loop that sends it
+        document["frames"] = {key: value.decode("utf-8", "replace") for key, value in
+                              frames.items() if key in view.frame_ids()}  # fmt: skip
+    return json.dumps(document, separators=(",", ":")).encode()
+
+
+def _class_doc(item: JobClass) -> dict:
+    doc: dict = {"ranks": encode_ranks(item.ranks), "nodes": encode_ranks(item.nodes),
+                 "hosts": item.hosts[:_HOSTS_SHOWN + 40]}  # fmt: skip
+    if item.ident is not None:
+        doc["id"] = item.ident
+    if item.problem is not None:
+        doc["problem"] = item.problem[:MAX_TEXT]
+    if item.pids:
+        doc["pids"] = [[rank, pid] for rank, pid in sorted(item.pids.items())]
+    if item.per_node:
+        doc["per_node"] = [[node, host[:255], encode_ranks(ranks)]
+                           for node, (host, ranks) in item.per_node.items()]  # fmt: skip
+    return doc
+
+
+def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[str, bytes]]:
+    """A merged result read back, every field checked: (the view, frames posts found inline
+    by id); :class:`PostError` when it is not one."""
+    document = mapping(load_json(data, limit=limit, what="a merged result", depth=10),
+                       "a merged result")  # fmt: skip
+    if document.get("v") != FORMAT:
+        raise PostError("a merged result of another format (another numarun version?)")
+    kind = text(document.get("kind"), "kind", 16)
+    if kind not in ("stacks", "hang", "notice"):
+        raise PostError(f"a merged result of unknown kind {printable(kind)!r}")
+    idle = document.get("idle")
+    if idle is not None and (type(idle) not in (int, float) or not 0 <= idle < 1e9):
+        raise PostError("idle is not a number of seconds")
+    classes = []
+    for entry in listed(document.get("classes"), "classes", 4096):
+        entry = mapping(entry, "a class")
+        ident = entry.get("id")
+        if ident is not None and not (isinstance(ident, str) and re.fullmatch(r"[0-9a-f]{16}",
+                                                                           ident)):  # fmt: skip
+            raise PostError("a class id is not 16 hex digits")
+        problem = entry.get("problem")
+        if (ident is None) == (problem is None):
+            raise PostError("a class has neither stacks nor a problem, or both")
+        item = JobClass(
+            ident,
+            check_ranks(entry.get("ranks"), "ranks"),
+            check_ranks(entry.get("nodes"), "nodes"),
+            hosts=text(entry.get("hosts", ""), "hosts", _HOSTS_SHOWN + 40),
+            problem=None if problem is None else text(problem, "a problem"),
+        )
+        for pair in listed(entry.get("pids", []), "pids", 8):
+            pair = listed(pair, "a pid", 2)
+            item.pids[whole(pair[0] if pair else None, "a rank")] = whole(pair[-1], "a pid")
+        for triple in listed(entry.get("per_node", []), "per_node", _DETAIL_NODES):
+            triple = listed(triple, "a node's ranks", 3)
+            if len(triple) != 3:
+                raise PostError("a node's ranks is not [node, host, ranks]")
+            item.per_node[whole(triple[0], "a node")] = (
+                text(triple[1], "a host", 255), decode_ranks(triple[2], "ranks")
+            )
+        classes.append(item)
+    view = JobView(
+        kind,
+        text(document.get("by"), "by"),
+        whole(document.get("size"), "size", 0, 1 << 20),
+        decode_ranks(document.get("answered"), "answered"),
+        classes,
+        [(text(mapping(m, "a missing node").get("why"), "why"),
+          decode_ranks(m.get("nodes"), "nodes")) for m in listed(document.get("missing"),
+                                                                "missing", 64)],
+        [text(note, "a note") for note in listed(document.get("notes", []), "notes", _NOTES)],
+        idle,
+    )  # fmt: skip
+    inline: dict[str, bytes] = {}
+    if "frames" in document:
+        for key, value in mapping(document["frames"], "frames").items():
+            inline[str(key)] = text(value, "frames", FRAMES_LIMIT).encode()
+    return view, inline
+
+
+# --- one screen ----------------------------------------------------------------------------------
+
+
+def count(number: int) -> str:
+    return f"{number:,}"
+
+
+def ranks_text(ranks: Sequence[int], noun: str = "rank") -> str:
+    """``rank 3`` or ``ranks 0-4094,4096-8191 (8,191)``; a long list shows its first and last
+    ranges around ``...``."""
+    if len(ranks) == 1:
+        return f"{noun} {ranks[0]}"
+    ranges = format_ranks(ranks).split(",")
+    if len(ranges) > _SHOWN_RANGES:
+        half = _SHOWN_RANGES // 2
+        ranges = [*ranges[:half], "...", *ranges[-half:]]
+    return f"{noun}s {','.join(ranges)} ({count(len(ranks))})"
+
+
+def compress_hosts(names: Iterable[str]) -> str:
+    """Host names as ranges of their numbers, as Slurm writes them: ``gpu[0001-0004,0007],
+    login``; at most about 200 characters (then ``... and N more``). Escaped."""
+    unique = sorted(set(names))
+    numbered: dict[tuple[str, str], list[str]] = {}
+    plain: list[str] = []
+    for name in unique:
+        match = _HOST_NUMBER.match(name)
+        if match is None:
+            plain.append(name)
+            continue
+        prefix, digits, suffix = match.groups()
+        numbered.setdefault((prefix, suffix), []).append(digits)
+    by_pattern: dict[tuple[str, str, int], list[int]] = {}
+    for (prefix, suffix), all_digits in numbered.items():
+        # Zero-padded numbers (gpu0007) share their width with unpadded ones as long (gpu1000).
+        padded = [len(d) for d in all_digits if d.startswith("0") and len(d) > 1]
+        width = max(padded) if padded else 0
+        for digits in all_digits:
+            fits = width if len(digits) == width else 0
+            by_pattern.setdefault((prefix, suffix, fits), []).append(int(digits))
+    parts: list[tuple[int, str]] = []
+    for (prefix, suffix, width), numbers in by_pattern.items():
+        numbers.sort()
+        if len(numbers) == 1:
+            parts.append((1, f"{prefix}{numbers[0]:0{width}d}{suffix}"))
+            continue
+        runs = []
+        for chunk in format_ranks(numbers).split(","):
+            low, _, high = chunk.partition("-")
+            runs.append(f"{int(low):0{width}d}" + (f"-{int(high):0{width}d}" if high else ""))
+        parts.append((len(numbers), f"{prefix}[{','.join(runs)}]{suffix}"))
+    parts += [(1, name) for name in plain]
+    shown, used, hidden = [], 0, 0
+    for size, part in sorted(parts, key=lambda item: item[1]):
+        if used + len(part) > _HOSTS_SHOWN and shown:
+            hidden += size
+            continue
+        shown.append(part)
+        used += len(part) + 1
+    joined = ",".join(shown) + (f", ... and {hidden} more" if hidden else "")
+    return printable(joined)
+
+
+def nodes_text(item: JobClass) -> str:
+    """Where a class runs: ``on node 1 (host-b)``, a few nodes with each one's ranks, or
+    ``on nodes 0-1023 (gpu[0001-1024])``."""
+    if not item.nodes:
+        return ""
+    if len(item.nodes) == 1:
+        return f"on node {item.nodes[0]} ({item.hosts})"
+    if item.per_node and len(item.per_node) == len(item.nodes):
+        parts = [f"node {node} ({host}): {ranks_text(ranks)}"
+                 for node, (host, ranks) in sorted(item.per_node.items())]  # fmt: skip
+        return f"on {'; '.join(parts)}"
+    return f"on {ranks_text(item.nodes, 'node')} ({item.hosts})"
+
+
+def ordered(view: JobView) -> tuple[list[JobClass], JobClass | None]:
+    """The classes as shown: odd ones first (smallest first), ranks without stacks, the
+    largest class with stacks last; and that majority (None without a single one: a tie that
+    no collective breaks, or no stacks at all)."""
+    view.resolve()
+    with_stacks = sorted((c for c in view.classes if c.problem is None),
+                         key=lambda c: (-len(c.ranks), c.ranks[:1]))  # fmt: skip
+    problems = sorted((c for c in view.classes if c.problem is not None),
+                      key=lambda c: c.ranks[:1])  # fmt: skip
+    majority = None
+    if with_stacks:
+        size = len(with_stacks[0].ranks)
+        largest = [c for c in with_stacks if len(c.ranks) == size]
+        if len(largest) == 1:
+            majority = largest[0]
+        else:
+            waiting = [c for c in largest if _in_collective(c)]
+            majority = waiting[0] if len(waiting) == 1 else None
+        if len(with_stacks) == 1 and problems:
+            majority = None  # what still runs while the others ended is the odd one
+    odd = [c for c in reversed(with_stacks) if c is not majority]
+    return [*odd, *problems, *([majority] if majority is not None else [])], majority
+
+
+def _in_collective(item: JobClass) -> bool:
+    threads = item.threads or ()
+    return bool(threads) and any(
+        "torch/distributed/" in frame.file or "torch/nn/parallel/" in frame.file
+        for frame in threads[-1].frames
+    )
+
+
+def heading(item: JobClass, *, pid: bool = False) -> str:
+    """``ranks 0-2 (3): in step (/job/train.py:14)``; one rank with ``pid``: ``rank 3 (pid
+    4242): ...``."""
+    label = ranks_text(item.ranks)
+    if pid and len(item.ranks) == 1 and item.pids.get(item.ranks[0]):
+        label += f" (pid {item.pids[item.ranks[0]]})"
+    return f"{label}: {where(item.sample())}"
+
+
+def format_view(
+    view: JobView,
+    *,
+    max_frames: int | None = None,
+    other_threads: bool = True,
+    tree: CallTree | None = None,
+) -> list[str]:
+    """The classes, one screen (module docstring), every line escaped: per class its heading,
+    its nodes, where it leaves the others (odd classes), its representative's main thread
+    (``max_frames`` innermost frames, or all) and one line per other thread."""
+    view.resolve()
+    tree = tree or CallTree(view)
+    shown, majority = ordered(view)
+    index_of = {id(item): index for index, item in enumerate(view.classes)}
+    lines = []
+    for item in shown:
+        lines.append(heading(item, pid=True))
+        where_run = nodes_text(item)
+        if where_run:
+            lines.append(f"    {where_run}")
+        if item.problem is not None or not item.threads:
+            continue
+        branch = tree.branch(index_of[id(item)]) if item is not majority else None
+        if branch is not None and majority is not None:
+            lines.append(f"    leaves the other ranks' path after {branch[0]}")
+        main = item.threads[-1]
+        lines.append(f"    main thread ({main.ident or 'id unknown'}, most recent call first):")
+        frames = main.frames if max_frames is None else main.frames[:max_frames]
+        if not main.frames:
+            lines.append("      (no Python frame)")
+        for frame in frames:
+            number = "?" if frame.line is None else frame.line
+            lines.append(f'      File "{frame.file}", line {number}, in {frame.function}')
+        hidden = len(main.frames) - len(frames)
+        if hidden:
+            lines.append(f"      ... {hidden} more frame{'s' if hidden != 1 else ''}")
+        elif main.truncated:
+            lines.append("      ... (frames cut)")
+        others = item.threads[:-1]
+        if others and other_threads:
+            for number, thread in enumerate(reversed(others), start=2):
+                lines.append(f"    thread {number} of {len(others) + 1} ({thread.ident}): "
+                             f"{_thread_where(thread)}")  # fmt: skip
+        elif others:
+            lines.append(f"    ({len(others)} other thread{'s' if len(others) != 1 else ''} "
+                         "not shown)")  # fmt: skip
+        if item.more and other_threads:
+            lines.append("    ... (more threads than shown)")
+    return [printable(line) for line in lines]
+
+
+def _thread_where(thread: Thread) -> str:
+    real = [frame for frame in thread.frames if frame != IMPORTING]
+    if not real:
+        return "no Python frame"
+    user = next((frame for frame in real if not is_library(frame.file)), real[0])
+    return f"in {user.function} ({user.location(short=True)})"
+
+
+def summary_lines(view: JobView) -> list[str]:
+    """The lines above the classes: nodes that did not answer and why, posts left out."""
+    view.resolve()
+    lines = [f"{ranks_text(nodes, 'node')}: {why}" for why, nodes in view.missing]
+    lines += [f"left out: {note}" for note in view.notes]
+    return [printable(line) for line in lines]
+
+
+def view_to_json(view: JobView, **job: object) -> dict[str, object]:
+    """The document ``numarun stacks --json`` prints for a whole job: ``job`` fields, the
+    ``classes`` as shown (ranks, nodes, hosts, where, the representative's threads), the
+    missing nodes, and the call-path ``tree``."""
+    view.resolve()
+    tree = CallTree(view)
+    shown, _ = ordered(view)
+    classes = []
+    for item in shown:
+        sample = item.sample()
+        classes.append(
+            {"ranks": item.ranks, "nodes": item.nodes, "hosts": item.hosts,
+             "where": where(sample), "problem": item.problem,
+             "pids": {str(rank): pid for rank, pid in item.pids.items()},
+             "threads": [{"id": t.ident, "main": index == len(sample.threads) - 1,
+                          "frames": [{"file": f.file, "line": f.line, "function": f.function}
+                                     for f in t.frames]}
+                         for index, t in enumerate(sample.threads)]}
+        )  # fmt: skip
+    return {
+        **job, "nodes": view.size, "answered_nodes": view.answered,
+        "missing_nodes": [{"why": why, "nodes": nodes} for why, nodes in view.missing],
+        "notes": view.notes, "classes": classes, "tree": tree.to_json(),
+    }  # fmt: skip
