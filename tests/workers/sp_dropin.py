@@ -135,10 +135,18 @@ def cpus_first(local_rank: int, queue: Any) -> None:
 
 
 def write_after(local_rank: int, directory: str, seconds: float) -> None:
-    """Writes its pid at once and ``done<rank>`` after ``seconds``."""
-    (Path(directory) / f"pid{local_rank}").write_text(str(os.getpid()))
+    """Writes its pid at once and ``done<rank>`` after ``seconds``, each whole: written to a
+    temporary name and renamed, since a caller may act (and end this worker) the moment the
+    name exists."""
+    _write_whole(Path(directory) / f"pid{local_rank}", str(os.getpid()))
     time.sleep(seconds)
-    (Path(directory) / f"done{local_rank}").write_text(str(os.getpid()))
+    _write_whole(Path(directory) / f"done{local_rank}", str(os.getpid()))
+
+
+def _write_whole(path: Path, text: str) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def many_puts(local_rank: int, queue: Any, count: int) -> None:
