@@ -1,4 +1,4 @@
-"""``numarun check`` on a GPU machine, in every mode it supports: the README's table in one call.
+"""``numarun check`` on a GPU machine, in every mode it supports: docs/check.md's table in one call.
 
     python benchmarks/check_on_gpu_machine.py [--budget 240] [--out check_on_gpu.md]
                                               [--json-dir DIR] [--buffer-mib 256] [--nproc gpu]

@@ -171,7 +171,7 @@ def test_finding_gpus_planning_and_launching_never_import_torch(
     assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
-# --- help, version and the example machines of the README ----------------------------------------
+# --- help, version and the example machines of the docs ------------------------------------------
 
 
 def test_help_lists_every_subcommand_and_help_and_version_work() -> None:
@@ -212,11 +212,11 @@ def test_shipped_example_trees_are_the_test_machines(
     assert shipped == render_topology(read_topology(fixture, environ={}))
 
 
-def test_readme_examples_run_on_the_shipped_dgx_a100(tmp_path: Path) -> None:
-    # The README's `numarun topo|plan --sysfs-root /tmp/dgx-a100` blocks, reproduced.
+def test_docs_examples_run_on_the_shipped_dgx_a100(tmp_path: Path) -> None:
+    # docs/machine-and-plans.md's `numarun topo|plan --sysfs-root /tmp/dgx-a100` blocks, reproduced.
     with tarfile.open(EXAMPLES / "sysfs" / "dgx-a100.tar.gz") as tar:
         tar.extractall(tmp_path, filter="data")
-    readme = (EXAMPLES.parent / "README.md").read_text()
+    readme = (EXAMPLES.parent / "docs" / "machine-and-plans.md").read_text()
     for command in ("topo", "plan"):
         flags = ["--numa-binding", "exclusive"] if command == "plan" else []
         done = run_cli(command, "--sysfs-root", str(tmp_path), *flags)
