@@ -65,6 +65,7 @@ from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
 from numarun.process import children, proctable, watchdog
 from numarun.process.loop import ENDS, OUTPUT, READ, READERS, TRANSFERS
+from numarun.process.record import Worker
 from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     NOT_STARTED,
@@ -73,7 +74,6 @@ from numarun.process.spec import (
     RUN_ID_ENV,
     START_METHODS,
 )
-from numarun.process.worker import Worker
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from numarun.process.loop import Loop
-    from numarun.process.worker import Worker
+    from numarun.process.record import Worker
 
 _READ_SIZE = 256 * 1024
 

@@ -104,7 +104,7 @@ Inside, :class:`Supervisor` is a facade over its parts, and the run's phases. Th
 (:mod:`numarun.process.loop`), the signal scope (:mod:`numarun.process.signals`), the start
 (:mod:`numarun.process.starting`), the workers' pipes (:mod:`numarun.process.streams`), the steps of
 a teardown (:mod:`numarun.process.teardown`), the supervisor's end of the watchdog
-(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.worker`);
+(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.record`);
 they call back into the supervisor only through the callbacks it hands them. The phases, advanced
 after every batch of events: *new*; *running* from :meth:`Supervisor.start`; *terminating* at the
 first failure, a teardown signal, :meth:`Supervisor.stop`, :meth:`Supervisor.request_stop`, or once
@@ -148,8 +148,8 @@ TYPE_CHECKING = False  # typing is not imported at run time: the launcher's star
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from numarun.process.record import Worker
     from numarun.process.spec import WorkerExit, WorkerSpec
-    from numarun.process.worker import Worker
 
 
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)

@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from numarun.process.loop import Loop
+    from numarun.process.record import Worker
     from numarun.process.watchdog import Link
-    from numarun.process.worker import Worker
 
 
 class Teardown:

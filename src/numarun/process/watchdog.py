@@ -85,7 +85,7 @@ TYPE_CHECKING = False  # typing is not imported at run time: the launcher's star
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from numarun.process.worker import Worker
+    from numarun.process.record import Worker
 
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
 WOKEN = b"\0"  # Link.line(): the wake fd turned readable first (no status line holds a NUL)
