@@ -1,6 +1,6 @@
 """What a caller of the supervisor describes, and what it gets back.
 
-These values are the process wing's vocabulary: :mod:`numarun.process.children` (inside a
+These values are the process wing's vocabulary: :mod:`numarun.process.forkexec` (inside a
 worker), :mod:`numarun.process.supervisor` (the run) and every caller (the launcher, the spawn
 API, the stack dumps) share them, so they live below all of them.
 """

@@ -20,7 +20,7 @@ of three ways (``WorkerSpec.start``):
 What each child runs before ``execve`` or ``fork_target`` and in what order (``setsid()``,
 ``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the watchdog or the forkserver,
 binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome becomes the exit
-status, is :mod:`numarun.process.children`; so is the registry of the fds supervisors hold,
+status, is :mod:`numarun.process.forkexec`; so is the registry of the fds supervisors hold,
 which forked children close. How a start proceeds, step by step, is
 :mod:`numarun.process.starting`.
 
@@ -31,7 +31,7 @@ written during :meth:`Supervisor.start`, to all workers at once, so workers run 
 ``start`` returns, joined or not (what a child has not read within a minute is left to the
 loop). ``pass_fds``: fds of the caller's that the worker gets too (exec: open at the same
 numbers; fork: kept open; forkserver: handed over by the forkserver), listed for the child in
-:data:`numarun.process.children.passed_fds` (fork/forkserver); the caller keeps and closes its own.
+:data:`numarun.process.forkexec.passed_fds` (fork/forkserver); the caller keeps and closes its own.
 ``want_result`` gives the child a pipe (exec: ``NUMARUN_RESULT_FD``; fork/forkserver:
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 

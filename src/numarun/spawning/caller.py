@@ -44,7 +44,7 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.spawning import worker as _worker
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class ResultReader:
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for sock, option in ((parent, socket.SO_RCVBUF), (child, socket.SO_SNDBUF)):
-            children.track(sock.fileno())
+            forkexec.track(sock.fileno())
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
         parent.setblocking(False)
@@ -137,14 +137,14 @@ class ResultReader:
     def close_child_end(self) -> None:
         """The worker's end, once the worker has it (or could not start)."""
         if self._child is not None:
-            children.close_untracked(self._child.fileno())
+            forkexec.close_untracked(self._child.fileno())
             self._child.close()
             self._child = None
 
     def close_socket(self) -> None:
         self.close_child_end()
         if self._sock is not None:
-            children.close_untracked(self._sock.fileno())
+            forkexec.close_untracked(self._sock.fileno())
             self._sock.close()
             self._sock = None
 
@@ -252,7 +252,7 @@ class WorkerRun:
         reader.close_socket()
         writer = self._observed_exit.pop(rank, None)
         if writer is not None:
-            children.close(writer)
+            forkexec.close(writer)
 
     def on_failure(self, failed: WorkerExit) -> None:
         """torch's grace: let the others end on their own for ``failure_grace`` seconds, then,
@@ -348,8 +348,8 @@ class WorkerRun:
         return self.result
 
     def release_sentinel(self, rank: int) -> None:
-        children.close(self._sentinels.pop(rank, None))
-        children.close(self._observed_exit.pop(rank, None))
+        forkexec.close(self._sentinels.pop(rank, None))
+        forkexec.close(self._observed_exit.pop(rank, None))
 
     def close(self) -> None:
         """Close the sentinels and the readers (after the run)."""
@@ -362,12 +362,12 @@ class WorkerRun:
         """A pidfd; for a worker already gone, a pipe at end of file; where pidfds do not
         work, a pipe whose write end is closed when the supervisor reports the exit."""
         try:
-            fd = children.track(os.pidfd_open(pid))
+            fd = forkexec.track(os.pidfd_open(pid))
         except ProcessLookupError:
-            fd, writer = children.parent_pipe(parent_reads=True)
-            children.close(writer)
+            fd, writer = forkexec.parent_pipe(parent_reads=True)
+            forkexec.close(writer)
         except (OSError, AttributeError):
-            fd, writer = children.parent_pipe(parent_reads=True)
+            fd, writer = forkexec.parent_pipe(parent_reads=True)
             self._observed_exit[rank] = writer
         self._sentinels[rank] = fd
         return fd

@@ -18,7 +18,7 @@ method:
   :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and its
   arguments.
 * ``forkserver``: multiprocessing's fork server forks the child and runs
-  :func:`numarun.process.children.forkserver_child`, which binds and then calls
+  :func:`numarun.process.forkexec.forkserver_child`, which binds and then calls
   :func:`run_forkserver`:
   the payload is only the :class:`WorkerProcess` (the fork server prepared the interpreter).
 * ``fork``: the supervisor forks, binds, and calls :func:`run_fork` with the
@@ -158,21 +158,21 @@ def main() -> None:
 def run_forkserver(payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="forkserver"``: unpickle the worker now, after the
     binding, and run it. Returns the exit status."""
-    from numarun.process import children
+    from numarun.process import forkexec
 
     arm_stacks()
     stream = io.BytesIO(read_all(payload_fd))
     os.close(payload_fd)
-    return load_and_bootstrap(stream, children.passed_fds, prepare=False)
+    return load_and_bootstrap(stream, forkexec.passed_fds, prepare=False)
 
 
 def run_fork(worker: WorkerProcess, payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="fork"`` (bound with ``functools.partial``): the forked
     child already holds the worker; returns the exit status."""
-    from numarun.process import children
+    from numarun.process import forkexec
 
     arm_stacks()
-    worker.result_fd = children.passed_fds[0]
+    worker.result_fd = forkexec.passed_fds[0]
     return worker._bootstrap(parent_sentinel=os.dup(worker.result_fd))  # type: ignore[attr-defined]
 
 

@@ -46,7 +46,7 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
@@ -233,7 +233,7 @@ class RankDumps:
                         os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                         0o600,
                     )
-                    children.track(fd)  # forked workers close it
+                    forkexec.track(fd)  # forked workers close it
                 self._ranks[local_rank] = _Rank(local_rank, rank, fd)
         except BaseException:
             self.close()
@@ -398,7 +398,7 @@ class RankDumps:
         """Close and remove the files and the directory; idempotent."""
         for state in self._ranks.values():
             if state.fd is not None:
-                children.close(state.fd)
+                forkexec.close(state.fd)
                 state.fd = None
         if self.directory is not None:
             for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():

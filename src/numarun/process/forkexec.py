@@ -167,7 +167,7 @@ def _filter_fork_warning() -> None:
         "ignore",
         message=r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)",
         category=DeprecationWarning,
-        module=r"numarun\.process\.children\Z",
+        module=r"numarun\.process\.forkexec\Z",
     )
     _fork_warning_filtered = True
 
