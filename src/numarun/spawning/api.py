@@ -12,10 +12,10 @@ workers' environment is the caller's, as torch's: numarun adds ``RANK``, ``MASTE
 only with ``dist_env=True``, and ``OMP_NUM_THREADS`` only with a ``binding``.
 
 Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``) that
-runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.worker`), and its arguments and
-return value are pickled as multiprocessing pickles for a process it starts (ForkingPickler in
-multiprocessing's spawning context, fds handed over), so queues, pipes, locks, events, Manager
-proxies and torch's shared-memory CPU tensors work under every start method:
+runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.childmain`), and its
+arguments and return value are pickled as multiprocessing pickles for a process it starts
+(ForkingPickler in multiprocessing's spawning context, fds handed over), so queues, pipes,
+locks, events, Manager proxies and torch's shared-memory CPU tensors work under every start method:
 
 * ``"spawn"`` (default): a fresh interpreter (with the caller's interpreter flags), bound at
   birth, reads multiprocessing's preparation data (``sys.argv``, ``sys.path``, the main module,
@@ -38,7 +38,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from numarun.errors import InvalidArgument, NumarunError
-from numarun.spawning import worker as _worker
+from numarun.spawning import childmain
 from numarun.spawning.context import ProcessContext, SpawnContext, check_grace_period
 from numarun.spawning.exceptions import (
     ProcessException,
@@ -235,7 +235,8 @@ def _start(
         master_port=master_port,
     )
     workers = [
-        _worker.WorkerProcess(fn, rank, tuple(args), method, bool(daemon)) for rank in range(nprocs)
+        childmain.WorkerProcess(fn, rank, tuple(args), method, bool(daemon))
+        for rank in range(nprocs)
     ]
     # Importing multiprocessing.util registers multiprocessing's exit handler, which waits for
     # non-daemon workers and terminates daemon ones when this interpreter exits.
@@ -295,7 +296,7 @@ def _check_arguments(
     env: object,
 ) -> str:
     """Raise InvalidArgument for a bad argument; returns the start method to use."""
-    worker = sys.modules.get("numarun.spawning.worker")
+    worker = sys.modules.get("numarun.spawning.childmain")
     if worker is not None and getattr(worker, "importing_main", False):
         raise InvalidArgument(
             "numarun.spawn was called while a worker imported the main module; "

@@ -19,7 +19,7 @@ from numarun.spawning.exceptions import (
 if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
     from numarun.spawning.caller import WorkerRun
-    from numarun.spawning.worker import WorkerProcess
+    from numarun.spawning.childmain import WorkerProcess
 
 
 class ProcessContext:

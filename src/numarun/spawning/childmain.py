@@ -9,7 +9,7 @@ authkey, the caller as parent). In the child, after the binding is in force, it 
 flushed), the join of non-daemon threads and the flush of stdio. Entry points, one per start
 method:
 
-* ``spawn``: the supervisor execs ``python -c "...; from numarun.spawning.worker import main;
+* ``spawn``: the supervisor execs ``python -c "...; from numarun.spawning.childmain import main;
   main()"`` (numarun's own directory is put on ``sys.path`` for that one import, so a numarun that
   the caller found through its own ``sys.path`` is the one that runs); :func:`main` reads the
   payload from the fd named by ``NUMARUN_PAYLOAD_FD``: a plain pickle of the header (``{"fds":
@@ -137,7 +137,7 @@ def main() -> None:
         payload_fd = int(os.environ.pop(PAYLOAD_FD_ENV))
     except (KeyError, ValueError):
         sys.stderr.write(
-            f"numarun.spawning.worker: {PAYLOAD_FD_ENV} is not set; "
+            f"numarun.spawning.childmain: {PAYLOAD_FD_ENV} is not set; "
             "this module runs inside workers started by numarun.spawn\n"
         )
         sys.exit(2)
