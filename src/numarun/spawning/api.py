@@ -46,7 +46,7 @@ from numarun.spawning.exceptions import (
     ProcessRaisedException,
 )
 from numarun.spawning.ranks import check_dist_env, resolve_binding, worker_envs
-from numarun.spawning.specs import worker_specs
+from numarun.spawning.startmethod import worker_specs
 
 if TYPE_CHECKING:
     from collections.abc import Callable

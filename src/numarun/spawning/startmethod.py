@@ -87,7 +87,7 @@ def _exec_argv() -> list[str]:
     import subprocess
     from multiprocessing import spawn as mp_spawn
 
-    # src/numarun/spawning/specs.py -> src: the directory numarun itself was found in.
+    # src/numarun/spawning/startmethod.py -> src: the directory numarun itself was found in.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {root!r}); import numarun; sys.path.remove({root!r}); "
