@@ -27,7 +27,7 @@ locks, events, Manager proxies and torch's shared-memory CPU tensors work under 
 * ``None``: the platform's default (``multiprocessing.get_start_method()``), as torch.
 
 Workers run as soon as the call returns, joined or not. The caller's side of a run (results,
-sentinels, what ``processes`` call) is :mod:`numarun.spawning.caller`.
+sentinels, what ``processes`` call) is :mod:`numarun.spawning.workerrun`.
 """
 
 from __future__ import annotations
@@ -243,7 +243,7 @@ def _start(
     from multiprocessing import process, util  # noqa: F401
 
     from numarun.process.supervisor import Supervisor
-    from numarun.spawning.caller import WorkerRun
+    from numarun.spawning.workerrun import WorkerRun
     from numarun.stacks.job import for_spawn
 
     run = WorkerRun(nprocs, method)

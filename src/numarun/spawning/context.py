@@ -18,8 +18,8 @@ from numarun.spawning.exceptions import (
 
 if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
-    from numarun.spawning.caller import WorkerRun
     from numarun.spawning.childmain import WorkerProcess
+    from numarun.spawning.workerrun import WorkerRun
 
 
 class ProcessContext:

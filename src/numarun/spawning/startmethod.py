@@ -15,8 +15,8 @@ from numarun.spawning import childmain
 
 if TYPE_CHECKING:
     from numarun.process.spec import WorkerSpec
-    from numarun.spawning.caller import WorkerRun
     from numarun.spawning.ranks import Placement
+    from numarun.spawning.workerrun import WorkerRun
 
 
 def worker_specs(
