@@ -244,7 +244,7 @@ def _start(
 
     from numarun.process.supervisor import Supervisor
     from numarun.spawning.workerrun import WorkerRun
-    from numarun.stacks.job import for_spawn
+    from numarun.stacks.jobstacks import for_spawn
 
     run = WorkerRun(nprocs, method)
     stacks = None

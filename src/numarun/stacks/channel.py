@@ -15,8 +15,8 @@ disconnected without an answer. No other user can list jobs, read stacks or make
 signal anything.
 
 Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}`` (with ``"scope":
-"job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.job`); one reply line
-of JSON; the connection is closed. The server runs inside the supervisor's loop
+"job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.jobstacks`); one
+reply line of JSON; the connection is closed. The server runs inside the supervisor's loop
 (:meth:`Supervisor.add_reader`), every connection non-blocking with a deadline, a bound on its
 request and on how many are served at once (:class:`JobServer`): a client never blocks the loop,
 and neither do the dumps (taken from the loop's timers, :meth:`RankDumps.take_async`). A socket

@@ -32,7 +32,7 @@ teardown signals anyone): it waits at most ``limit`` seconds for all ranks toget
 few milliseconds.
 
 The hang verdict built on these dumps is :mod:`numarun.stacks.hang`; a job's stacks wired into
-one supervisor (the socket, at a failure) are :mod:`numarun.stacks.job`.
+one supervisor (the socket, at a failure) are :mod:`numarun.stacks.jobstacks`.
 
 Cost: per tick and rank, one read of ``/proc/<pid>/status``, one signal, one read and one
 truncation of a small file in the launcher, and one faulthandler dump (tens of microseconds)
