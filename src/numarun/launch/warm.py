@@ -54,7 +54,7 @@ from numarun.launch.workers import (
 from numarun.process import forkexec
 from numarun.process.spec import RUN_ID_ENV, WorkerSpec
 from numarun.process.standby import LateSink, StandbySupervisor, signals_blocked
-from numarun.stacks.arm import STACKS_FILE_ENV
+from numarun.stacks.dumphandler import STACKS_FILE_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
