@@ -331,7 +331,7 @@ def _cmd_check(argv: Sequence[str]) -> int:
     parser.add_argument("--json", action="store_true", help="print JSON for programs")
     args = parser.parse_args(argv)  # fmt: skip
     from numarun.check.command import CheckStopped, launch_argv, machine_defaults, run_check
-    from numarun.check.report import format_text
+    from numarun.check.verdict import format_text
 
     nproc_per_node, numa_binding = args.nproc_per_node, args.numa_binding
     if nproc_per_node is None and numa_binding is None and args.rank_cpus is None:

@@ -7,7 +7,7 @@ flags, same one-line errors), plans with :func:`numarun.launch.launcher.make_pla
 probe's instructions (:func:`instructions`) into a private temporary directory, and runs the job
 with :func:`numarun.launch.launcher.run`: the supervisor starts every rank bound at birth,
 exactly as it starts a training script. Each rank leaves ``rank<N>.json`` there;
-:mod:`numarun.check.report` judges them. The directory is removed at the end.
+:mod:`numarun.check.verdict` judges them. The directory is removed at the end.
 
 The farthest node (:func:`far_nodes`) is chosen among the NUMA nodes that have both CPUs and
 memory (ordinary DRAM nodes; memory-only nodes such as HBM, CXL or a Grace Hopper GPU's memory
@@ -109,7 +109,7 @@ def run_check(
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``numarun check`` for the job ``argv`` (see :func:`launch_argv`); return the report
-    document (:func:`numarun.check.report.build_document`), whose ``exit_code`` is 0 when
+    document (:func:`numarun.check.verdict.build_document`), whose ``exit_code`` is 0 when
     every rank was bound as planned and 1 when not (a rank without a result counts as not), or
     when the probes' job failed (its summary is on stderr, as for any job).
 
@@ -122,7 +122,7 @@ def run_check(
     impossible plan or memory policy, as the launcher does; :class:`CheckStopped` when a
     teardown signal ended the probes' job (its exit status 128+N, no document).
     """
-    from numarun.check import report
+    from numarun.check import verdict
     from numarun.launch import launcher
     from numarun.launch.config import parse_args
     from numarun.machine.topology import read_topology
@@ -154,7 +154,7 @@ def run_check(
     }
     machine = _machine_facts(topology, far_of)
     if config.dry_run:
-        return report.build_document(settings, machine, planned, None, phases, far_of)
+        return verdict.build_document(settings, machine, planned, None, phases, far_of)
     document = instructions(planned, far_of, phases, seconds, buffer_bytes)
     directory = tempfile.mkdtemp(prefix="numarun-check-")
     try:
@@ -175,7 +175,7 @@ def run_check(
         results = [_read_result(directory, rank) for rank in range(config.nproc_per_node)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return report.build_document(
+    return verdict.build_document(
         settings, machine, planned, results, phases, far_of, launch_code=code
     )
 
