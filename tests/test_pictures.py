@@ -23,7 +23,7 @@ from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.drawing import topology_svg
 from numarun.machine.model import Nic, Topology
 from numarun.machine.topology import read_topology
-from numarun.machine.view import render_matrix
+from numarun.machine.topotext import render_matrix
 from numarun.placement.picture import plan_svg
 from numarun.placement.plan import make_plan
 

@@ -85,7 +85,7 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(argv)
     topo = _read(args)
-    from numarun.machine.view import render_topology, topology_to_json
+    from numarun.machine.topotext import render_topology, topology_to_json
 
     if args.svg is not None:
         from numarun.machine.drawing import topology_svg
