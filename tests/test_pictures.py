@@ -20,9 +20,9 @@ import pytest
 
 import sysfs_fixtures
 from numarun.machine.cpulist import parse_cpulist
-from numarun.machine.drawing import topology_svg
 from numarun.machine.model import Nic, Topology
 from numarun.machine.topology import read_topology
+from numarun.machine.toposvg import topology_svg
 from numarun.machine.topotext import render_matrix
 from numarun.placement.picture import plan_svg
 from numarun.placement.plan import make_plan

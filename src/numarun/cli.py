@@ -88,7 +88,7 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     from numarun.machine.topotext import render_topology, topology_to_json
 
     if args.svg is not None:
-        from numarun.machine.drawing import topology_svg
+        from numarun.machine.toposvg import topology_svg
 
         _write_text(args.svg, topology_svg(topo))
     if args.json:
