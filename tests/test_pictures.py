@@ -24,8 +24,8 @@ from numarun.machine.model import Nic, Topology
 from numarun.machine.topology import read_topology
 from numarun.machine.toposvg import topology_svg
 from numarun.machine.topotext import render_matrix
-from numarun.placement.picture import plan_svg
 from numarun.placement.plan import make_plan
+from numarun.placement.plansvg import plan_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 shape_root = sysfs_fixtures.shape_root

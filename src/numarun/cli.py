@@ -180,7 +180,7 @@ def _cmd_plan(argv: Sequence[str]) -> int:
     nprocs, mode, note = plan_defaults(topo, mode, args.nproc_per_node, rank_cpus)
     plan = make_plan(topo, nprocs, mode, rank_cpus=rank_cpus, allow_unbound=args.binding_fallback)
     if args.svg is not None:
-        from numarun.placement.picture import plan_svg
+        from numarun.placement.plansvg import plan_svg
 
         _write_text(args.svg, plan_svg(plan, topo))
     if args.json:

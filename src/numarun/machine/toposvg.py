@@ -7,7 +7,7 @@ complexes with their PCI addresses. Memory-only nodes, offline nodes and devices
 unknown follow the packages. A CPU this process may not use is hatched.
 
 :func:`topology_svg` takes optional colours per CPU and per GPU and a legend, which is how
-:mod:`numarun.placement.picture` shows a plan's ranks on the same drawing; this module knows
+:mod:`numarun.placement.plansvg` shows a plan's ranks on the same drawing; this module knows
 nothing of ranks. Pure: text in, text out, standard library only. Every name from sysfs is
 XML-escaped (a tree may come from anyone).
 """
