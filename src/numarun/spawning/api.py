@@ -53,6 +53,7 @@ if TYPE_CHECKING:
 
     from numarun.placement.plan import Plan
     from numarun.process.spec import WorkerExit
+    from numarun.spawning.workerrun import WorkerPopen
 
 __all__ = [
     "START_METHODS",
@@ -66,12 +67,6 @@ __all__ = [
 ]
 
 START_METHODS = ("spawn", "fork", "forkserver")
-
-
-# --- exceptions ----------------------------------------------------------------------------------
-
-
-# --- the context ---------------------------------------------------------------------------------
 
 
 def spawn(
@@ -150,41 +145,25 @@ def spawn(
     :class:`numarun.errors.BindingError` (CPUs or memory policy not allowed here).
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
     :class:`ProcessExitedException` when a worker exited non-zero or was killed by a signal;
-    the first failure in time is raised, every other worker is torn down first. SIGINT while
-    waiting: SIGINT to every process of the job (each worker's ``except KeyboardInterrupt``
-    and ``finally`` blocks run, as when a terminal's Ctrl-C reaches torch's workers),
-    ``grace_period`` seconds for them to end, SIGKILL for what is left (a second SIGINT skips
-    the rest of the grace period), then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: the same
-    teardown with that signal relayed first, then the signal is re-delivered to this process
-    with the disposition it had before (the default one ends the process); if that returns,
-    ``SystemExit(128 + signal)`` is raised. Of these three, a signal this process ignores when
-    ``spawn`` is called (SIGHUP under ``nohup``) stays ignored and tears nothing down. Signals
-    are handled only when joining in the main thread; elsewhere they keep their usual effect on
-    this process (the workers, in their own sessions, do not receive the terminal's Ctrl-C).
+    the first failure in time is raised, every other worker is torn down first. SIGINT, SIGTERM
+    and SIGHUP while joining tear the job down as :meth:`ProcessContext.join` says.
     """
     try:
-        context = _start(
-            fn,
-            args,
-            nprocs,
-            daemon,
-            start_method,
-            binding=binding,
-            mem_binding=mem_binding,
-            grace_period=grace_period,
-            env=env,
-            binding_fallback=binding_fallback,
-            dist_env=dist_env,
-            master_addr=master_addr,
-            master_port=master_port,
-            hold_signals=join,
-        )
+        context = _start(fn, args, nprocs, daemon, start_method, binding=binding,
+                         mem_binding=mem_binding, grace_period=grace_period, env=env,
+                         binding_fallback=binding_fallback, dist_env=dist_env,
+                         master_addr=master_addr, master_port=master_port,
+                         hold_signals=join)  # fmt: skip
     except NumarunError as error:
         # Bad input, nothing started: the traceback ends here, at the caller's call, not in
         # the planner's depths (its message says everything).
         raise error.with_traceback(None) from None
-    if not join:
-        return context
+    return _join_all(context) if join else context
+
+
+def _join_all(context: ProcessContext) -> list[Any]:
+    """Wait for the end (``join=True``): the return values, or what
+    :meth:`ProcessContext.join` raises."""
     try:
         with context:
             while not context.join():
@@ -240,7 +219,7 @@ def _start(
     ]
     # Importing multiprocessing.util registers multiprocessing's exit handler, which waits for
     # non-daemon workers and terminates daemon ones when this interpreter exits.
-    from multiprocessing import process, util  # noqa: F401
+    from multiprocessing import util  # noqa: F401
 
     from numarun.process.supervisor import Supervisor
     from numarun.spawning.workerrun import WorkerRun
@@ -279,12 +258,18 @@ def _start(
         if stacks is not None:
             stacks.close()
         raise
-    for worker, popen in zip(workers, run.attach(supervisor.pids()), strict=True):
-        # What BaseProcess.start() does once its Popen runs.
+    _started(workers, run.attach(supervisor.pids()))
+    return ProcessContext(run, workers, grace_period)
+
+
+def _started(workers: Sequence[childmain.WorkerProcess], popens: Sequence[WorkerPopen]) -> None:
+    """What ``BaseProcess.start()`` does once its Popen runs, for each worker and its Popen."""
+    from multiprocessing import process
+
+    for worker, popen in zip(workers, popens, strict=True):
         worker._popen = popen  # type: ignore[attr-defined]
         worker._sentinel = popen.sentinel  # type: ignore[attr-defined]
         process._children.add(worker)  # type: ignore[attr-defined]
-    return ProcessContext(run, workers, grace_period)
 
 
 def _check_arguments(
@@ -330,14 +315,3 @@ def _check_arguments(
     ):
         raise InvalidArgument("env must be a mapping of str to str")
     return str(start_method)
-
-
-# --- worker environment --------------------------------------------------------------------------
-
-
-# --- worker specs --------------------------------------------------------------------------------
-
-
-# --- results -------------------------------------------------------------------------------------
-
-
