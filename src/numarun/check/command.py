@@ -101,6 +101,24 @@ def machine_defaults(
     return str(nprocs), mode, note or ""
 
 
+def chosen_binding(
+    nproc_per_node: str | None,
+    numa_binding: str | None,
+    rank_cpus: Sequence[str] | None,
+    *,
+    sysfs_root: str | None,
+    cpus_allowed: str | None,
+) -> tuple[str | None, str | None, str | None]:
+    """(``--nproc-per-node``, ``--numa-binding``, a note or None) for the check: as given, or,
+    given none of them nor ``--rank-cpus``, what ``numarun plan`` chooses for this machine
+    (:func:`machine_defaults`) and the note saying so."""
+    if nproc_per_node is None and numa_binding is None and rank_cpus is None:
+        chosen = machine_defaults(sysfs_root=sysfs_root, cpus_allowed=cpus_allowed)
+        if chosen is not None:
+            return chosen
+    return nproc_per_node, numa_binding, None
+
+
 def run_check(
     argv: Sequence[str],
     *,
