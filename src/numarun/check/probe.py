@@ -36,7 +36,6 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-# typing is for type checkers only: nothing more than needed is loaded in the rank.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

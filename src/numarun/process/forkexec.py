@@ -68,7 +68,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from numarun.placement import binding
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -57,7 +57,7 @@ from dataclasses import dataclass
 from numarun.errors import UsageError
 from numarun.process import forkexec
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Container
 

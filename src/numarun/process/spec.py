@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Protocol
 

@@ -34,7 +34,7 @@ from functools import partial
 from numarun.process import forkexec
 from numarun.process.loop import CONSOLES, OUTPUT, READ, TRANSFERS, WRITE
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any

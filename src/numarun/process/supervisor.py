@@ -144,7 +144,7 @@ from numarun.process.starting import (
 from numarun.process.streams import Streams
 from numarun.process.teardown import Teardown
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 

@@ -53,7 +53,7 @@ from numarun.process import forkexec, proctable
 from numarun.process.loop import ENDS, OUTPUT, READ
 from numarun.process.spec import UNKILLABLE
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 

@@ -81,7 +81,7 @@ from numarun.process.proctable import (
     start_time,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 

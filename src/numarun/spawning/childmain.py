@@ -63,7 +63,6 @@ from multiprocessing import context, process, reduction
 
 from numarun.stacks.dumphandler import arm as arm_stacks
 
-# typing is not imported at run time: this module is on every worker's start-up path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

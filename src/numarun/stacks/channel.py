@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 from numarun.errors import NumarunError, UsageError
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
 
     from numarun.process.supervisor import Supervisor

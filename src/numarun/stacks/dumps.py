@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable, Sequence
 from numarun.process import forkexec
 from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
