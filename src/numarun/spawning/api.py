@@ -1,33 +1,18 @@
 """``numarun.spawn`` / ``numarun.start_processes``: ``fn(local_rank, *args)`` in N bound workers.
 
 A drop-in for ``torch.multiprocessing.spawn`` / ``start_processes`` (same arguments, exception
-classes and messages, :class:`ProcessContext` API), with these additions: ``join=True`` returns
-the list of return values; every worker is bound to its CPUs and memory policy before it runs
-anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
-``spawn`` forces ``spawn``); and workers are supervised by
-:class:`numarun.process.supervisor.Supervisor`, which tears down each worker's whole process
-tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining (the signal received is
-relayed to the workers first, so Ctrl-C reaches their ``except KeyboardInterrupt``). The
-workers' environment is the caller's, as torch's: numarun adds ``RANK``, ``MASTER_ADDR``, ...
-only with ``dist_env=True``, and ``OMP_NUM_THREADS`` only with a ``binding``.
+classes and messages, :class:`ProcessContext` API), plus: ``join=True`` returns the list of
+return values; every worker is bound to its CPUs and memory policy before it runs anything
+(``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
+``spawn`` forces ``spawn``); one :class:`numarun.process.supervisor.Supervisor` tears every
+worker's process tree down at the first failure and on a signal while joining. Workers run as
+soon as the call returns, joined or not.
 
-Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``) that
-runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.childmain`), and its
-arguments and return value are pickled as multiprocessing pickles for a process it starts
-(ForkingPickler in multiprocessing's spawning context, fds handed over), so queues, pipes,
-locks, events, Manager proxies and torch's shared-memory CPU tensors work under every start method:
-
-* ``"spawn"`` (default): a fresh interpreter (with the caller's interpreter flags), bound at
-  birth, reads multiprocessing's preparation data (``sys.argv``, ``sys.path``, the main module,
-  imported as ``__mp_main__``) and the worker from a pipe.
-* ``"fork"``: a forked copy of this process, bound, runs the worker it already holds (closures
-  and lambdas work; nothing is pickled on the way in).
-* ``"forkserver"``: :mod:`multiprocessing`'s fork server forks the worker; the binding is
-  applied in that child and only then is the worker (``fn`` and ``args``) unpickled.
-* ``None``: the platform's default (``multiprocessing.get_start_method()``), as torch.
-
-Workers run as soon as the call returns, joined or not. The caller's side of a run (results,
-sentinels, what ``processes`` call) is :mod:`numarun.spawning.workerrun`.
+The exact semantics are in one place each: the arguments, each worker's environment and the
+errors, :func:`spawn`'s docstring; failures and signals while joining,
+:meth:`ProcessContext.join`'s; what runs inside a worker under each start method and how
+arguments and results travel (multiprocessing's pickles, fds included),
+:mod:`numarun.spawning.childmain`; the caller's side of a run, :mod:`numarun.spawning.workerrun`.
 """
 
 from __future__ import annotations
