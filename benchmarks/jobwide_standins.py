@@ -33,7 +33,7 @@ from numarun.launch.elastic import ElasticNode
 from numarun.launch.rendezvous import Round, WorkerPlace
 from numarun.process.loop import Loop
 from numarun.process.spec import WorkerExit
-from numarun.stacks.job import JobStacks
+from numarun.stacks.jobstacks import JobStacks
 from numarun.stacks.parse import rank_stacks
 
 NEW = hasattr(JobStacks, "take_async")  # this checkout's protocol, or main's before it

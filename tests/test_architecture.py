@@ -114,6 +114,22 @@ def test_every_module_says_what_it_is() -> None:
     assert missing == [], "modules without a docstring"
 
 
+def test_each_room_has_a_name_of_its_own() -> None:
+    # A name says what the room holds: no two modules share a file name, or differ only by a
+    # trailing "s" (spec/specs, worker/workers), whichever wing they are in.
+    seen: dict[str, str] = {}
+    clashes = []
+    for module in MODULES:
+        name = module.rpartition(".")[2]
+        if name == "numarun" or MODULES[module].name == "__init__.py":
+            continue
+        key = name.removesuffix("s")
+        if key in seen:
+            clashes.append(f"{seen[key]} and {module}")
+        seen[key] = module
+    assert clashes == []
+
+
 def test_imports_follow_the_wings() -> None:
     wrong = []
     for module in MODULES:

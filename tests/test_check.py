@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from numarun.check import command, memory, report
+from numarun.check import command, memory, verdict
 from numarun.machine.topology import read_topology
 from sysfs_fixtures import SHAPES, write_sysfs
 
@@ -503,7 +503,7 @@ def two_node_document(results: list[dict[str, Any] | None]) -> dict[str, Any]:
                 "plan_bound": True, "seconds": 6.0, "buffer_mib": 256, "buffer_lowered": False,
                 "dry_run": False}  # fmt: skip
     machine = {"numa_nodes": [0, 1], "cpu_memory_nodes": [0, 1], "gpus": 2, "torch": True}
-    return report.build_document(
+    return verdict.build_document(
         settings, machine, planned, results, phases, {0: 1, 1: 0}, launch_code=0
     )
 
@@ -519,7 +519,7 @@ def test_a_two_node_gpu_machine_gives_the_issue_s_verdict() -> None:
     assert document["summary"]["h2d_gbs"] == {"planned": 112.0, "far": 40.0}
     assert [entry["gpu_as_planned"] for entry in document["ranks"]] == [True, True]
     assert [entry["gpu_local_by_nvml"] for entry in document["ranks"]] == [True, True]
-    text = report.format_text(document)
+    text = verdict.format_text(document)
     assert text.splitlines()[-1] == document["verdict"]
     assert "56.0/20.0" in text  # H2D planned/far of rank 0, side by side
 
@@ -539,7 +539,7 @@ def test_a_gpu_other_than_the_planned_one_is_reported() -> None:
     first, second = document["ranks"]
     assert first["gpu_as_planned"] is False and first["gpu_local_by_nvml"] is False
     assert second["bound_as_planned"] is False and document["exit_code"] == 1
-    assert "(sees another)" in report.format_text(document)
+    assert "(sees another)" in verdict.format_text(document)
 
 
 RANK_KEYS = {
@@ -692,7 +692,7 @@ def test_a_failed_probe_job_fails_the_check_even_when_every_rank_was_bound() -> 
     document = two_node_document(results)
     assert document["exit_code"] == 0
     planned = [entry["planned"] for entry in document["ranks"]]
-    failed = report.build_document(
+    failed = verdict.build_document(
         document["settings"], document["machine"], planned, results, document["phases"],
         {0: 1, 1: 0}, launch_code=1,
     )  # fmt: skip
@@ -822,12 +822,12 @@ def test_a_pet_variable_or_a_flag_turns_the_choice_off() -> None:
 
 def test_the_header_says_a_list_of_nodes_and_a_count_of_gpus_in_words() -> None:
     document = two_node_document([probe_result(0, 0, 1, gpu=True), probe_result(1, 1, 0, gpu=True)])
-    head = report.format_text(document).splitlines()[0]
+    head = verdict.format_text(document).splitlines()[0]
     assert head.endswith("; NUMA nodes with CPUs and memory: nodes 0-1; 2 GPUs"), head
     assert head.startswith("numarun check: 2 ranks, ")
     document["settings"]["nproc_per_node"] = 1
     document["machine"].update(cpu_memory_nodes=[0], gpus=0)
-    head = report.format_text(document).splitlines()[0]
+    head = verdict.format_text(document).splitlines()[0]
     assert head.startswith("numarun check: 1 rank, ")
     assert head.endswith("; NUMA nodes with CPUs and memory: node 0; no GPUs"), head
 

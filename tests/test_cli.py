@@ -203,7 +203,7 @@ def test_shipped_example_trees_are_the_test_machines(
     tmp_path: Path, archive: str, machine: object
 ) -> None:
     from numarun.machine.topology import read_topology
-    from numarun.machine.view import render_topology
+    from numarun.machine.topotext import render_topology
 
     with tarfile.open(EXAMPLES / "sysfs" / f"{archive}.tar.gz") as tar:
         tar.extractall(tmp_path / "x", filter="data")

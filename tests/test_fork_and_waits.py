@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.process import children, proctable, watchdog
+from numarun.process import forkexec, proctable, watchdog
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
 
@@ -213,7 +213,7 @@ def test_ending_the_watchdog_link_is_bounded_when_its_process_does_not_die(
     status_r, status_w = os.pipe()
     link = watchdog.Link()
     try:
-        link.attach(child, children.track(command_w), children.track(status_r))
+        link.attach(child, forkexec.track(command_w), forkexec.track(status_r))
         monkeypatch.setattr(os, "kill", lambda pid, signum: None)
         monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, signum, *rest: None)
         call = threading.Thread(target=link.end, daemon=True)
@@ -245,11 +245,11 @@ def test_the_fork_warning_filter_matches_only_numarun_s_own_fork() -> None:
     fork() only: the same warning raised from the caller's code is untouched."""
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        children._filter_fork_warning()
+        forkexec._filter_fork_warning()
         message = f"This process (pid={os.getpid()}) is multi-threaded, use of fork() may lead"
         warnings.warn_explicit(
-            message, DeprecationWarning, "children.py", 1, module="numarun.process.children"
+            message, DeprecationWarning, "forkexec.py", 1, module="numarun.process.forkexec"
         )
         warnings.warn_explicit(message, DeprecationWarning, "user.py", 1, module="user_code")
     assert [str(w.message) for w in seen] == [message]
-    assert sys.modules["numarun.process.children"] is children
+    assert sys.modules["numarun.process.forkexec"] is forkexec

@@ -20,12 +20,12 @@ import pytest
 
 import sysfs_fixtures
 from numarun.machine.cpulist import parse_cpulist
-from numarun.machine.drawing import topology_svg
 from numarun.machine.model import Nic, Topology
 from numarun.machine.topology import read_topology
-from numarun.machine.view import render_matrix
-from numarun.placement.picture import plan_svg
+from numarun.machine.toposvg import topology_svg
+from numarun.machine.topotext import render_matrix
 from numarun.placement.plan import make_plan
+from numarun.placement.plansvg import plan_svg
 
 SVG = "{http://www.w3.org/2000/svg}"
 shape_root = sysfs_fixtures.shape_root

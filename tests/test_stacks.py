@@ -1,5 +1,6 @@
 """Stacks parsed, grouped and formatted from real faulthandler output (numarun.stacks.parse), the
-worker-side arming (numarun.stacks.arm) and the dump-completeness rule (numarun.stacks.dumps)."""
+worker-side arming (numarun.stacks.dumphandler) and the dump-completeness rule
+(numarun.stacks.dumps)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from numarun.launch.workers import SCRIPT_BOOTSTRAP
-from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
 from numarun.stacks.parse import (
     Frame,

@@ -352,7 +352,7 @@ def test_numarun_spawn_workers_are_dumped(runtime: Path, tmp_path: Path, method:
         text = stacks_until(runtime, "ranks 0-1: in parked_in_fn (")
         assert "ranks 0-1: in parked_in_fn (" in text, text
         assert "numarun.spawn(parked_in_fn)" in text.splitlines()[0]
-        assert "spawning/worker.py" not in text and "children.py" not in text
+        assert "spawning/childmain.py" not in text and "forkexec.py" not in text
         flag.touch()
         out, err = proc.communicate(timeout=60)
     finally:

@@ -19,7 +19,7 @@ import pytest
 
 from numarun.process.loop import Loop
 from numarun.stacks import channel
-from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import PENDING, RankDumps, _signal_state
 from numarun.stacks.hang import HangWatch
 

@@ -186,7 +186,7 @@ def test_sigterm_while_1500_workers_start_ends_the_launch_at_once(tmp_path: Path
 
 PRE_EXEC_SIGNAL = """
 import os, signal, sys, time
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.process.spec import WorkerSpec
 
 signal.signal(signal.SIGTERM, lambda signum, frame: None)  # as the supervisor's handler
@@ -196,7 +196,7 @@ pid = os.fork()
 if pid == 0:
     os.kill(os.getpid(), signal.SIGTERM)  # a teardown signal, before exec
     spec = WorkerSpec(local_rank=0, rank=0, env={}, argv=[sys.argv[1], "30"])
-    children.exec_child(error_w, os.getppid(), spec, sys.argv[1], {}, [], None, None,
+    forkexec.exec_child(error_w, os.getppid(), spec, sys.argv[1], {}, [], None, None,
                         [signal.SIGTERM])
 os.close(error_w)
 deadline = time.monotonic() + 20

@@ -12,7 +12,7 @@ import sysfs_fixtures
 from numarun.machine.cpulist import format_cpulist
 from numarun.machine.model import Topology
 from numarun.machine.topology import read_topology
-from numarun.machine.view import WIDTH, render_topology, topology_to_json
+from numarun.machine.topotext import WIDTH, render_topology, topology_to_json
 from sysfs_fixtures import SHAPES
 
 shape_root = sysfs_fixtures.shape_root

@@ -25,7 +25,6 @@ __all__ = [
     "start_processes",
 ]
 
-# typing is not imported at run time; this constant is what type checkers look for.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun._version import __version__

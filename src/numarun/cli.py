@@ -85,10 +85,10 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     )
     args = parser.parse_args(argv)
     topo = _read(args)
-    from numarun.machine.view import render_topology, topology_to_json
+    from numarun.machine.topotext import render_topology, topology_to_json
 
     if args.svg is not None:
-        from numarun.machine.drawing import topology_svg
+        from numarun.machine.toposvg import topology_svg
 
         _write_text(args.svg, topology_svg(topo))
     if args.json:
@@ -100,7 +100,7 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     return 0
 
 
-def _cmd_plan(argv: Sequence[str]) -> int:
+def _plan_parser() -> _Parser:
     from numarun.placement.plan import MODES
 
     parser = _Parser(
@@ -154,43 +154,28 @@ def _cmd_plan(argv: Sequence[str]) -> int:
         default=None,
         help="also draw the machine with each rank's CPUs coloured, as SVG (any browser)",
     )
-    args = parser.parse_args(argv)
+    return parser
 
-    from numarun.machine.cpulist import parse_cpulist
+
+def _cmd_plan(argv: Sequence[str]) -> int:
+    args = _plan_parser().parse_args(argv)
+    from numarun.placement.defaults import plan_defaults, requested_mode
     from numarun.placement.plan import format_plan_table, make_plan, plan_to_json
 
-    mode = args.numa_binding
-    rank_cpus = None
-    if args.rank_cpus is not None:
-        if mode not in (None, "explicit"):
-            raise UsageError(
-                f"--rank-cpus gives explicit CPUs; it cannot be combined with --numa-binding {mode}"
-            )
-        mode = "explicit"
-        rank_cpus = [parse_cpulist(text) for text in args.rank_cpus]
-    if mode is not None and mode not in MODES:
-        from numarun.errors import unknown_choice
-
-        raise UsageError(unknown_choice("--numa-binding", mode, MODES))
-    if mode == "explicit" and rank_cpus is None:
-        raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per rank")
+    mode, rank_cpus = requested_mode(args.numa_binding, args.rank_cpus)
     topo = _read(args)
-    from numarun.placement.defaults import plan_defaults
-
     nprocs, mode, note = plan_defaults(topo, mode, args.nproc_per_node, rank_cpus)
     plan = make_plan(topo, nprocs, mode, rank_cpus=rank_cpus, allow_unbound=args.binding_fallback)
     if args.svg is not None:
-        from numarun.placement.picture import plan_svg
+        from numarun.placement.plansvg import plan_svg
 
         _write_text(args.svg, plan_svg(plan, topo))
     if args.json:
         document = plan_to_json(plan, topo)
         if args.explain:
-            from numarun.placement.explain import explain_ranks, mode_rule
+            from numarun.placement.explain import explain_json
 
-            document["rule"] = mode_rule(plan)
-            for rank, line in zip(document["ranks"], explain_ranks(plan, topo), strict=True):
-                rank["why"] = line.partition(": ")[2]
+            explain_json(document, plan, topo)
         if note is not None:
             print(f"numarun plan: {note}", file=sys.stderr)
         print(_json_one_rank_per_line(document))
@@ -330,16 +315,18 @@ def _cmd_check(argv: Sequence[str]) -> int:
                         f"(default {DEFAULT_BUFFER_MIB}; lowered to fit memory)")
     parser.add_argument("--json", action="store_true", help="print JSON for programs")
     args = parser.parse_args(argv)  # fmt: skip
-    from numarun.check.command import CheckStopped, launch_argv, machine_defaults, run_check
-    from numarun.check.report import format_text
+    from numarun.check.command import CheckStopped, chosen_binding, launch_argv, run_check
+    from numarun.check.verdict import format_text
 
-    nproc_per_node, numa_binding = args.nproc_per_node, args.numa_binding
-    if nproc_per_node is None and numa_binding is None and args.rank_cpus is None:
-        # What `numarun plan` chooses for this machine, said as plan says it.
-        chosen = machine_defaults(sysfs_root=args.sysfs_root, cpus_allowed=args.cpus_allowed)
-        if chosen is not None:
-            nproc_per_node, numa_binding, note = chosen
-            print(f"numarun check: {note}", file=sys.stderr)
+    nproc_per_node, numa_binding, note = chosen_binding(
+        args.nproc_per_node,
+        args.numa_binding,
+        args.rank_cpus,
+        sysfs_root=args.sysfs_root,
+        cpus_allowed=args.cpus_allowed,
+    )
+    if note is not None:
+        print(f"numarun check: {note}", file=sys.stderr)
     check_argv = launch_argv(
         nproc_per_node=nproc_per_node,
         numa_binding=numa_binding,

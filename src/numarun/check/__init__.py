@@ -16,7 +16,7 @@ launcher's own :func:`numarun.launch.launcher.make_plan`, and runs the job throu
   only; torch is imported only when the GPU part is asked for and installed).
 - ``command``: the launcher's side: the config, the plan, the probe's instructions, the run,
   the results collected.
-- ``report``: pure: each rank's verdict, the JSON document (versioned schema) and the text
+- ``verdict``: pure: each rank's verdict, the JSON document (versioned schema) and the text
   table whose last line is the verdict.
 
 May import: ``numarun.launch``, ``numarun.stacks``, ``numarun.process``,

@@ -7,7 +7,7 @@ flags, same one-line errors), plans with :func:`numarun.launch.launcher.make_pla
 probe's instructions (:func:`instructions`) into a private temporary directory, and runs the job
 with :func:`numarun.launch.launcher.run`: the supervisor starts every rank bound at birth,
 exactly as it starts a training script. Each rank leaves ``rank<N>.json`` there;
-:mod:`numarun.check.report` judges them. The directory is removed at the end.
+:mod:`numarun.check.verdict` judges them. The directory is removed at the end.
 
 The farthest node (:func:`far_nodes`) is chosen among the NUMA nodes that have both CPUs and
 memory (ordinary DRAM nodes; memory-only nodes such as HBM, CXL or a Grace Hopper GPU's memory
@@ -101,6 +101,24 @@ def machine_defaults(
     return str(nprocs), mode, note or ""
 
 
+def chosen_binding(
+    nproc_per_node: str | None,
+    numa_binding: str | None,
+    rank_cpus: Sequence[str] | None,
+    *,
+    sysfs_root: str | None,
+    cpus_allowed: str | None,
+) -> tuple[str | None, str | None, str | None]:
+    """(``--nproc-per-node``, ``--numa-binding``, a note or None) for the check: as given, or,
+    given none of them nor ``--rank-cpus``, what ``numarun plan`` chooses for this machine
+    (:func:`machine_defaults`) and the note saying so."""
+    if nproc_per_node is None and numa_binding is None and rank_cpus is None:
+        chosen = machine_defaults(sysfs_root=sysfs_root, cpus_allowed=cpus_allowed)
+        if chosen is not None:
+            return chosen
+    return nproc_per_node, numa_binding, None
+
+
 def run_check(
     argv: Sequence[str],
     *,
@@ -109,7 +127,7 @@ def run_check(
     environ: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """Run ``numarun check`` for the job ``argv`` (see :func:`launch_argv`); return the report
-    document (:func:`numarun.check.report.build_document`), whose ``exit_code`` is 0 when
+    document (:func:`numarun.check.verdict.build_document`), whose ``exit_code`` is 0 when
     every rank was bound as planned and 1 when not (a rank without a result counts as not), or
     when the probes' job failed (its summary is on stderr, as for any job).
 
@@ -122,7 +140,7 @@ def run_check(
     impossible plan or memory policy, as the launcher does; :class:`CheckStopped` when a
     teardown signal ended the probes' job (its exit status 128+N, no document).
     """
-    from numarun.check import report
+    from numarun.check import verdict
     from numarun.launch import launcher
     from numarun.launch.config import parse_args
     from numarun.machine.topology import read_topology
@@ -154,7 +172,7 @@ def run_check(
     }
     machine = _machine_facts(topology, far_of)
     if config.dry_run:
-        return report.build_document(settings, machine, planned, None, phases, far_of)
+        return verdict.build_document(settings, machine, planned, None, phases, far_of)
     document = instructions(planned, far_of, phases, seconds, buffer_bytes)
     directory = tempfile.mkdtemp(prefix="numarun-check-")
     try:
@@ -175,7 +193,7 @@ def run_check(
         results = [_read_result(directory, rank) for rank in range(config.nproc_per_node)]
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    return report.build_document(
+    return verdict.build_document(
         settings, machine, planned, results, phases, far_of, launch_code=code
     )
 

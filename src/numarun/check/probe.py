@@ -23,7 +23,7 @@ Then, with its instructions from ``$NUMARUN_CHECK_DIR/check.json`` (written by
 5. its CPUs again at the end (torch or a library may have changed them meanwhile).
 
 The result is ``$NUMARUN_CHECK_DIR/rank<LOCAL_RANK>.json``, written atomically after step 3 and
-again at the end (see :func:`numarun.check.report.rank_verdict` for its fields). Exit status 0
+again at the end (see :func:`numarun.check.verdict.rank_verdict` for its fields). Exit status 0
 when the result was written (whatever it says), 2 for a missing instruction, 1 for an error.
 Nothing is printed on stdout.
 """
@@ -36,7 +36,6 @@ import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 
-# typing is for type checkers only: nothing more than needed is loaded in the rank.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any

@@ -23,13 +23,13 @@ What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for al
 SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
 ``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
 that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
-user's code, numarun's stack dumps are armed (:mod:`numarun.stacks.arm`). A ``--preload``
+user's code, numarun's stack dumps are armed (:mod:`numarun.stacks.dumphandler`). A ``--preload``
 standby (``NUMARUN_STANDBY_FD`` set) first imports its modules and waits for its attempt
 (:mod:`numarun.launch.preload`); from its hand-over on, everything here is as in a cold worker.
 
 Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
 holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
-interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun.stacks.arm`;
+interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun.stacks.dumphandler`;
 ``runpy`` only for ``-m``, a directory or a zip archive (as ``python`` itself), and
 ``json``/``traceback`` only on the failure path.
 """
@@ -107,7 +107,7 @@ def _standby() -> None:
 
 def _arm_stacks() -> None:
     try:
-        from numarun.stacks.arm import arm
+        from numarun.stacks.dumphandler import arm
     except ImportError:  # a copy of this file run outside its package: run unarmed
         return
     arm()

@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.dumps import Raw
-    from numarun.stacks.job import JobStacks
+    from numarun.stacks.jobstacks import JobStacks
     from numarun.stacks.merge import JobView
 
 DEFAULT_POLL_INTERVAL = 2.0

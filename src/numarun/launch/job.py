@@ -56,7 +56,7 @@ if TYPE_CHECKING:
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.process.supervisor import Supervisor
-    from numarun.stacks.job import JobStacks
+    from numarun.stacks.jobstacks import JobStacks
 
 
 class Interrupted(BaseException):
@@ -117,7 +117,7 @@ class _Attempt:
         self.directory = directory
         self.result = result
         self.lost = lost
-        self.stacks = stacks  # numarun.stacks.job.JobStacks (closed) or None
+        self.stacks = stacks  # numarun.stacks.jobstacks.JobStacks (closed) or None
         self.line = ""
 
 
@@ -615,13 +615,13 @@ def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
 def _job_stacks(
     config: LaunchConfig, ranks: Sequence[tuple[int, int]], node: ElasticNode | None
 ) -> JobStacks | None:
-    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.job`)
+    """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.jobstacks`)
     for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``node``) the whole
     job's stacks and hang verdict.
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
-    from numarun.stacks.job import JobStacks
+    from numarun.stacks.jobstacks import JobStacks
 
     entrypoint = " ".join([config.entrypoint, *config.args])
     try:

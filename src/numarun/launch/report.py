@@ -101,7 +101,7 @@ def failure_summary(
     :func:`numarun.launch.failures.format_summary` writes it: each rank's end, the entry point
     (cut to 200 characters), the host, ``log_dir`` when it stays, ``lost_logs``, what stopped
     the run, the ``earlier`` attempts' root causes and, from ``stacks``
-    (:class:`numarun.stacks.job.JobStacks`, closed), where the other ranks were."""
+    (:class:`numarun.stacks.jobstacks.JobStacks`, closed), where the other ranks were."""
     from numarun.launch import failures
 
     reports = rank_reports(result, attempt_dir, outputs)

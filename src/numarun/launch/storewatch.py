@@ -66,7 +66,7 @@ import threading
 import time
 
 from numarun.launch.storeops import Conn, Forged, as_count
-from numarun.process import children
+from numarun.process import forkexec
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -167,8 +167,8 @@ class StoreWatch:
         self._supervisor: Supervisor | None = None
         self.delivered = threading.Event()  # set when a result waits and no loop reads them
         self._read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        children.track(self._read_fd)
-        children.track(self._write_fd)
+        forkexec.track(self._read_fd)
+        forkexec.track(self._write_fd)
 
     # --- the loop's side -------------------------------------------------------------------------
 
@@ -286,7 +286,7 @@ class StoreWatch:
             thread.join(limit)
         with self._cond:
             for fd in (self._read_fd, self._write_fd):
-                children.close(fd)
+                forkexec.close(fd)
             self._read_fd = self._write_fd = -1
 
     # --- the thread ------------------------------------------------------------------------------

@@ -51,10 +51,10 @@ from numarun.launch.workers import (
     unbound_omp_threads,
     worker_argv,
 )
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.process.spec import RUN_ID_ENV, WorkerSpec
 from numarun.process.standby import LateSink, StandbySupervisor, signals_blocked
-from numarun.stacks.arm import STACKS_FILE_ENV
+from numarun.stacks.dumphandler import STACKS_FILE_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ class Standbys:
     def _close(self, local_rank: int) -> None:
         channel = self.channels[local_rank]
         if channel.fileno() >= 0:
-            children.close_untracked(channel.fileno())
+            forkexec.close_untracked(channel.fileno())
             channel.close()
 
     def watch(self, supervisor: Supervisor, on_status: Callable[[int, bytes], None]) -> None:
@@ -239,7 +239,7 @@ class Standbys:
             if rest:
                 writer = self.channels[spec.local_rank].dup()
                 writer.setblocking(False)
-                children.track(writer.fileno())
+                forkexec.track(writer.fileno())
                 self._unsent[spec.local_rank] = rest
                 self._writers[spec.local_rank] = writer
                 self.supervisor.add_writer(
@@ -258,7 +258,7 @@ class Standbys:
     def _close_writer(self, local_rank: int) -> None:
         writer = self._writers.pop(local_rank, None)
         if writer is not None and writer.fileno() >= 0:
-            children.close_untracked(writer.fileno())
+            forkexec.close_untracked(writer.fileno())
             writer.close()
 
     @staticmethod
@@ -354,7 +354,7 @@ class Warm:
                 channels.append(mine)
                 ends.append(theirs)
                 mine.setblocking(False)
-                children.track(mine.fileno())
+                forkexec.track(mine.fileno())
             born = [
                 _with_channel(spec, end.fileno()) for spec, end in zip(born, ends, strict=True)
             ]
@@ -363,7 +363,7 @@ class Warm:
                 supervisor.start()
         except (NumarunError, OSError) as error:
             for channel in channels:
-                children.close_untracked(channel.fileno())
+                forkexec.close_untracked(channel.fileno())
                 channel.close()
             self._turn_off(f"the standbys could not start ({_one_line(str(error))})")
             return

@@ -10,8 +10,8 @@ NUMANode > L3 (``CacheGroup``) > Core > PU (``Cpu``).
 - ``topology``: ``read_topology(root)`` from a sysfs tree; which GPUs a process sees
   (``CUDA_VISIBLE_DEVICES`` and friends); ``snapshot`` of a tree for later.
 - ``nvml``: optional names and UUIDs of NVIDIA GPUs (nvidia-ml-py); never CUDA, never torch.
-- ``view``: what ``numarun topo`` prints (text with the GPU/NIC affinity matrix, JSON).
-- ``drawing``: the machine as an SVG picture of nested boxes (``numarun topo --svg``).
+- ``topotext``: what ``numarun topo`` prints (text with the GPU/NIC affinity matrix, JSON).
+- ``toposvg``: the machine as an SVG picture of nested boxes (``numarun topo --svg``).
 
 May import: ``numarun.errors`` and this package. Nothing above it (placement, process, ...).
 """

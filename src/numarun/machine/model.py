@@ -10,7 +10,11 @@ read_topology` builds them; everything else only reads them.
 
 from __future__ import annotations
 
-TYPE_CHECKING = False  # typing is not imported at run time: every command's start-up path
+# `TYPE_CHECKING = False`, not `from typing import TYPE_CHECKING`: the constant type checkers look
+# for, without importing typing at run time, which every command's start-up would pay for and
+# which the failure path must not import (DESIGN.md, "Start-up and failure-path imports"). Every
+# numarun module that guards imports for type checkers uses this idiom, bare.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import TypeVar
 

@@ -15,7 +15,7 @@ from numarun.errors import TopologyError, UsageError
 from numarun.machine.cpulist import format_cpulist, parse_cpulist
 from numarun.machine.model import CacheGroup, Core, Cpu, Gpu, Nic, NumaNode, Package, Topology
 
-TYPE_CHECKING = False  # pathlib is not imported at run time: every command's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from pathlib import Path
 

@@ -6,7 +6,7 @@
   a program.
 - ``explain``: why each rank got its CPUs, in words (``numarun plan --explain``).
 - ``defaults``: what ``numarun plan`` and ``numarun check`` choose for the machine when not told.
-- ``picture``: the plan drawn on the machine's picture, ranks coloured (``numarun plan --svg``).
+- ``plansvg``: the plan drawn on the machine's picture, ranks coloured (``numarun plan --svg``).
 - ``binding``: the only code in numarun that calls ``sched_setaffinity``, ``set_mempolicy`` and
   ``prctl``; applied in a freshly forked child, before it runs a single instruction of its own.
 - ``workerenv``: the facts a worker's environment is built from (a free port, the allowed

@@ -3,7 +3,9 @@
 :func:`plan_defaults`: without ``--numa-binding`` or ``--nproc-per-node``, with visible GPUs one
 rank per GPU in ``exclusive`` mode (``node`` when a node has more GPUs than allowed cores);
 without, ``cpu`` mode with one rank per NUMA node that has allowed CPUs; and the note that says
-so. Pure: a function of the :class:`~numarun.machine.model.Topology` and the flags given.
+so. :func:`requested_mode`: ``--numa-binding`` and ``--rank-cpus`` checked together, before the
+machine is read. Pure: a function of the :class:`~numarun.machine.model.Topology` and the flags
+given.
 """
 
 from __future__ import annotations
@@ -12,7 +14,36 @@ from numarun.errors import UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from numarun.machine.model import Topology
+
+
+def requested_mode(
+    mode: str | None, rank_cpus: Sequence[str] | None
+) -> tuple[str | None, list[tuple[int, ...]] | None]:
+    """(mode, each rank's CPUs) from ``--numa-binding`` and the ``--rank-cpus`` lists given:
+    ``--rank-cpus`` implies ``explicit`` (any other mode with it: :class:`UsageError`), and
+    ``explicit`` needs them; an unknown mode is a :class:`UsageError` naming the closest. The
+    mode is None when not given (:func:`plan_defaults` chooses it)."""
+    from numarun.machine.cpulist import parse_cpulist
+    from numarun.placement.plan import MODES
+
+    cpus = None
+    if rank_cpus is not None:
+        if mode not in (None, "explicit"):
+            raise UsageError(
+                f"--rank-cpus gives explicit CPUs; it cannot be combined with --numa-binding {mode}"
+            )
+        mode = "explicit"
+        cpus = [parse_cpulist(text) for text in rank_cpus]
+    if mode is not None and mode not in MODES:
+        from numarun.errors import unknown_choice
+
+        raise UsageError(unknown_choice("--numa-binding", mode, MODES))
+    if mode == "explicit" and cpus is None:
+        raise UsageError("--numa-binding explicit needs one --rank-cpus LIST per rank")
+    return mode, cpus
 
 
 def _nprocs(text: str, topo: Topology) -> int:

@@ -59,6 +59,15 @@ def explain_ranks(plan: Plan, topology: Topology) -> list[str]:
     ]
 
 
+def explain_json(document: dict, plan: Plan, topology: Topology) -> None:
+    """Add the explanation to ``document`` (:func:`numarun.placement.plan.plan_to_json`'s):
+    ``"rule"`` (:func:`mode_rule`) and each rank's ``"why"`` (its :func:`explain_ranks` line
+    without the rank's name)."""
+    document["rule"] = mode_rule(plan)
+    for rank, line in zip(document["ranks"], explain_ranks(plan, topology), strict=True):
+        rank["why"] = line.partition(": ")[2]
+
+
 def _gpu_part(rank: RankBinding, topology: Topology) -> str:
     if rank.gpu is None or rank.gpu >= len(topology.gpus):
         return "no GPU"

@@ -11,8 +11,9 @@ One implementation for every kind of worker (an exec'd command, a forked or fork
 - ``starting``: checking specs, forking the watchdog and the workers, delivering payloads.
 - ``streams``: the workers' pipes in the loop (output to sinks, results, payloads, consoles).
 - ``teardown``: finding the run's processes, pinning them, signalling, escalating, sweeping.
-- ``worker``: the supervisor's record of each started worker, which the parts above share.
-- ``children``: what runs in a worker between fork and its own code, and the fd registry.
+- ``record``: the supervisor's record of each started worker, which the parts above share.
+- ``forkexec``: what runs in a worker between fork and its own code (or exec), and the fd
+  registry.
 - ``watchdog``, ``proctable``: the watchdog process (subreaper, the workers' parent) with the
   supervisor's end of its pipes, and what it and the teardown read of ``/proc`` (pidfds, parent
   links, ownership).

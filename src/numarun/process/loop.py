@@ -41,7 +41,7 @@ the same for an fd to be written when it can take data (a reply to a slow client
 a reader or a writer, not both.
 
 fds. The selector's fd and both sockets are in the fd registry of
-:mod:`numarun.process.children` while open, so that ``"fork"`` workers close them.
+:mod:`numarun.process.forkexec` while open, so that ``"fork"`` workers close them.
 :meth:`Loop.open` and :meth:`Loop.close` are idempotent; a loop that was closed is not opened
 again by the supervisor.
 """
@@ -55,9 +55,9 @@ import time
 from dataclasses import dataclass
 
 from numarun.errors import UsageError
-from numarun.process import children
+from numarun.process import forkexec
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Container
 
@@ -111,7 +111,7 @@ class Loop:
         if self._selector is not None:
             return
         self._selector = selectors.DefaultSelector()
-        children.track(self._selector.fileno())
+        forkexec.track(self._selector.fileno())
         try:
             self._wakeup_r, self.wakeup = socket.socketpair()
         except BaseException:
@@ -119,7 +119,7 @@ class Loop:
             raise
         for sock in (self._wakeup_r, self.wakeup):
             sock.setblocking(False)
-            children.track(sock.fileno())
+            forkexec.track(sock.fileno())
         self._selector.register(self._wakeup_r, READ, (SIGNALS, self._read_signals))
         for fd, callback in self._readers.items():
             self._selector.register(fd, READ, (READERS, callback))
@@ -133,12 +133,12 @@ class Loop:
                 self.remove_reader(fd)
             for fd in list(self._writers):
                 self.remove_writer(fd)
-            children.close_untracked(self._selector.fileno())
+            forkexec.close_untracked(self._selector.fileno())
             self._selector.close()
             self._selector = None
         for sock in (self._wakeup_r, self.wakeup):
             if sock is not None:
-                children.close_untracked(sock.fileno())
+                forkexec.close_untracked(sock.fileno())
                 sock.close()
         self._wakeup_r = self.wakeup = None
 

@@ -37,7 +37,7 @@ import signal
 import threading
 from functools import partial
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Sequence

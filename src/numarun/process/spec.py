@@ -1,6 +1,6 @@
 """What a caller of the supervisor describes, and what it gets back.
 
-These values are the process wing's vocabulary: :mod:`numarun.process.children` (inside a
+These values are the process wing's vocabulary: :mod:`numarun.process.forkexec` (inside a
 worker), :mod:`numarun.process.supervisor` (the run) and every caller (the launcher, the spawn
 API, the stack dumps) share them, so they live below all of them.
 """
@@ -11,7 +11,7 @@ import signal
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Protocol
 

@@ -34,7 +34,7 @@ from contextlib import contextmanager
 
 from numarun.process.supervisor import _RUNNING, Supervisor
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Mapping, Sequence
 

@@ -3,11 +3,11 @@ forkserver path, awaiting the execs, delivering the payloads, and the one-line s
 
 What a start promises (the start methods, payloads, results, ``pass_fds``, the watchdog) is the
 supervisor's contract, in :mod:`numarun.process.supervisor`; what runs in each child between
-fork and its own code is :mod:`numarun.process.children`. :meth:`Starter.start` does, in order:
+fork and its own code is :mod:`numarun.process.forkexec`. :meth:`Starter.start` does, in order:
 
 1. Preparing (each worker, by local rank): its pipes, the supervisor's ends non-blocking and in
    the fd registry (a payload pipe the supervisor writes; result, stdout and stderr pipes it
-   reads; payload and result pipes enlarged to :data:`numarun.process.children.PIPE_SIZE`), and
+   reads; payload and result pipes enlarged to :data:`numarun.process.forkexec.PIPE_SIZE`), and
    its environment: the spec's, with ``NUMARUN_RUN_ID`` and, for ``"exec"``, the
    ``NUMARUN_PAYLOAD_FD`` / ``NUMARUN_RESULT_FD`` of the child's ends.
 2. Forking the watchdog, with a command pipe and a status pipe. In the forked copy, which uses
@@ -63,8 +63,9 @@ from functools import partial
 
 from numarun.errors import BindingError, UsageError
 from numarun.placement import binding
-from numarun.process import children, proctable, watchdog
+from numarun.process import forkexec, proctable, watchdog
 from numarun.process.loop import ENDS, OUTPUT, READ, READERS, TRANSFERS
+from numarun.process.record import Worker
 from numarun.process.signals import SignalScope
 from numarun.process.spec import (
     NOT_STARTED,
@@ -73,9 +74,8 @@ from numarun.process.spec import (
     RUN_ID_ENV,
     START_METHODS,
 )
-from numarun.process.worker import Worker
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
     from typing import Any
@@ -275,23 +275,23 @@ class Starter:
         worker.env[RUN_ID_ENV] = self._run_id
         try:
             if spec.payload is not None:
-                worker.payload_fd, worker.payload_child = children.parent_pipe(parent_reads=False)
-                children.enlarge_pipe(worker.payload_fd)
+                worker.payload_fd, worker.payload_child = forkexec.parent_pipe(parent_reads=False)
+                forkexec.enlarge_pipe(worker.payload_fd)
                 worker.payload_view = memoryview(spec.payload).cast("B")
                 worker.child_fds.append(worker.payload_child)
             if spec.want_result:
-                worker.result_fd, worker.result_child = children.parent_pipe(parent_reads=True)
-                children.enlarge_pipe(worker.result_fd)
+                worker.result_fd, worker.result_child = forkexec.parent_pipe(parent_reads=True)
+                forkexec.enlarge_pipe(worker.result_fd)
                 worker.child_fds.append(worker.result_child)
             for name, sink in (("stdout", spec.stdout), ("stderr", spec.stderr)):
                 if sink is not None:
-                    parent_end, child_end = children.parent_pipe(parent_reads=True)
+                    parent_end, child_end = forkexec.parent_pipe(parent_reads=True)
                     worker.outputs[parent_end] = sink
                     worker.streams[name] = child_end
                     worker.child_fds.append(child_end)
         except BaseException:
             for fd in (worker.payload_fd, worker.result_fd, *worker.outputs, *worker.child_fds):
-                children.close(fd)
+                forkexec.close(fd)
             raise
         if spec.start == "exec":
             if spec.payload is not None:
@@ -302,20 +302,20 @@ class Starter:
 
     def _start_watchdog(self) -> None:
         """Fork the watchdog, which forks every exec and fork worker; read their pids."""
-        command_w, command_r = children.parent_pipe(parent_reads=False)
-        status_r, status_w = children.parent_pipe(parent_reads=True)
+        command_w, command_r = forkexec.parent_pipe(parent_reads=False)
+        status_r, status_w = forkexec.parent_pipe(parent_reads=True)
         os.set_blocking(command_w, True)
         try:
-            pid = children.fork()
+            pid = forkexec.fork()
             if pid == 0:
                 self._become_watchdog(command_r, status_w)
         except BaseException:
             for fd in (command_r, command_w, status_r, status_w):
-                children.close(fd)
+                forkexec.close(fd)
             self._close_child_ends()
             raise
-        children.close(command_r)
-        children.close(status_w)  # so that a watchdog that dies gives us end of file
+        forkexec.close(command_r)
+        forkexec.close(status_w)  # so that a watchdog that dies gives us end of file
         self._link.attach(pid, command_w, status_r)
         self._loop.watch(status_r, READ, self._on_status, ENDS)
         forked = [w for w in self._workers if w.spec.start != "forkserver"]
@@ -337,7 +337,7 @@ class Starter:
         for worker in self._workers:
             if worker.spec.start != "forkserver":
                 for fd in worker.child_fds:
-                    children.close(fd)
+                    forkexec.close(fd)
                 worker.child_fds.clear()
 
     def _become_watchdog(self, command_fd: int, status_fd: int) -> None:
@@ -420,11 +420,11 @@ class Starter:
         # under nohup), which exec would keep.
         catchable = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
         handled = {s for s in catchable if callable(signal.getsignal(s))}
-        ignored = {s for s in children.ignored_signals() if s not in self._keep_ignored}
+        ignored = {s for s in forkexec.ignored_signals() if s not in self._keep_ignored}
         reset = sorted(handled | ignored)
         # Blocked while forking: a signal sent to a child before it reset its handlers waits
         # for them (it kills the child then, as it would kill the program it becomes).
-        mask = children.set_signal_mask(signal.SIG_BLOCK, catchable)
+        mask = forkexec.set_signal_mask(signal.SIG_BLOCK, catchable)
         try:
             for index in fork_first:
                 if commands.poll(0):
@@ -437,7 +437,7 @@ class Starter:
                 if check_fd is not None:
                     checks[check_fd] = index
         finally:
-            children.set_signal_mask(signal.SIG_SETMASK, mask)
+            forkexec.set_signal_mask(signal.SIG_SETMASK, mask)
         return pids, checks, b""
 
     def _fork_worker(
@@ -459,9 +459,9 @@ class Starter:
                 )
             }
             keep.discard(-1)
-            pid = children.fork()
+            pid = forkexec.fork()
             if pid == 0:
-                children.fork_child(
+                forkexec.fork_child(
                     keep,
                     parent_pid,
                     spec,
@@ -476,9 +476,9 @@ class Starter:
             return pid, None
         check_r, check_w = os.pipe()
         try:
-            pid = children.fork()
+            pid = forkexec.fork()
             if pid == 0:
-                children.exec_child(
+                forkexec.exec_child(
                     check_w,
                     parent_pid,
                     spec,
@@ -574,13 +574,13 @@ class Starter:
         forkserver.ensure_running()
         server_pid = getattr(getattr(forkserver, "_forkserver", None), "_forkserver_pid", None)
 
-        def inherited(fd: int | None) -> children.InheritedFd | int | None:
+        def inherited(fd: int | None) -> forkexec.InheritedFd | int | None:
             if fd is None:
                 return None
-            return -1 if fd < 0 else children.InheritedFd(fd)
+            return -1 if fd < 0 else forkexec.InheritedFd(fd)
 
         process = context.Process(
-            target=children.forkserver_child,
+            target=forkexec.forkserver_child,
             args=(
                 spec.fork_target,
                 server_pid,
@@ -592,7 +592,7 @@ class Starter:
                 inherited(worker.result_child),
                 inherited(worker.streams.get("stdout")),
                 inherited(worker.streams.get("stderr")),
-                tuple(children.InheritedFd(fd) for fd in spec.pass_fds),
+                tuple(forkexec.InheritedFd(fd) for fd in spec.pass_fds),
             ),
             name=f"numarun-rank{spec.local_rank}",
         )
@@ -607,7 +607,7 @@ class Starter:
             ) from exc
         finally:
             for fd in worker.child_fds:
-                children.close(fd)
+                forkexec.close(fd)
             worker.child_fds.clear()
         # The supervisor waits for it and closes it: multiprocessing's exit handler must not
         # join it too (it would find it closed).
@@ -616,7 +616,7 @@ class Starter:
         worker.pid = process.pid
         worker.pidfd, started = _pin_forkserver_child(worker.pid, server_pid, process.sentinel)
         if worker.pidfd is not None:
-            children.track(worker.pidfd)
+            forkexec.track(worker.pidfd)
         if started is None:
             # Ended before it could be pinned, its pid perhaps someone else's already: never
             # signalled, never searched; its exit status still comes through its sentinel.
@@ -672,9 +672,9 @@ def release_worker(worker: Worker) -> None:
     if worker.process is not None:
         _forget_process(worker)
     for fd in worker.child_fds:
-        children.close(fd)
+        forkexec.close(fd)
     worker.child_fds.clear()
-    children.close(worker.pidfd)
+    forkexec.close(worker.pidfd)
     worker.pidfd = None
 
 

@@ -13,7 +13,7 @@ the pipes the start made for each worker (:mod:`numarun.process.starting`), all 
   ``Worker.result``; when the worker's end is seen, the pipe is read until it is empty (what the
   worker wrote before it died) and closed. End of file closes it earlier.
 * Payloads (lane :data:`~numarun.process.loop.TRANSFERS`): each time the pipe is writable, up to
-  :data:`numarun.process.children.PIPE_SIZE` bytes of the rest are written; once all is written
+  :data:`numarun.process.forkexec.PIPE_SIZE` bytes of the rest are written; once all is written
   the pipe is closed, so the child sees end of file. A reader that is gone (``EPIPE``) drops the
   rest. A dead worker's payload and result pipes are closed at once
   (:meth:`Streams.close_pipes_of_dead`).
@@ -31,16 +31,16 @@ from __future__ import annotations
 import os
 from functools import partial
 
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.process.loop import CONSOLES, OUTPUT, READ, TRANSFERS, WRITE
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
     from numarun.process.loop import Loop
-    from numarun.process.worker import Worker
+    from numarun.process.record import Worker
 
 _READ_SIZE = 256 * 1024
 
@@ -95,7 +95,7 @@ class Streams:
     def close_output(self, worker: Worker, fd: int) -> None:
         sink = worker.outputs.pop(fd)
         self._loop.discard(fd)
-        children.close(fd)
+        forkexec.close(fd)
         sink.close()
 
     def close_outputs(self, worker: Worker) -> None:
@@ -114,7 +114,7 @@ class Streams:
                 return
             if not data:
                 self._loop.unwatch(worker.result_fd)
-                children.close(worker.result_fd)
+                forkexec.close(worker.result_fd)
                 worker.result_fd = None
                 return
             worker.result += data
@@ -124,7 +124,7 @@ class Streams:
     def _write_payload(self, worker: Worker) -> None:
         assert worker.payload_fd is not None and worker.payload_view is not None
         try:
-            written = os.write(worker.payload_fd, worker.payload_view[: children.PIPE_SIZE])
+            written = os.write(worker.payload_fd, worker.payload_view[: forkexec.PIPE_SIZE])
         except BlockingIOError:
             return
         except OSError:
@@ -132,7 +132,7 @@ class Streams:
         worker.payload_view = worker.payload_view[written:]
         if not worker.payload_view:
             self._loop.unwatch(worker.payload_fd)
-            children.close(worker.payload_fd)
+            forkexec.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
 
@@ -142,12 +142,12 @@ class Streams:
         # discard, not unwatch: the pipes of a worker that never started were never watched.
         if worker.payload_fd is not None:
             self._loop.discard(worker.payload_fd)
-            children.close(worker.payload_fd)
+            forkexec.close(worker.payload_fd)
             worker.payload_fd = None
             worker.payload_view = None
         if worker.result_fd is not None:
             self._loop.discard(worker.result_fd)
-            children.close(worker.result_fd)
+            forkexec.close(worker.result_fd)
             worker.result_fd = None
 
     # --- consoles ------------------------------------------------------------------------------

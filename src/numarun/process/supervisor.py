@@ -20,7 +20,7 @@ of three ways (``WorkerSpec.start``):
 What each child runs before ``execve`` or ``fork_target`` and in what order (``setsid()``,
 ``PR_SET_PDEATHSIG(SIGKILL)``, a check that its parent is still the watchdog or the forkserver,
 binding, stdio, closing fds, ``chdir``, ...), and how ``fork_target``'s outcome becomes the exit
-status, is :mod:`numarun.process.children`; so is the registry of the fds supervisors hold,
+status, is :mod:`numarun.process.forkexec`; so is the registry of the fds supervisors hold,
 which forked children close. How a start proceeds, step by step, is
 :mod:`numarun.process.starting`.
 
@@ -31,7 +31,7 @@ written during :meth:`Supervisor.start`, to all workers at once, so workers run 
 ``start`` returns, joined or not (what a child has not read within a minute is left to the
 loop). ``pass_fds``: fds of the caller's that the worker gets too (exec: open at the same
 numbers; fork: kept open; forkserver: handed over by the forkserver), listed for the child in
-:data:`numarun.process.children.passed_fds` (fork/forkserver); the caller keeps and closes its own.
+:data:`numarun.process.forkexec.passed_fds` (fork/forkserver); the caller keeps and closes its own.
 ``want_result`` gives the child a pipe (exec: ``NUMARUN_RESULT_FD``; fork/forkserver:
 ``result_fd``, else -1) whose bytes, up to the worker's death, become ``WorkerExit.result``.
 
@@ -104,7 +104,7 @@ Inside, :class:`Supervisor` is a facade over its parts, and the run's phases. Th
 (:mod:`numarun.process.loop`), the signal scope (:mod:`numarun.process.signals`), the start
 (:mod:`numarun.process.starting`), the workers' pipes (:mod:`numarun.process.streams`), the steps of
 a teardown (:mod:`numarun.process.teardown`), the supervisor's end of the watchdog
-(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.worker`);
+(:class:`numarun.process.watchdog.Link`) and each worker's record (:mod:`numarun.process.record`);
 they call back into the supervisor only through the callbacks it hands them. The phases, advanced
 after every batch of events: *new*; *running* from :meth:`Supervisor.start`; *terminating* at the
 first failure, a teardown signal, :meth:`Supervisor.stop`, :meth:`Supervisor.request_stop`, or once
@@ -144,12 +144,12 @@ from numarun.process.starting import (
 from numarun.process.streams import Streams
 from numarun.process.teardown import Teardown
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
+    from numarun.process.record import Worker
     from numarun.process.spec import WorkerExit, WorkerSpec
-    from numarun.process.worker import Worker
 
 
 _NEW, _RUNNING, _TERMINATING, _KILLING, _DRAINING, _DONE = range(6)

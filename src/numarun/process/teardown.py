@@ -49,17 +49,17 @@ import signal
 import time
 from functools import partial
 
-from numarun.process import children, proctable
+from numarun.process import forkexec, proctable
 from numarun.process.loop import ENDS, OUTPUT, READ
 from numarun.process.spec import UNKILLABLE
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from numarun.process.loop import Loop
+    from numarun.process.record import Worker
     from numarun.process.watchdog import Link
-    from numarun.process.worker import Worker
 
 
 class Teardown:
@@ -290,11 +290,11 @@ class Teardown:
     def _track(self, pid: int, fd: int | None) -> None:
         self._tracked[pid] = fd
         if fd is not None:
-            children.track(fd)
+            forkexec.track(fd)
             self._loop.watch(fd, READ, partial(self._untrack, pid), ENDS)
 
     def _untrack(self, pid: int) -> None:
         fd = self._tracked.pop(pid, None)
         if fd is not None and self._loop.is_open:
             self._loop.unwatch(fd)
-            children.close(fd)
+            forkexec.close(fd)

@@ -64,7 +64,7 @@ import signal
 import sys
 import time
 
-from numarun.process import children
+from numarun.process import forkexec
 from numarun.process.proctable import (
     FALLBACK_TICK,
     ancestors,
@@ -81,11 +81,11 @@ from numarun.process.proctable import (
     start_time,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from numarun.process.worker import Worker
+    from numarun.process.record import Worker
 
 EXEC_LIMIT = 60.0  # seconds from fork to exec before a worker is reported "late"
 WOKEN = b"\0"  # Link.line(): the wake fd turned readable first (no status line holds a NUL)
@@ -355,7 +355,7 @@ def remove_tree(path: str) -> None:
 class Link:
     """The supervisor's end of the watchdog (module docstring): its pid, the command pipe, the
     status pipe. Made empty; :meth:`attach` once the watchdog is forked. All fds are tracked in
-    the registry of :mod:`numarun.process.children`."""
+    the registry of :mod:`numarun.process.forkexec`."""
 
     def __init__(self) -> None:
         self.pid = 0  # the watchdog, our child until end() reaps it
@@ -375,7 +375,7 @@ class Link:
         with contextlib.suppress(ProcessLookupError):
             self.pidfd = open_pidfd(pid)
             if self.pidfd is not None:
-                children.track(self.pidfd)
+                forkexec.track(self.pidfd)
         self.started = start_time(pid)
 
     def line(self, deadline: float, wake_fd: int | None = None) -> bytes | None:
@@ -464,14 +464,14 @@ class Link:
 
     def close_status(self) -> None:
         """The watchdog ended (end of file): close our end of the status pipe."""
-        children.close(self.status_fd)
+        forkexec.close(self.status_fd)
         self.status_fd = None
 
     def abandon(self) -> None:
         """Close the command pipe without ``done``: the watchdog kills the run as if we had
         died (``kill_on_death``), then exits. For a start that cannot even read /proc."""
         self.released = True  # no "done" is written any more: the watchdog ends the run
-        children.close(self.command_fd)
+        forkexec.close(self.command_fd)
         self.command_fd = None
 
     def release(self) -> None:
@@ -487,15 +487,15 @@ class Link:
         ``_END_WAIT`` seconds. Idempotent."""
         self.release()
         if self.command_fd is not None:
-            children.close(self.command_fd)
+            forkexec.close(self.command_fd)
             self.command_fd = None
         if self.status_fd is not None:
-            children.close(self.status_fd)
+            forkexec.close(self.status_fd)
             self.status_fd = None
         pid, self.pid = self.pid, 0
         if pid:
             _reap_bounded(pid, self.pidfd, _END_WAIT)
-        children.close(self.pidfd)
+        forkexec.close(self.pidfd)
         self.pidfd = None
 
 

@@ -1,33 +1,18 @@
 """``numarun.spawn`` / ``numarun.start_processes``: ``fn(local_rank, *args)`` in N bound workers.
 
 A drop-in for ``torch.multiprocessing.spawn`` / ``start_processes`` (same arguments, exception
-classes and messages, :class:`ProcessContext` API), with these additions: ``join=True`` returns
-the list of return values; every worker is bound to its CPUs and memory policy before it runs
-anything (``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
-``spawn`` forces ``spawn``); and workers are supervised by
-:class:`numarun.process.supervisor.Supervisor`, which tears down each worker's whole process
-tree on the first failure and on SIGINT/SIGTERM/SIGHUP while joining (the signal received is
-relayed to the workers first, so Ctrl-C reaches their ``except KeyboardInterrupt``). The
-workers' environment is the caller's, as torch's: numarun adds ``RANK``, ``MASTER_ADDR``, ...
-only with ``dist_env=True``, and ``OMP_NUM_THREADS`` only with a ``binding``.
+classes and messages, :class:`ProcessContext` API), plus: ``join=True`` returns the list of
+return values; every worker is bound to its CPUs and memory policy before it runs anything
+(``binding=``, ``mem_binding=``); ``fork`` and ``forkserver`` are used as asked (torch's
+``spawn`` forces ``spawn``); one :class:`numarun.process.supervisor.Supervisor` tears every
+worker's process tree down at the first failure and on a signal while joining. Workers run as
+soon as the call returns, joined or not.
 
-Each worker is a :class:`multiprocessing.process.BaseProcess` (``ProcessContext.processes``) that
-runs multiprocessing's own child bootstrap (:mod:`numarun.spawning.worker`), and its arguments and
-return value are pickled as multiprocessing pickles for a process it starts (ForkingPickler in
-multiprocessing's spawning context, fds handed over), so queues, pipes, locks, events, Manager
-proxies and torch's shared-memory CPU tensors work under every start method:
-
-* ``"spawn"`` (default): a fresh interpreter (with the caller's interpreter flags), bound at
-  birth, reads multiprocessing's preparation data (``sys.argv``, ``sys.path``, the main module,
-  imported as ``__mp_main__``) and the worker from a pipe.
-* ``"fork"``: a forked copy of this process, bound, runs the worker it already holds (closures
-  and lambdas work; nothing is pickled on the way in).
-* ``"forkserver"``: :mod:`multiprocessing`'s fork server forks the worker; the binding is
-  applied in that child and only then is the worker (``fn`` and ``args``) unpickled.
-* ``None``: the platform's default (``multiprocessing.get_start_method()``), as torch.
-
-Workers run as soon as the call returns, joined or not. The caller's side of a run (results,
-sentinels, what ``processes`` call) is :mod:`numarun.spawning.caller`.
+The exact semantics are in one place each: the arguments, each worker's environment and the
+errors, :func:`spawn`'s docstring; failures and signals while joining,
+:meth:`ProcessContext.join`'s; what runs inside a worker under each start method and how
+arguments and results travel (multiprocessing's pickles, fds included),
+:mod:`numarun.spawning.childmain`; the caller's side of a run, :mod:`numarun.spawning.workerrun`.
 """
 
 from __future__ import annotations
@@ -38,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from numarun.errors import InvalidArgument, NumarunError
-from numarun.spawning import worker as _worker
+from numarun.spawning import childmain
 from numarun.spawning.context import ProcessContext, SpawnContext, check_grace_period
 from numarun.spawning.exceptions import (
     ProcessException,
@@ -46,13 +31,14 @@ from numarun.spawning.exceptions import (
     ProcessRaisedException,
 )
 from numarun.spawning.ranks import check_dist_env, resolve_binding, worker_envs
-from numarun.spawning.specs import worker_specs
+from numarun.spawning.startmethod import worker_specs
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from numarun.placement.plan import Plan
     from numarun.process.spec import WorkerExit
+    from numarun.spawning.workerrun import WorkerPopen
 
 __all__ = [
     "START_METHODS",
@@ -66,12 +52,6 @@ __all__ = [
 ]
 
 START_METHODS = ("spawn", "fork", "forkserver")
-
-
-# --- exceptions ----------------------------------------------------------------------------------
-
-
-# --- the context ---------------------------------------------------------------------------------
 
 
 def spawn(
@@ -150,41 +130,25 @@ def spawn(
     :class:`numarun.errors.BindingError` (CPUs or memory policy not allowed here).
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
     :class:`ProcessExitedException` when a worker exited non-zero or was killed by a signal;
-    the first failure in time is raised, every other worker is torn down first. SIGINT while
-    waiting: SIGINT to every process of the job (each worker's ``except KeyboardInterrupt``
-    and ``finally`` blocks run, as when a terminal's Ctrl-C reaches torch's workers),
-    ``grace_period`` seconds for them to end, SIGKILL for what is left (a second SIGINT skips
-    the rest of the grace period), then :class:`KeyboardInterrupt`. SIGTERM / SIGHUP: the same
-    teardown with that signal relayed first, then the signal is re-delivered to this process
-    with the disposition it had before (the default one ends the process); if that returns,
-    ``SystemExit(128 + signal)`` is raised. Of these three, a signal this process ignores when
-    ``spawn`` is called (SIGHUP under ``nohup``) stays ignored and tears nothing down. Signals
-    are handled only when joining in the main thread; elsewhere they keep their usual effect on
-    this process (the workers, in their own sessions, do not receive the terminal's Ctrl-C).
+    the first failure in time is raised, every other worker is torn down first. SIGINT, SIGTERM
+    and SIGHUP while joining tear the job down as :meth:`ProcessContext.join` says.
     """
     try:
-        context = _start(
-            fn,
-            args,
-            nprocs,
-            daemon,
-            start_method,
-            binding=binding,
-            mem_binding=mem_binding,
-            grace_period=grace_period,
-            env=env,
-            binding_fallback=binding_fallback,
-            dist_env=dist_env,
-            master_addr=master_addr,
-            master_port=master_port,
-            hold_signals=join,
-        )
+        context = _start(fn, args, nprocs, daemon, start_method, binding=binding,
+                         mem_binding=mem_binding, grace_period=grace_period, env=env,
+                         binding_fallback=binding_fallback, dist_env=dist_env,
+                         master_addr=master_addr, master_port=master_port,
+                         hold_signals=join)  # fmt: skip
     except NumarunError as error:
         # Bad input, nothing started: the traceback ends here, at the caller's call, not in
         # the planner's depths (its message says everything).
         raise error.with_traceback(None) from None
-    if not join:
-        return context
+    return _join_all(context) if join else context
+
+
+def _join_all(context: ProcessContext) -> list[Any]:
+    """Wait for the end (``join=True``): the return values, or what
+    :meth:`ProcessContext.join` raises."""
     try:
         with context:
             while not context.join():
@@ -235,15 +199,16 @@ def _start(
         master_port=master_port,
     )
     workers = [
-        _worker.WorkerProcess(fn, rank, tuple(args), method, bool(daemon)) for rank in range(nprocs)
+        childmain.WorkerProcess(fn, rank, tuple(args), method, bool(daemon))
+        for rank in range(nprocs)
     ]
     # Importing multiprocessing.util registers multiprocessing's exit handler, which waits for
     # non-daemon workers and terminates daemon ones when this interpreter exits.
-    from multiprocessing import process, util  # noqa: F401
+    from multiprocessing import util  # noqa: F401
 
     from numarun.process.supervisor import Supervisor
-    from numarun.spawning.caller import WorkerRun
-    from numarun.stacks.job import for_spawn
+    from numarun.spawning.workerrun import WorkerRun
+    from numarun.stacks.jobstacks import for_spawn
 
     run = WorkerRun(nprocs, method)
     stacks = None
@@ -278,12 +243,18 @@ def _start(
         if stacks is not None:
             stacks.close()
         raise
-    for worker, popen in zip(workers, run.attach(supervisor.pids()), strict=True):
-        # What BaseProcess.start() does once its Popen runs.
+    _started(workers, run.attach(supervisor.pids()))
+    return ProcessContext(run, workers, grace_period)
+
+
+def _started(workers: Sequence[childmain.WorkerProcess], popens: Sequence[WorkerPopen]) -> None:
+    """What ``BaseProcess.start()`` does once its Popen runs, for each worker and its Popen."""
+    from multiprocessing import process
+
+    for worker, popen in zip(workers, popens, strict=True):
         worker._popen = popen  # type: ignore[attr-defined]
         worker._sentinel = popen.sentinel  # type: ignore[attr-defined]
         process._children.add(worker)  # type: ignore[attr-defined]
-    return ProcessContext(run, workers, grace_period)
 
 
 def _check_arguments(
@@ -295,7 +266,7 @@ def _check_arguments(
     env: object,
 ) -> str:
     """Raise InvalidArgument for a bad argument; returns the start method to use."""
-    worker = sys.modules.get("numarun.spawning.worker")
+    worker = sys.modules.get("numarun.spawning.childmain")
     if worker is not None and getattr(worker, "importing_main", False):
         raise InvalidArgument(
             "numarun.spawn was called while a worker imported the main module; "
@@ -329,14 +300,3 @@ def _check_arguments(
     ):
         raise InvalidArgument("env must be a mapping of str to str")
     return str(start_method)
-
-
-# --- worker environment --------------------------------------------------------------------------
-
-
-# --- worker specs --------------------------------------------------------------------------------
-
-
-# --- results -------------------------------------------------------------------------------------
-
-

@@ -18,8 +18,8 @@ from numarun.spawning.exceptions import (
 
 if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
-    from numarun.spawning.caller import WorkerRun
-    from numarun.spawning.worker import WorkerProcess
+    from numarun.spawning.childmain import WorkerProcess
+    from numarun.spawning.workerrun import WorkerRun
 
 
 class ProcessContext:
@@ -75,13 +75,19 @@ class ProcessContext:
         :class:`ProcessExitedException` is raised; as in torch, each later call raises the
         next worker that did not end with 0 (the ones torn down included: ``process 0
         terminated with signal SIGTERM``), in rank order, one per call, and then returns True.
-        A SIGINT
-        received while waiting is relayed to every process of the job (their ``except
-        KeyboardInterrupt`` runs), SIGKILL follows after the grace period for what is left,
-        then :class:`KeyboardInterrupt` is raised; SIGTERM or SIGHUP are relayed the same way,
-        then re-delivered to this process with its previous disposition, and if that returns,
-        :class:`SystemExit` with ``128 + signal`` is raised. The teardown warning is logged on
-        the ``torch.multiprocessing.spawn`` logger, as torch's.
+        The teardown warning is logged on the ``torch.multiprocessing.spawn`` logger, as torch's.
+
+        Signals while waiting (here and in ``spawn(join=True)``): a SIGINT is relayed to every
+        process of the job (each worker's ``except KeyboardInterrupt`` and ``finally`` blocks
+        run, as when a terminal's Ctrl-C reaches torch's workers), SIGKILL follows after the
+        grace period for what is left (a second SIGINT skips the rest of it), then
+        :class:`KeyboardInterrupt` is raised; SIGTERM or SIGHUP are relayed the same way, then
+        re-delivered to this process with its previous disposition (the default one ends the
+        process), and if that returns, :class:`SystemExit` with ``128 + signal`` is raised. Of
+        these three, a signal this process ignored when ``spawn`` was called (SIGHUP under
+        ``nohup``) stays ignored and tears nothing down. Signals are handled only when joining
+        in the main thread; elsewhere they keep their usual effect on this process (the
+        workers, in their own sessions, do not receive the terminal's Ctrl-C).
         """
         if self._error is not None:
             if self._later:

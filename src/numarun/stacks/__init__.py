@@ -1,16 +1,16 @@
 """Stack dumps: where every rank of a job is, on request, at a failure, and when it hangs.
 
-    worker bootstrap: arm.arm()  --faulthandler on signal 42-->  <runtime>/<job>.d/rank<N>
-    launcher: dumps.JobStacks -> RankDumps.ask() / take()  -> parse.RankStacks -> groups
+    worker bootstrap: dumphandler.arm()  --faulthandler on signal 42-->  <runtime>/<job>.d/rank<N>
+    launcher: jobstacks.JobStacks -> RankDumps.ask() / take()  -> parse.RankStacks -> groups
     `numarun stacks` --(0600 Unix socket, SO_PEERCRED)--> channel.JobServer (supervisor loop)
 
-- ``arm``: inside a worker, before the user's code: ``faulthandler.register`` on signal 42
+- ``dumphandler``: inside a worker, before the user's code: ``faulthandler.register`` on signal 42
   writing to this rank's file. Imports only ``os`` and ``faulthandler``.
 - ``parse``: faulthandler text -> ``RankStacks`` / ``Thread`` / ``Frame``; grouping identical
   stacks, the odd ones out (likely culprits), text and JSON. Pure.
 - ``dumps``: the launcher's side: ``RankDumps`` (ask and take every rank's dump).
 - ``hang``: ``HangWatch`` (the hang verdict, this node's or with the launcher the whole job's).
-- ``job``: ``JobStacks`` (all of it wired into one supervisor), ``for_spawn``.
+- ``jobstacks``: ``JobStacks`` (all of it wired into one supervisor), ``for_spawn``.
 - ``remote``: one node's stacks as posted for the other nodes of a job, and read back. Pure.
 - ``channel``: the per-user runtime directory, ``JobServer`` (serving ``numarun stacks`` from
   the supervisor's loop, never blocking it) and the client side of ``numarun stacks``.

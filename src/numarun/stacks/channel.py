@@ -15,8 +15,8 @@ disconnected without an answer. No other user can list jobs, read stacks or make
 signal anything.
 
 Protocol: one request line of JSON, ``{"op": "info"}`` or ``{"op": "stacks"}`` (with ``"scope":
-"job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.job`); one reply line
-of JSON; the connection is closed. The server runs inside the supervisor's loop
+"job"``: every node of a job on a torch rendezvous, see :mod:`numarun.stacks.jobstacks`); one
+reply line of JSON; the connection is closed. The server runs inside the supervisor's loop
 (:meth:`Supervisor.add_reader`), every connection non-blocking with a deadline, a bound on its
 request and on how many are served at once (:class:`JobServer`): a client never blocks the loop,
 and neither do the dumps (taken from the loop's timers, :meth:`RankDumps.take_async`). A socket
@@ -36,7 +36,7 @@ from collections.abc import Callable, Sequence
 
 from numarun.errors import NumarunError, UsageError
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
 
     from numarun.process.supervisor import Supervisor
@@ -158,7 +158,7 @@ class JobServer:
     def __init__(
         self, directory: str, name: str, answer: Callable[[str, dict, Callable[[dict], None]], None]
     ) -> None:
-        from numarun.process import children
+        from numarun.process import forkexec
 
         _check_private(directory)
         self.path = os.path.join(directory, f"{name}.sock")
@@ -176,7 +176,7 @@ class JobServer:
             with contextlib.suppress(OSError):
                 os.unlink(self.path)
             raise
-        children.track(self._sock.fileno())  # forked workers close it
+        forkexec.track(self._sock.fileno())  # forked workers close it
 
     def fileno(self) -> int:
         return self._sock.fileno()
@@ -186,7 +186,7 @@ class JobServer:
         supervisor.add_reader(self._sock.fileno(), self._accept)
 
     def _accept(self) -> None:
-        from numarun.process import children
+        from numarun.process import forkexec
 
         while True:
             try:
@@ -200,7 +200,7 @@ class JobServer:
                     conn.close()  # not the owner (not a byte read), or too many at once
                     continue
                 conn.setblocking(False)
-                children.track(conn.fileno())
+                forkexec.track(conn.fileno())
                 connection = _Connection(conn, now + REQUEST_DEADLINE)
                 self._connections[conn.fileno()] = connection
                 assert self._supervisor is not None
@@ -214,7 +214,7 @@ class JobServer:
                 self._drop(connection.sock)
 
     def _drop(self, conn: socket.socket) -> None:
-        from numarun.process import children
+        from numarun.process import forkexec
 
         fd = conn.fileno()
         if fd >= 0:
@@ -222,7 +222,7 @@ class JobServer:
                 self._supervisor.remove_reader(fd)
                 self._supervisor.remove_writer(fd)
             self._connections.pop(fd, None)
-            children.close_untracked(fd)
+            forkexec.close_untracked(fd)
         conn.close()
 
     def _read(self, connection: _Connection) -> None:
@@ -293,14 +293,14 @@ class JobServer:
         self._drop(connection.sock)
 
     def close(self, supervisor: Supervisor | None = None) -> None:
-        from numarun.process import children
+        from numarun.process import forkexec
 
         for connection in list(self._connections.values()):
             self._drop(connection.sock)
         if self._sock.fileno() >= 0:
             if supervisor is not None:
                 supervisor.remove_reader(self._sock.fileno())
-            children.close_untracked(self._sock.fileno())
+            forkexec.close_untracked(self._sock.fileno())
             self._sock.close()
         with contextlib.suppress(OSError):
             os.unlink(self.path)

@@ -2,8 +2,8 @@
 on a hang, through one :class:`numarun.process.supervisor.Supervisor` and without threads
 (:class:`RankDumps`).
 
-Mechanism. Each rank's bootstrap (:mod:`numarun.stacks.arm`) registers :mod:`faulthandler` on
-signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
+Mechanism. Each rank's bootstrap (:mod:`numarun.stacks.dumphandler`) registers :mod:`faulthandler`
+on signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
 launcher's (``<runtime dir>/<job>.d/rank<local rank>``, 0700, in the per-user directory of
 :mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file, sends signal 42
 to the rank process through :meth:`Supervisor.send_signal` (workers only, never exited ones, never
@@ -32,7 +32,7 @@ teardown signals anyone): it waits at most ``limit`` seconds for all ranks toget
 few milliseconds.
 
 The hang verdict built on these dumps is :mod:`numarun.stacks.hang`; a job's stacks wired into
-one supervisor (the socket, at a failure) are :mod:`numarun.stacks.job`.
+one supervisor (the socket, at a failure) are :mod:`numarun.stacks.jobstacks`.
 
 Cost: per tick and rank, one read of ``/proc/<pid>/status``, one signal, one read and one
 truncation of a small file in the launcher, and one faulthandler dump (tens of microseconds)
@@ -46,10 +46,10 @@ import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from numarun.process import children
-from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.process import forkexec
+from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
@@ -233,7 +233,7 @@ class RankDumps:
                         os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
                         0o600,
                     )
-                    children.track(fd)  # forked workers close it
+                    forkexec.track(fd)  # forked workers close it
                 self._ranks[local_rank] = _Rank(local_rank, rank, fd)
         except BaseException:
             self.close()
@@ -398,7 +398,7 @@ class RankDumps:
         """Close and remove the files and the directory; idempotent."""
         for state in self._ranks.values():
             if state.fd is not None:
-                children.close(state.fd)
+                forkexec.close(state.fd)
                 state.fd = None
         if self.directory is not None:
             for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():

@@ -52,7 +52,7 @@ from numarun.stacks.dumps import (
     normalized,
 )
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any, Protocol
 

@@ -15,7 +15,7 @@ at most 100 frames per thread (then ``  ...``) and 100 threads (then ``...``). "
 thread" only names the thread that happened to run the signal handler.
 
 :func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
-(``numarun/launch/bootstrap.py``, ``spawning/worker.py``, ``process/children.py``, everything
+(``numarun/launch/bootstrap.py``, ``spawning/childmain.py``, ``process/forkexec.py``, everything
 outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
 the user's program; and each run of import machinery frames (``<frozen importlib._bootstrap>``,
 ``<frozen importlib._bootstrap_external>``: about 35 per nested import) collapsed into one
@@ -59,7 +59,7 @@ _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent c
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
 _BOOTSTRAP_FILES = tuple(
     os.sep + os.path.join("numarun", *name.split("/"))
-    for name in ("launch/bootstrap.py", "spawning/worker.py", "process/children.py")
+    for name in ("launch/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
 )
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep

@@ -7,7 +7,7 @@ complexes with their PCI addresses. Memory-only nodes, offline nodes and devices
 unknown follow the packages. A CPU this process may not use is hatched.
 
 :func:`topology_svg` takes optional colours per CPU and per GPU and a legend, which is how
-:mod:`numarun.placement.picture` shows a plan's ranks on the same drawing; this module knows
+:mod:`numarun.placement.plansvg` shows a plan's ranks on the same drawing; this module knows
 nothing of ranks. Pure: text in, text out, standard library only. Every name from sysfs is
 XML-escaped (a tree may come from anyone).
 """
@@ -68,74 +68,109 @@ def topology_svg(
     box has a tooltip (``<title>``) with its details. Sizes grow with the machine (about
     1000 x 500 px for 2 packages of 112 CPUs and 8 GPUs); any browser shows it.
     """
-    colours = dict(cpu_colours or {})
-    notes = dict(cpu_notes or {})
-    gpu_fill = dict(gpu_colours or {})
-    visible = {gpu.pci_address: gpu.index for gpu in topo.gpus}
-    allowed = set(topo.allowed_cpus)
-    nodes = {node.id: node for node in topo.nodes}
-    cache_of = {group.id: group for group in topo.caches}
+    drawer = _Drawer(topo, cpu_colours or {}, cpu_notes or {}, gpu_colours or {})
+    offline = [node.id for node in topo.nodes if not node.online]
+    notes = []
+    if offline:
+        notes.append(f"possible but offline NUMA nodes (no CPUs, no memory): "
+                     f"{format_cpulist(offline)}")  # fmt: skip
+    if drawer.allowed != set(topo.online_cpus):
+        notes.append(f"hatched: CPUs this process may not use (allowed: "
+                     f"{format_cpulist(topo.allowed_cpus)})")  # fmt: skip
+    heading = title or _summary(topo)
+    body = _pack(drawer.sections(), "machine", heading, head=None, pad=0, columns=1, border=False)
+    return _document(heading, body, notes, _legend(legend))
 
-    def cpu_box(cpu: int, core: Core) -> _Box:
-        fill = colours.get(cpu, _FILL["cpu"] if cpu in allowed else "url(#not-allowed)")
+
+class _Drawer:
+    """The boxes of one machine, from a CPU up to a package, with the caller's colours."""
+
+    def __init__(
+        self,
+        topo: Topology,
+        cpu_colours: Mapping[int, str],
+        cpu_notes: Mapping[int, str],
+        gpu_colours: Mapping[str, str],
+    ) -> None:
+        self.topo = topo
+        self.colours = cpu_colours
+        self.notes = cpu_notes
+        self.gpu_fill = gpu_colours
+        self.visible = {gpu.pci_address: gpu.index for gpu in topo.gpus}
+        self.allowed = set(topo.allowed_cpus)
+        self.nodes = {node.id: node for node in topo.nodes}
+        self.cache_of = {group.id: group for group in topo.caches}
+
+    def sections(self) -> list[_Box]:
+        """The packages, then the memory-only nodes and the devices of no known node."""
+        topo = self.topo
+        top = [self.package_box(p.id, p.nodes) for p in topo.packages]
+        side_by_side = sum(box.width for box in top) + GAP * len(top) <= MAX_ROW
+        packages = _pack(top, "machine", "packages", head=None, pad=0,
+                         columns=len(top) if side_by_side else 1, border=False)  # fmt: skip
+        sections = [packages]
+        memory_only = [node for node in topo.nodes if node.online and not node.cpus]
+        if memory_only:
+            boxes = [self.node_box(node) for node in memory_only]
+            sections.append(_pack(boxes, "memory", "memory-only NUMA nodes",
+                                  head="Memory-only NUMA nodes (no CPUs)", wrap=True))  # fmt: skip
+        homeless = self.devices(None)
+        if homeless:
+            sections.append(_pack(homeless, "package", "devices whose NUMA node is unknown",
+                                  head="NUMA node unknown (local to every allowed CPU)",
+                                  wrap=True))  # fmt: skip
+        return sections
+
+    def cpu_box(self, cpu: int, core: Core) -> _Box:
+        allowed = cpu in self.allowed
+        fill = self.colours.get(cpu, _FILL["cpu"] if allowed else "url(#not-allowed)")
         tip = f"CPU {cpu}, core {core.id}, L3 {core.cache}, node {_maybe(core.node)}"
-        if cpu not in allowed:
+        if not allowed:
             tip += ", not allowed for this process"
-        if cpu in notes:
-            tip += f"; {notes[cpu]}"
+        if cpu in self.notes:
+            tip += f"; {self.notes[cpu]}"
         parts = [
             _rect(0, 0, PU_W, PU_H, fill, tip, stroke="#777", radius=2),
             _text(PU_W / 2, PU_H - 4, str(cpu), size=9, anchor="middle", mono=True),
         ]
         return _Box(PU_W, PU_H, parts)
 
-    def core_box(core: Core) -> _Box:
-        cpus = [cpu_box(cpu, core) for cpu in core.cpus]
+    def core_box(self, core: Core) -> _Box:
+        cpus = [self.cpu_box(cpu, core) for cpu in core.cpus]
         return _pack(cpus, "core", f"core {core.id}: CPUs {format_cpulist(core.cpus)}",
                      head=None, pad=2, columns=len(cpus))  # fmt: skip
 
-    def l3_box(cache: int, cores: list[Core]) -> _Box:
-        group = cache_of.get(cache)
+    def l3_box(self, cache: int, cores: list[Core]) -> _Box:
+        group = self.cache_of.get(cache)
         level = f"L{group.level}" if group is not None and group.level else "complex"
         size = _size(group.size_bytes) if group is not None else ""
         label = f"{level} {size}".strip()
         columns = min(len(cores), 8 if len(cores) > 16 else 4)
         cpus = sorted(cpu for core in cores for cpu in core.cpus)
         tip = f"{label}: {len(cores)} cores, CPUs {format_cpulist(cpus)}"
-        return _pack([core_box(core) for core in cores], "l3", tip, head=label, columns=columns)
+        boxes = [self.core_box(core) for core in cores]
+        return _pack(boxes, "l3", tip, head=label, columns=columns)
 
-    def device_box(text: str, address: str, fill: str, tip: str) -> _Box:
-        parts = [
-            _rect(0, 0, DEVICE_W, DEVICE_H, fill, tip, stroke="#557", radius=3),
-            _text(6, 13, _clip(text, 22), size=11, bold=True),
-            _text(6, 26, address, size=10, mono=True),
-        ]
-        return _Box(DEVICE_W, DEVICE_H, parts)
-
-    def gpu_box(gpu: Gpu) -> _Box:
-        index = visible.get(gpu.pci_address)
+    def gpu_box(self, gpu: Gpu) -> _Box:
+        index = self.visible.get(gpu.pci_address)
         name = f"GPU {index}" if index is not None else "GPU (hidden)"
-        fill = gpu_fill.get(gpu.pci_address, _FILL["gpu"])
+        fill = self.gpu_fill.get(gpu.pci_address, _FILL["gpu"])
         tip = f"{name}: {gpu.vendor} {gpu.name or ''} PCI {gpu.pci_address}, PCI index " \
               f"{gpu.pci_index}, NUMA node {_maybe(gpu.numa_node)}"  # fmt: skip
-        return device_box(f"{name} {gpu.vendor}", gpu.pci_address, fill, tip)
+        return _device_box(f"{name} {gpu.vendor}", gpu.pci_address, fill, tip)
 
-    def nic_box(nic: Nic) -> _Box:
-        names = " ".join(nic.names) or "(no interface)"
-        tip = f"NIC {names}: {nic.kind}, PCI {nic.pci_address}, NUMA node {_maybe(nic.numa_node)}"
-        return device_box(f"NIC {names}", nic.pci_address, _FILL["nic"], tip)
+    def devices(self, node: int | None) -> list[_Box]:
+        topo = self.topo
+        boxes = [self.gpu_box(gpu) for gpu in topo.all_gpus if gpu.numa_node == node]
+        return boxes + [_nic_box(nic) for nic in topo.nics if nic.numa_node == node]
 
-    def devices(node: int | None) -> list[_Box]:
-        boxes = [gpu_box(gpu) for gpu in topo.all_gpus if gpu.numa_node == node]
-        return boxes + [nic_box(nic) for nic in topo.nics if nic.numa_node == node]
-
-    def node_box(node: NumaNode) -> _Box:
-        cores = [core for core in topo.cores if core.node == node.id]
+    def node_box(self, node: NumaNode) -> _Box:
+        cores = [core for core in self.topo.cores if core.node == node.id]
         by_cache: dict[int, list[Core]] = {}
         for core in cores:
             by_cache.setdefault(core.cache, []).append(core)
-        inner = [l3_box(cache, members) for cache, members in sorted(by_cache.items())]
-        inner += devices(node.id)
+        inner = [self.l3_box(cache, members) for cache, members in sorted(by_cache.items())]
+        inner += self.devices(node.id)
         kind = "node" if node.cpus else "memory"
         head = f"NUMA node {node.id}: {_memory(node.memory_bytes)}"
         if node.cpus:
@@ -143,38 +178,30 @@ def topology_svg(
         tip = head + (f", package {node.package}" if node.package is not None else "")
         return _pack(inner, kind, tip, head=head, wrap=True)
 
-    def package_box(package_id: int, node_ids: Sequence[int]) -> _Box:
-        boxes = [node_box(nodes[n]) for n in node_ids]
-        count = sum(len(nodes[n].cpus) for n in node_ids)
+    def package_box(self, package_id: int, node_ids: Sequence[int]) -> _Box:
+        boxes = [self.node_box(self.nodes[n]) for n in node_ids]
+        count = sum(len(self.nodes[n].cpus) for n in node_ids)
         head = f"Package {package_id}: {count} CPUs"
         return _pack(boxes, "package", head, head=head, columns=1)
 
-    top: list[_Box] = [package_box(p.id, p.nodes) for p in topo.packages]
-    side_by_side = sum(box.width for box in top) + GAP * len(top) <= MAX_ROW
-    packages = _pack(top, "machine", "packages", head=None, pad=0,
-                     columns=len(top) if side_by_side else 1, border=False)  # fmt: skip
-    sections = [packages]
-    memory_only = [node for node in topo.nodes if node.online and not node.cpus]
-    if memory_only:
-        boxes = [node_box(node) for node in memory_only]
-        sections.append(_pack(boxes, "memory", "memory-only NUMA nodes",
-                              head="Memory-only NUMA nodes (no CPUs)", wrap=True))  # fmt: skip
-    homeless = devices(None)
-    if homeless:
-        sections.append(_pack(homeless, "package", "devices whose NUMA node is unknown",
-                              head="NUMA node unknown (local to every allowed CPU)",
-                              wrap=True))  # fmt: skip
-    offline = [node.id for node in topo.nodes if not node.online]
-    notes = []
-    if offline:
-        notes.append(f"possible but offline NUMA nodes (no CPUs, no memory): "
-                     f"{format_cpulist(offline)}")  # fmt: skip
-    if allowed != set(topo.online_cpus):
-        notes.append(f"hatched: CPUs this process may not use (allowed: "
-                     f"{format_cpulist(topo.allowed_cpus)})")  # fmt: skip
-    heading = title or _summary(topo)
-    body = _pack(sections, "machine", heading, head=None, pad=0, columns=1, border=False)
-    legend_box = _legend(legend)
+
+def _device_box(text: str, address: str, fill: str, tip: str) -> _Box:
+    parts = [
+        _rect(0, 0, DEVICE_W, DEVICE_H, fill, tip, stroke="#557", radius=3),
+        _text(6, 13, _clip(text, 22), size=11, bold=True),
+        _text(6, 26, address, size=10, mono=True),
+    ]
+    return _Box(DEVICE_W, DEVICE_H, parts)
+
+
+def _nic_box(nic: Nic) -> _Box:
+    names = " ".join(nic.names) or "(no interface)"
+    tip = f"NIC {names}: {nic.kind}, PCI {nic.pci_address}, NUMA node {_maybe(nic.numa_node)}"
+    return _device_box(f"NIC {names}", nic.pci_address, _FILL["nic"], tip)
+
+
+def _document(heading: str, body: _Box, notes: Sequence[str], legend_box: _Box | None) -> str:
+    """The SVG file: ``heading``, the machine's ``body``, ``notes`` lines, the legend."""
     lines_width = max([CHAR_W * 1.3 * len(heading)] + [CHAR_W * len(line) for line in notes])
     width = max(body.width, legend_box.width if legend_box else 0, lines_width) + 2 * 12
     y = 12 + 24

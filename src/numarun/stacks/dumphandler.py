@@ -1,7 +1,7 @@
 """Inside a worker: arm numarun's stack dumps before the user's code runs.
 
 :func:`arm` is called first thing by both bootstraps (:mod:`numarun.launch.bootstrap` for scripts
-and modules, :mod:`numarun.spawning.worker` for :func:`numarun.spawn` under every start method).
+and modules, :mod:`numarun.spawning.childmain` for :func:`numarun.spawn` under every start method).
 When the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
 directory of the launcher's, see :mod:`numarun.stacks.dumps`), it registers
 :func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and

@@ -11,16 +11,16 @@ import pickle
 from typing import TYPE_CHECKING, Any
 
 from numarun.errors import InvalidArgument
-from numarun.spawning import worker as _worker
+from numarun.spawning import childmain
 
 if TYPE_CHECKING:
     from numarun.process.spec import WorkerSpec
-    from numarun.spawning.caller import WorkerRun
     from numarun.spawning.ranks import Placement
+    from numarun.spawning.workerrun import WorkerRun
 
 
 def worker_specs(
-    workers: list[_worker.WorkerProcess],
+    workers: list[childmain.WorkerProcess],
     method: str,
     worker_envs: list[dict[str, str]],
     placement: Placement,
@@ -49,7 +49,7 @@ def worker_specs(
             "mem": placement.mems[rank],
         }
         if method == "fork":
-            target = functools.partial(_worker.run_fork, worker)
+            target = functools.partial(childmain.run_fork, worker)
             specs.append(
                 WorkerSpec(start="fork", fork_target=target, pass_fds=(result_fd,), **common)
             )
@@ -61,7 +61,7 @@ def worker_specs(
             specs.append(
                 WorkerSpec(
                     start="forkserver",
-                    fork_target=_worker.run_forkserver,
+                    fork_target=childmain.run_forkserver,
                     payload=body,
                     pass_fds=tuple(passed),
                     **common,
@@ -87,11 +87,11 @@ def _exec_argv() -> list[str]:
     import subprocess
     from multiprocessing import spawn as mp_spawn
 
-    # src/numarun/spawning/specs.py -> src: the directory numarun itself was found in.
+    # src/numarun/spawning/startmethod.py -> src: the directory numarun itself was found in.
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     code = (
         f"import sys; sys.path.insert(0, {root!r}); import numarun; sys.path.remove({root!r}); "
-        "from numarun.spawning.worker import main; main()"
+        "from numarun.spawning.childmain import main; main()"
     )
     executable = os.fsdecode(mp_spawn.get_executable())
     flags = subprocess._args_from_interpreter_flags()  # type: ignore[attr-defined]
@@ -106,12 +106,12 @@ def _preparation_data(name: str) -> dict[str, Any]:
 
 
 def _pickle_worker(
-    worker: _worker.WorkerProcess, prep: dict[str, Any] | None, method: str
+    worker: childmain.WorkerProcess, prep: dict[str, Any] | None, method: str
 ) -> tuple[memoryview, list[int]]:
     """The payload after its header: ``prep`` (spawn only) and the worker, and their fds."""
     objects = (worker,) if prep is None else (prep, worker)
     try:
-        body, fds = _worker.dumps(*objects)
+        body, fds = childmain.dumps(*objects)
     except Exception as exc:
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise InvalidArgument(

@@ -68,7 +68,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from numarun.placement import binding
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
@@ -167,7 +167,7 @@ def _filter_fork_warning() -> None:
         "ignore",
         message=r"This process \(pid=\d+\) is multi-threaded, use of fork\(\)",
         category=DeprecationWarning,
-        module=r"numarun\.process\.children\Z",
+        module=r"numarun\.process\.forkexec\Z",
     )
     _fork_warning_filtered = True
 

@@ -1,7 +1,7 @@
 """A plan as a picture: the machine's drawing with each rank's CPUs and GPU coloured
 (``numarun plan --svg FILE``).
 
-The drawing is :func:`numarun.machine.drawing.topology_svg`'s; this module only decides the
+The drawing is :func:`numarun.machine.toposvg.topology_svg`'s; this module only decides the
 colours and the legend, ``rank N: GPU k, node m`` per rank. Ranks bound to exactly the same
 CPUs (``node`` and ``socket`` modes share a node's or a package's CPUs among its GPUs) share
 one colour and one legend line (``ranks 0-3: GPUs 0-3, node 0``); a CPU in two different
@@ -11,8 +11,8 @@ ranks' sets takes the first one's colour and names both in its tooltip. Pure.
 from __future__ import annotations
 
 from numarun.machine.cpulist import format_cpulist
-from numarun.machine.drawing import topology_svg
 from numarun.machine.model import Topology
+from numarun.machine.toposvg import topology_svg
 from numarun.placement.plan import Plan, RankBinding
 
 # Distinct, light enough for black text; beyond them, hues a golden angle apart.

@@ -44,8 +44,8 @@ import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from numarun.process import children
-from numarun.spawning import worker as _worker
+from numarun.process import forkexec
+from numarun.spawning import childmain
 
 if TYPE_CHECKING:
     from numarun.process.spec import RunResult, WorkerExit
@@ -55,7 +55,7 @@ log = logging.getLogger("torch.multiprocessing.spawn")  # torch's (module docstr
 
 _READ_SIZE = 1 << 20
 _SOCKET_BUFFER = 1 << 20  # fewer wake-ups per megabyte of result (the kernel may cap it)
-_ANCILLARY_SIZE = socket.CMSG_SPACE(_worker.MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
+_ANCILLARY_SIZE = socket.CMSG_SPACE(childmain.MAX_FDS_PER_MESSAGE * array.array("i").itemsize)
 _RECV_FLAGS = getattr(socket, "MSG_CMSG_CLOEXEC", 0)
 _NO_PIDFD_TICK = 0.05  # waiting on one worker where pidfds do not work
 _REPORT_WAIT = 1.0  # seconds an ended worker's status may take to come from the watchdog
@@ -63,13 +63,13 @@ _REPORT_WAIT = 1.0  # seconds an ended worker's status may take to come from the
 
 class ResultReader:
     """The caller's end of one worker's result socket and the frame read from it so far (the
-    frame's format: :mod:`numarun.spawning.worker`). The frame's pickle goes straight into a buffer
-    of its final size, so a result is held once until it is unpickled."""
+    frame's format: :mod:`numarun.spawning.childmain`). The frame's pickle goes straight into a
+    buffer of its final size, so a result is held once until it is unpickled."""
 
     def __init__(self) -> None:
         parent, child = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         for sock, option in ((parent, socket.SO_RCVBUF), (child, socket.SO_SNDBUF)):
-            children.track(sock.fileno())
+            forkexec.track(sock.fileno())
             with contextlib.suppress(OSError):
                 sock.setsockopt(socket.SOL_SOCKET, option, _SOCKET_BUFFER)
         parent.setblocking(False)
@@ -137,14 +137,14 @@ class ResultReader:
     def close_child_end(self) -> None:
         """The worker's end, once the worker has it (or could not start)."""
         if self._child is not None:
-            children.close_untracked(self._child.fileno())
+            forkexec.close_untracked(self._child.fileno())
             self._child.close()
             self._child = None
 
     def close_socket(self) -> None:
         self.close_child_end()
         if self._sock is not None:
-            children.close_untracked(self._sock.fileno())
+            forkexec.close_untracked(self._sock.fileno())
             self._sock.close()
             self._sock = None
 
@@ -164,7 +164,7 @@ class ResultReader:
             for fd in fds:
                 os.close(fd)
             return None
-        return _worker.load_with_fds(body, fds, close_untaken=True)  # type: ignore[no-any-return]
+        return childmain.load_with_fds(body, fds, close_untaken=True)  # type: ignore[no-any-return]
 
     def close(self) -> None:
         """Close the socket and any fds received but not given out."""
@@ -175,10 +175,10 @@ class ResultReader:
         self._body, self._fds = None, []
 
     def _parse_head(self) -> None:
-        header = _worker.RESULT_HEADER
+        header = childmain.RESULT_HEADER
         if self._prefix is None and len(self._head) >= header.size:
             length, self._nfds = header.unpack_from(self._head)
-            batches = -(-self._nfds // _worker.MAX_FDS_PER_MESSAGE)
+            batches = -(-self._nfds // childmain.MAX_FDS_PER_MESSAGE)
             self._prefix = header.size + max(0, batches - 1)
             self._length = length
         if self._prefix is not None and len(self._head) >= self._prefix:
@@ -252,7 +252,7 @@ class WorkerRun:
         reader.close_socket()
         writer = self._observed_exit.pop(rank, None)
         if writer is not None:
-            children.close(writer)
+            forkexec.close(writer)
 
     def on_failure(self, failed: WorkerExit) -> None:
         """torch's grace: let the others end on their own for ``failure_grace`` seconds, then,
@@ -348,8 +348,8 @@ class WorkerRun:
         return self.result
 
     def release_sentinel(self, rank: int) -> None:
-        children.close(self._sentinels.pop(rank, None))
-        children.close(self._observed_exit.pop(rank, None))
+        forkexec.close(self._sentinels.pop(rank, None))
+        forkexec.close(self._observed_exit.pop(rank, None))
 
     def close(self) -> None:
         """Close the sentinels and the readers (after the run)."""
@@ -362,12 +362,12 @@ class WorkerRun:
         """A pidfd; for a worker already gone, a pipe at end of file; where pidfds do not
         work, a pipe whose write end is closed when the supervisor reports the exit."""
         try:
-            fd = children.track(os.pidfd_open(pid))
+            fd = forkexec.track(os.pidfd_open(pid))
         except ProcessLookupError:
-            fd, writer = children.parent_pipe(parent_reads=True)
-            children.close(writer)
+            fd, writer = forkexec.parent_pipe(parent_reads=True)
+            forkexec.close(writer)
         except (OSError, AttributeError):
-            fd, writer = children.parent_pipe(parent_reads=True)
+            fd, writer = forkexec.parent_pipe(parent_reads=True)
             self._observed_exit[rank] = writer
         self._sentinels[rank] = fd
         return fd

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from numarun.process.spec import UNKILLABLE, WorkerExit, signal_name
 
-TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 

@@ -9,7 +9,7 @@ authkey, the caller as parent). In the child, after the binding is in force, it 
 flushed), the join of non-daemon threads and the flush of stdio. Entry points, one per start
 method:
 
-* ``spawn``: the supervisor execs ``python -c "...; from numarun.spawning.worker import main;
+* ``spawn``: the supervisor execs ``python -c "...; from numarun.spawning.childmain import main;
   main()"`` (numarun's own directory is put on ``sys.path`` for that one import, so a numarun that
   the caller found through its own ``sys.path`` is the one that runs); :func:`main` reads the
   payload from the fd named by ``NUMARUN_PAYLOAD_FD``: a plain pickle of the header (``{"fds":
@@ -18,7 +18,7 @@ method:
   :func:`multiprocessing.spawn.prepare` does), then the :class:`WorkerProcess` with ``fn`` and its
   arguments.
 * ``forkserver``: multiprocessing's fork server forks the child and runs
-  :func:`numarun.process.children.forkserver_child`, which binds and then calls
+  :func:`numarun.process.forkexec.forkserver_child`, which binds and then calls
   :func:`run_forkserver`:
   the payload is only the :class:`WorkerProcess` (the fork server prepared the interpreter).
 * ``fork``: the supervisor forks, binds, and calls :func:`run_fork` with the
@@ -41,7 +41,7 @@ run, so a dup of the worker's end is multiprocessing's parent sentinel. One fram
 ...)``, ``n`` for ``SystemExit(n)`` (then no frame is sent; ``BaseProcess._bootstrap`` maps the
 code as Python does).
 
-Each entry point first arms numarun's stack dumps (:func:`numarun.stacks.arm.arm`), before
+Each entry point first arms numarun's stack dumps (:func:`numarun.stacks.dumphandler.arm`), before
 anything of the caller's is unpickled, so ``numarun stacks`` sees ``fn`` under every start
 method.
 
@@ -61,9 +61,8 @@ import sys
 import threading
 from multiprocessing import context, process, reduction
 
-from numarun.stacks.arm import arm as arm_stacks
+from numarun.stacks.dumphandler import arm as arm_stacks
 
-# typing is not imported at run time: this module is on every worker's start-up path.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -137,7 +136,7 @@ def main() -> None:
         payload_fd = int(os.environ.pop(PAYLOAD_FD_ENV))
     except (KeyError, ValueError):
         sys.stderr.write(
-            f"numarun.spawning.worker: {PAYLOAD_FD_ENV} is not set; "
+            f"numarun.spawning.childmain: {PAYLOAD_FD_ENV} is not set; "
             "this module runs inside workers started by numarun.spawn\n"
         )
         sys.exit(2)
@@ -158,21 +157,21 @@ def main() -> None:
 def run_forkserver(payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="forkserver"``: unpickle the worker now, after the
     binding, and run it. Returns the exit status."""
-    from numarun.process import children
+    from numarun.process import forkexec
 
     arm_stacks()
     stream = io.BytesIO(read_all(payload_fd))
     os.close(payload_fd)
-    return load_and_bootstrap(stream, children.passed_fds, prepare=False)
+    return load_and_bootstrap(stream, forkexec.passed_fds, prepare=False)
 
 
 def run_fork(worker: WorkerProcess, payload_fd: int, result_fd: int) -> int:
     """Fork target for ``start_method="fork"`` (bound with ``functools.partial``): the forked
     child already holds the worker; returns the exit status."""
-    from numarun.process import children
+    from numarun.process import forkexec
 
     arm_stacks()
-    worker.result_fd = children.passed_fds[0]
+    worker.result_fd = forkexec.passed_fds[0]
     return worker._bootstrap(parent_sentinel=os.dup(worker.result_fd))  # type: ignore[attr-defined]
 
 
