@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import select
 import signal
@@ -536,11 +537,13 @@ def test_200_runs_leak_no_fds_zombies_or_files(
         return run([worker, WorkerSpec(1, 1, env, argv=["true"], stderr=Collect())])
 
     one_run(0)
+    gc.collect()  # what earlier tests left to the collector closes its fds now, not below
     fds = count_fds()
     for k in range(200):
         result = one_run(k)
         assert result.workers[0].state == ("succeeded" if k % 2 == 0 else "failed")
-    assert count_fds() == fds
+    # A leak adds fds; fewer is an earlier test's object collected meanwhile, not ours.
+    assert count_fds() <= fds
     assert our_zombies() == []
     assert list(tmp_path.iterdir()) == []
 
