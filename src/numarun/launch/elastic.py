@@ -41,7 +41,7 @@ Every call that may block in torch (creating the handler connects to or hosts th
 ``next_rendezvous``; rank assignment; the exit barrier; ``shutdown``) runs in a helper thread
 while the launcher's thread waits for it, because torch's store calls block in C++ where no
 Python signal handler runs (a ``TCPStore.get`` holds Ctrl-C off for its whole timeout): the
-launcher's signal handlers (see :mod:`numarun.launch.job`) stay responsive; while it waits in
+launcher's signal handlers (see :mod:`numarun.launch.attempts`) stay responsive; while it waits in
 the rendezvous, a line every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how
 many are awaited and where. torch's C++ log lines are silenced (``TORCH_CPP_LOG_LEVEL=FATAL``
 unless set), and so are torch's import-time warning about numpy (an optional package of torch's;

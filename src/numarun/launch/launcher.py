@@ -14,7 +14,7 @@ torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
 :mod:`numarun.launch.config`, re-exported here) -> :func:`run` (entry point checked, plan
-made, memory policy proven; then :class:`numarun.launch.job.Job`: one attempt after another,
+made, memory policy proven; then :class:`numarun.launch.attempts.Job`: one attempt after another,
 each started and watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a
 signal or the rendezvous ends the job; summary printed, exit code returned). :func:`main` joins
 the two and turns :class:`NumarunError` into one line on stderr and its exit status (2 for bad
@@ -374,7 +374,7 @@ def _launch(
     failure, or output shown nowhere (see :mod:`numarun.launch.logdir`)."""
     import shutil
 
-    from numarun.launch.job import Interrupted, Job, SignalGuard
+    from numarun.launch.attempts import Interrupted, Job, SignalGuard
     from numarun.launch.report import signal_text
 
     mem_policies = workers.mem_policies(config, plan)
