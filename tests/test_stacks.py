@@ -330,7 +330,7 @@ def test_hang_timeout_option() -> None:
 
 
 def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
-    from numarun.launch.report import exit_code_for
+    from numarun.launch.outcome import exit_code_for
     from numarun.process.spec import RunResult, WorkerExit
 
     ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
 from numarun.launch.logdir import error_file, make_attempt
-from numarun.launch.report import (
+from numarun.launch.outcome import (
     exit_code_for,
     failure_summary,
     lost_logs,

@@ -85,7 +85,7 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     it), the binary executable; the plan and each memory policy must be applicable (or fall back
     with ``--binding-fallback``). Any of these raises a :class:`NumarunError` subclass. With
     ``--dry-run`` prints the plan, and per rank the argv and the environment added, and
-    returns 0. Otherwise returns :func:`numarun.launch.report.exit_code_for` the run (0, the
+    returns 0. Otherwise returns :func:`numarun.launch.outcome.exit_code_for` the run (0, the
     first failing worker's status, 128+N for a worker killed by signal N, 128+N when the
     launcher got teardown signal N, also while the workers were still starting); a non-zero run
     ends with the failure summary as the last thing on stderr. ``environ`` (default
@@ -375,7 +375,7 @@ def _launch(
     import shutil
 
     from numarun.launch.attempts import Interrupted, Job, SignalGuard
-    from numarun.launch.report import signal_text
+    from numarun.launch.outcome import signal_text
 
     mem_policies = workers.mem_policies(config, plan)
     outputs = workers.output_levels(config)
