@@ -1,4 +1,4 @@
-"""Tests for numarun.launch.errorfile, numarun.launch.failures (root cause, summary) and
+"""Tests for numarun.launch.errorfile, numarun.launch.summary (root cause, summary) and
 numarun.launch.bootstrap."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from numarun.launch.errorfile import WorkerError, read_error_file, write_error_file
-from numarun.launch.failures import (
+from numarun.launch.summary import (
     RankReport,
     describe_exit,
     format_summary,

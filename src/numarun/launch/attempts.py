@@ -546,7 +546,7 @@ class Job:
 
     def _describe_failure(self, attempt: _Attempt) -> None:
         """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
-        from numarun.launch import failures
+        from numarun.launch import summary as failures
 
         reports = rank_reports(attempt.result, attempt.directory, self.outputs)
         stopped = attempt.result.stop_reason
@@ -575,7 +575,7 @@ class Job:
             sys.stderr.flush()
             return code
         if earlier or lost:
-            from numarun.launch import failures
+            from numarun.launch import summary as failures
 
             if earlier and not self.config.quiet:
                 sys.stderr.write(failures.format_attempts(earlier) + "\n")
@@ -591,7 +591,7 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
     stacks = attempt.stacks
     if getattr(stacks, "at_notice", None) is None or node is None or node.round is None:
         return ""
-    from numarun.launch.failures import format_job_view
+    from numarun.launch.summary import format_job_view
 
     view = stacks.notice_view(node.round.group_rank, node.host)  # type: ignore[attr-defined]
     if view is None or not view.classes:
@@ -666,7 +666,7 @@ def _import_failure_path(elastic: bool) -> None:
     docstring)."""
     import json  # noqa: F401  (read_error_file)
 
-    import numarun.launch.failures  # with launch.errorfile and stacks.parse
+    import numarun.launch.summary  # with launch.errorfile and stacks.parse
 
     if elastic:
         import numarun.stacks.remote  # noqa: F401  (ElasticNode.on_worker_failure's post)
