@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch.workers import SCRIPT_BOOTSTRAP
+from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
 from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
 from numarun.stacks.parse import (

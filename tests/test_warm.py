@@ -506,7 +506,7 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
 REFORM = textwrap.dedent(
     """\
     import dataclasses, os, sys
-    from numarun.launch import elastic, attempts as job_module, launcher, workers
+    from numarun.launch import elastic, attempts as job_module, launcher, workersetup as workers
     from numarun.launch.rendezvous import Round, WorkerPlace
     from numarun.placement.workerenv import free_port
 

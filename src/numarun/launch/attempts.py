@@ -33,7 +33,7 @@ from numarun.launch.outcome import (
     rank_reports,
     signal_text,
 )
-from numarun.launch.workers import (
+from numarun.launch.workersetup import (
     close_sinks,
     has_log_files,
     line_filters,

@@ -34,7 +34,8 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch import logdir, workers
+from numarun.launch import logdir
+from numarun.launch import workersetup as workers
 from numarun.launch.config import LaunchConfig, parse_args
 from numarun.placement import workerenv
 

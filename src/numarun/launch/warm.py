@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError
 from numarun.launch.preload import PRELOAD_ENV, READY, STANDBY_FD_ENV
-from numarun.launch.workers import (
+from numarun.launch.workersetup import (
     rank_binding,
     rank_env,
     unbound_omp_threads,
