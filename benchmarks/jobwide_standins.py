@@ -28,9 +28,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from numarun.launch.clusterenv import Round, WorkerPlace
 from numarun.launch.config import parse_args
 from numarun.launch.elastic import ElasticNode
+from numarun.launch.round import Round, WorkerPlace
 from numarun.process.loop import Loop
 from numarun.process.spec import WorkerExit
 from numarun.stacks.job import JobStacks

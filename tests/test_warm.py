@@ -507,7 +507,7 @@ REFORM = textwrap.dedent(
     """\
     import dataclasses, os, sys
     from numarun.launch import elastic, attempts as job_module, launcher, workersetup as workers
-    from numarun.launch.clusterenv import Round, WorkerPlace
+    from numarun.launch.round import Round, WorkerPlace
     from numarun.placement.workerenv import free_port
 
     out = sys.argv[1]

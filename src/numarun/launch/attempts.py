@@ -48,9 +48,9 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.clusterenv import Round
     from numarun.launch.config import LaunchConfig
     from numarun.launch.elastic import ElasticNode
+    from numarun.launch.round import Round
     from numarun.launch.safedir import Directory
     from numarun.launch.warm import Standbys, Warm
     from numarun.placement.plan import Plan

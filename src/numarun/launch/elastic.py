@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any
 
 from numarun.errors import NumarunError, UsageError
 from numarun.launch import jobwide, storewatch, torchcompat
-from numarun.launch.clusterenv import Round, WorkerPlace
+from numarun.launch.round import Round, WorkerPlace
 from numarun.launch.storeops import Conn, Forged, Woken, run_blocking
 from numarun.launch.storewatch import ALIVE_KEY, NODES_KEY, StoreWatch, post_event, read_count
 

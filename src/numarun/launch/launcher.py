@@ -41,7 +41,7 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.clusterenv import Round
+    from numarun.launch.round import Round
     from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 

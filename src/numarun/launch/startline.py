@@ -28,8 +28,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from numarun.launch.clusterenv import Round
     from numarun.launch.config import LaunchConfig
+    from numarun.launch.round import Round
     from numarun.placement.plan import Plan
 
 RESOLVE_LIMIT = 10.0  # seconds; a resolver slower than this is left to the workers

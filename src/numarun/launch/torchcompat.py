@@ -45,7 +45,7 @@ _FIRST_JOIN_SPREAD = (0, 0.3)  # torch's random sleep before a node's first join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.clusterenv import Round
+    from numarun.launch.round import Round
 
 
 def torch_version() -> str:

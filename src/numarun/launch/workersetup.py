@@ -27,8 +27,8 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.clusterenv import Round
     from numarun.launch.config import LaunchConfig
+    from numarun.launch.round import Round
     from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan, RankBinding
     from numarun.process.spec import WorkerSpec
