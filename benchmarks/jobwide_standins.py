@@ -29,8 +29,8 @@ from typing import Any
 import torch.distributed as dist
 
 from numarun.launch.config import parse_args
-from numarun.launch.elastic import ElasticNode
 from numarun.launch.round import Round, WorkerPlace
+from numarun.launch.torchrdzv import ElasticNode
 from numarun.process.loop import Loop
 from numarun.process.spec import WorkerExit
 from numarun.stacks.job import JobStacks

@@ -49,9 +49,9 @@ from numarun.placement import workerenv
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
-    from numarun.launch.elastic import ElasticNode
     from numarun.launch.round import Round
     from numarun.launch.safedir import Directory
+    from numarun.launch.torchrdzv import ElasticNode
     from numarun.launch.warm import Standbys, Warm
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
@@ -244,7 +244,7 @@ class Job:
     def _loop(self, run_dir: Directory, first: Directory, port: int) -> int:
         config = self.config
         if config.elastic:
-            from numarun.launch.elastic import ElasticNode, NotAdmitted
+            from numarun.launch.torchrdzv import ElasticNode, NotAdmitted
 
             self.node = ElasticNode(config)
             self.waiting_for = f"waiting for the {self.node.where}"

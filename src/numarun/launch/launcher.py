@@ -9,8 +9,8 @@ without ``@record`` still leaves an error file with its traceback, and its stack
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
 global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
-c10d``) :mod:`numarun.launch.elastic` joins torch's rendezvous and the launcher hosts the store, as
-torchrun's does.
+c10d``) :mod:`numarun.launch.torchrdzv` joins torch's rendezvous and the launcher hosts the
+store, as torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
 :mod:`numarun.launch.config`, re-exported here) -> :func:`run` (entry point checked, plan

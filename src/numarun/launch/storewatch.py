@@ -13,14 +13,14 @@ the usual bound whatever the store does, and a frozen store costs at most this t
 The thread sleeps blocked in the store, in ``wait`` for the next event key of the round, so
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's agent
-does (:mod:`numarun.launch.elastic`) and runs the work the loop queued (this node's hang marks).
+does (:mod:`numarun.launch.torchrdzv`) and runs the work the loop queued (this node's hang marks).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
 thread waits for the key after the last one it read. The counter is checked like any value read
 from the store: one that is not a number is named and set back to the last event there, one that
 jumped is named and the events after the jump are read, one that went back is named and followed
 (:meth:`StoreWatch._check_count`). An event key is never deleted while another node may not have
-read it: its poster deletes it once the next round formed (:mod:`numarun.launch.elastic`).
+read it: its poster deletes it once the next round formed (:mod:`numarun.launch.torchrdzv`).
 
 The whole job in O(1) store requests per node per event (:mod:`numarun.stacks.remote`,
 :mod:`numarun.stacks.merge`): each node posts a *digest* of its ranks' stacks (a few hundred
