@@ -83,6 +83,23 @@ def start_line(
     return f"numarun: run {run}: " + ", ".join(parts)
 
 
+def start_lines(
+    config: LaunchConfig,
+    plan: Plan | None,
+    port: int,
+    logs: str,
+    group: Round | None,
+    preload: str | None,
+) -> str:
+    """What a launch prints as its first attempt starts: :func:`start_line` and, for a static
+    job over several nodes, :func:`meeting_note`; newline-terminated."""
+    lines = [start_line(config, plan, port=port, logs=logs, group=group, preload=preload)]
+    note = meeting_note(config, port) if group is None else None
+    if note is not None:
+        lines.append(note)
+    return "\n".join(lines) + "\n"
+
+
 def meeting_note(config: LaunchConfig, port: int) -> str | None:
     """For a static job over several nodes, one line saying where and how the workers wait for
     each other (numarun itself waits for nothing: its workers meet in ``init_process_group``
