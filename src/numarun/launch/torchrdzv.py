@@ -57,26 +57,27 @@ torch version.
 from __future__ import annotations
 
 import contextlib
-import os
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from numarun.errors import NumarunError, UsageError
 from numarun.launch import jobwide, storewatch, torchcompat
+from numarun.launch.exitbarrier import EXIT_BARRIER_TIMEOUT, ExitBarrier
+from numarun.launch.jobnotices import JobNotices, notice_body
+from numarun.launch.liveness import Heartbeats
 from numarun.launch.round import Round, WorkerPlace
-from numarun.launch.storeops import Conn, Forged, Woken, run_blocking
-from numarun.launch.storewatch import ALIVE_KEY, NODES_KEY, StoreWatch, post_event, read_count
+from numarun.launch.storeops import Conn, Forged, first_line, root_cause, run_blocking
+from numarun.launch.storeresults import END, REJOIN, Ask, Change, Hang, Lost, Merged, Notice
+from numarun.launch.storewatch import ALIVE_KEY, NODES_KEY, StoreWatch, post_event
 
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
-    from numarun.process.spec import WorkerExit
+    from numarun.launch.storeresults import Result
     from numarun.process.supervisor import Supervisor
-    from numarun.stacks.dumps import Raw
     from numarun.stacks.job import JobStacks
     from numarun.stacks.merge import JobView
 
@@ -90,15 +91,9 @@ the launcher's total well under 1 ms of CPU per second of wall time while a join
 another node's failure is still seen within two seconds (torchrun: 0.1 s polls, and its state
 cache makes joins visible after up to 1 s)."""
 
-EXIT_BARRIER_TIMEOUT = 300.0  # torch's SimpleElasticAgent default
 WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous waits for
-_BARRIER_KEY = "torchelastic/agent/terminal_state"  # torch's _TERMINAL_STATE_SYNC_ID
-_MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
-_ANNOUNCE_WAIT = 1.0  # seconds a last notice may delay the launcher's exit
-_SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
-
-REJOIN = "rejoin"
-END = "end"
+__all__ = ["END", "EXIT_BARRIER_TIMEOUT", "REJOIN", "Change", "ElasticNode", "NotAdmitted",
+           "RendezvousFailed"]  # fmt: skip
 
 
 class RendezvousFailed(NumarunError):
@@ -113,33 +108,7 @@ class NotAdmitted(NumarunError):
     exit_code = 0
 
 
-@dataclass(frozen=True)
-class Change:
-    """Why this node stopped its workers for the rendezvous: ``kind`` is :data:`REJOIN`
-    (re-form the group, no restart used) or :data:`END` (the job is over for this node)."""
-
-    kind: str
-    message: str
-
-    @property
-    def reason(self) -> str:
-        """The ``stop_reason`` given to the supervisor."""
-        return f"rendezvous: {self.message}"
-
-
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text.split("\n", 1)[0]
-
-
-def _root(error: BaseException) -> BaseException:
-    """The innermost cause: torch wraps store errors in "see inner exception" messages."""
-    while error.__cause__ is not None:
-        error = error.__cause__
-    return error
-
-
-class ElasticNode:
+class ElasticNode(JobNotices, Heartbeats, ExitBarrier):
     """This node in a torch rendezvous: rounds, the watch while workers run, the end.
 
     :meth:`connect` once, then per attempt :meth:`next_round` -> :meth:`watch` (with the
@@ -157,14 +126,7 @@ class ElasticNode:
         self.round: Round | None = None
         self.last_notice: str | None = None  # the last other node's notice seen
         self.poll_interval = config.monitor_interval or DEFAULT_POLL_INTERVAL
-        conf = dict(config.rdzv_conf)
-        window = int(conf.get("keep_alive_interval", 5)) * int(
-            conf.get("keep_alive_max_attempt", 3)
-        )
-        self.silence_limit = max(float(window), _MIN_LOOKS * self.poll_interval)
-        # Beats matter on the scale of the keep-alive window, not of a look: three per window.
-        self.beat_interval = self.silence_limit / _MIN_LOOKS
-        self._next_beat = 0.0
+        self._init_heartbeats(config, self.poll_interval)
         self.host = socket.gethostname()
         self._handler: Any = None
         self._store: Any = None
@@ -184,9 +146,6 @@ class ElasticNode:
         self._watch = StoreWatch(self.poll_interval, self._look, jobwide.on_event)
         self._watched_round: storewatch.Round | None = None
         self._last_round: storewatch.Round | None = None
-        self._watched: int | None = None
-        self._watched_beat = 0
-        self._watched_since = 0.0
         self._round_started = 0.0
         self._waiting_since = 0.0
         default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
@@ -227,7 +186,7 @@ class ElasticNode:
         except UsageError:
             raise
         except (ValueError, TypeError) as error:
-            raise UsageError(f"{self.where}: {_first_line(error)}") from None
+            raise UsageError(f"{self.where}: {first_line(error)}") from None
         except Exception as error:
             raise RendezvousFailed(self._failure_text(error)) from None
 
@@ -277,7 +236,7 @@ class ElasticNode:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
                 info = torchcompat.rejoin(handler)
-            _delete_posted(self)
+            self._delete_posted()
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).
             store_info = torchcompat.workers_store(
@@ -328,16 +287,12 @@ class ElasticNode:
         self._announced = False
         self._in_barrier = False
         self._round_started = time.monotonic()
-        size = info.world_size
-        self._watched = (info.rank + 1) % size if size > 1 else None
-        self._watched_beat = 0
-        self._watched_since = self._round_started
-        self._next_beat = 0.0
+        self._watch_neighbour(info.rank, info.world_size, self._round_started)
         return self.round
 
     def _failure_text(self, error: BaseException) -> str:
         name = type(error).__name__
-        cause = _root(error)
+        cause = root_cause(error)
         conf = dict(self.config.rdzv_conf)
         if name == "RendezvousTimeoutError":
             join = conf.get("join_timeout", "600")
@@ -352,10 +307,10 @@ class ElasticNode:
                 # The node that posted it ended, and its store with it (it hosted it).
                 return (
                     f"{self.where} went away after another node ended"
-                    f"{_because(self.last_notice)}: {_first_line(cause)}"
+                    f"{_because(self.last_notice)}: {first_line(cause)}"
                 )
-            return f"cannot reach the {self.where}: {_first_line(cause)}"
-        return f"{self.where}: {name}: {_first_line(cause)}"
+            return f"cannot reach the {self.where}: {first_line(cause)}"
+        return f"{self.where}: {name}: {first_line(cause)}"
 
     # --- while workers run ---------------------------------------------------------------------
 
@@ -396,11 +351,7 @@ class ElasticNode:
             self._ended.append(ended)
         self._watched_round = None
 
-    def hang_job(self) -> _HangJob:
-        """What ``--hang-timeout`` calls to judge over every node (:mod:`numarun.stacks.hang`)."""
-        return _HangJob(self)
-
-    def _look(self, round_: storewatch.Round) -> list[tuple]:
+    def _look(self, round_: storewatch.Round) -> list[Result]:
         """In the store thread, every look interval: results for :meth:`_on_result`. In the
         exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
         which torch's handler would wait behind."""
@@ -418,95 +369,40 @@ class ElasticNode:
         if now >= self._next_beat:
             self._next_beat = now + self.beat_interval
             self._beat(round_)
-            silent = _silent_neighbour(self, round_)
+            silent = self._silent_neighbour(round_)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
-            return [("change", END, message)]
+            return [Change(END, message)]
         if waiting > 0:
-            return [("change", REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
+            return [Change(REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
         if silent is not None:
             message = (
                 f"node {silent} stopped answering (no heartbeat for "
                 f"{self.silence_limit:g} s: its launcher is gone)"
             )
             assert round_.conn is not None
-            body = _notice_body(self._notice_text(message))
+            body = notice_body(self._notice_text(message))
             key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
             if key is not None:
                 round_.shared.append(key)
             self._announced = True
-            return [("change", REJOIN, message)]
+            return [Change(REJOIN, message)]
         return []
 
-    def _beat(self, round_: storewatch.Round) -> None:
-        conn = round_.conn
-        assert conn is not None
-        key = ALIVE_KEY.format(round_.me)
-        try:
-            conn.add(key, 1)
-        except Forged as forged:
-            self._watch.note(round_, key, f"{forged}; set back to 1")
-            conn.repair(key, forged.value, 1)
-
-    def _on_result(self, result: tuple) -> None:
+    def _on_result(self, result: Result) -> None:
         """In the supervisor's loop: what the store thread found."""
-        kind = result[0]
-        if kind == "change":
-            self._stop(result[1], result[2])
-        elif kind == "lost":
-            self._stop(END, f"lost the {self.where}: {_first_line(_root(result[1]))}")
-        elif kind == "notice":
-            notice, digest, frames = result[1], result[2], result[3]
-            self.last_notice = notice
-            stacks = self._stacks
-            if self.change is not None or stacks is None:
-                self._stop(REJOIN, notice)
-                return
-
-            def taken(dumps: list[Raw]) -> None:  # this node's ranks, before the teardown
-                stacks.note_notice(notice, digest, frames, dumps)
-                self._stop(REJOIN, notice)
-
-            stacks.take_async(taken)
-        elif kind == "ask":
-            number = result[1]
-            if self._stacks is None:
-                self._watch.answer(number, [])
-            else:
-                self._stacks.take_async(lambda dumps: self._watch.answer(number, dumps))
-        elif kind == "merged":
-            reply = self._asks.pop(result[1], None) if result[1] else None
-            if reply is not None:
-                reply(_job_fields(result[2], result[3]))
-        elif kind == "hang" and self._stacks is not None and self._stacks.hang is not None:
-            self._stacks.hang.declare_job(result[1], self._declared_by(result[2]))
-
-    def _declared_by(self, sender: int) -> str:
-        if self.round is not None and sender == self.round.group_rank:
-            return "this node"
-        return f"node {sender}, through the rendezvous store"
-
-    def _ask_job_stacks(self, reply: Callable[[dict], None]) -> None:
-        """A ``numarun stacks`` request for the whole job, from the loop: posted
-        fire-and-forget; every node (this one too) answers through its thread; this node's
-        merges the answers and the merged result comes back through it to ``reply``."""
-        round_ = self._watched_round
-        if round_ is None:
-            reply({"error": "the job is between attempts; ask again"})
-            return
-        token = os.urandom(6).hex()
-        self._asks[token] = reply
-        me, after = round_.me, round_.seen
-
-        def noted(line: str) -> None:
-            self._watch.note(round_, "events", line)
-
-        def ask(conn: Conn) -> None:
-            key = post_event(conn, f"stacks {me} {token}", after=after, note=noted)
-            if key is not None:
-                round_.shared.append(key)
-
-        StoreWatch.post(round_, ask)
+        if isinstance(result, Change):
+            self._stop(result.kind, result.message)
+        elif isinstance(result, Lost):
+            self._stop(END, f"lost the {self.where}: {first_line(root_cause(result.error))}")
+        elif isinstance(result, Notice):
+            self._on_notice(result)
+        elif isinstance(result, Ask):
+            self._on_ask(result)
+        elif isinstance(result, Merged):
+            self._on_merged(result)
+        elif isinstance(result, Hang):
+            self._on_hang(result)
 
     def _stop(self, kind: str, message: str) -> None:
         if self.change is not None:
@@ -515,100 +411,7 @@ class ElasticNode:
         if self._supervisor is not None:
             self._supervisor.request_stop(self.change.reason)
 
-    def on_worker_failure(self, ended: WorkerExit) -> None:
-        """The supervisor's ``on_failure``: tell the other nodes at once, with where this
-        node's other ranks were (the stacks taken at the failure, when there are)."""
-        from numarun.stacks.dumps import Raw
-
-        code = ended.exit_code
-        what = f"signal {ended.signal_name}" if ended.signal_name else f"exit code {code}"
-        at_failure = self._stacks.at_failure if self._stacks is not None else None
-        dumps = [Raw.of(item) for item in at_failure[1]] if at_failure is not None else []
-        self.announce(f"rank {ended.rank} (local_rank {ended.local_rank}) failed with {what}",
-                      dumps)  # fmt: skip
-
-    def _notice_text(self, message: str) -> str:
-        assert self.round is not None
-        me = self.round.group_rank
-        if message.startswith(f"node {me} "):
-            return message
-        return f"node {me} ({self.host}): {message}"
-
-    def announce(self, message: str, dumps: list[Raw] | None = None) -> threading.Event:
-        """Post ``message`` (prefixed with this node) for the other numarun nodes of the round,
-        with the digest of ``dumps`` (this node's ranks), from a short-lived thread nobody
-        waits for; once per round, best effort (a store that is gone loses nothing here).
-        Returns an event set once it was posted (or failed)."""
-        posted = threading.Event()
-        if self._announced or self.round is None or self._store is None:
-            posted.set()
-            return posted
-        self._announced = True
-        self._announcing = posted
-        text = self._notice_text(message)
-        round_ = self._watched_round or self._last_round
-        if round_ is None:  # not watched yet: the round's store all the same
-            round_ = storewatch.Round(self._store, self._handler, self.round.group_rank,
-                                      self.round.group_world_size, lambda result: None)  # fmt: skip
-        store, me = self._store, self.round.group_rank
-
-        def noted(line: str) -> None:
-            self._watch.note(round_, "events", line)
-
-        def send(conn: Conn) -> None:
-            try:
-                if dumps:
-                    header, body = jobwide.notice_post(round_, dumps, text, conn)
-                else:
-                    header, body = f"stop {me}", _notice_body(text)
-                key = post_event(conn, header, body, after=round_.seen, note=noted)
-                if key is not None:
-                    self._posted.append((store, key))
-            finally:
-                posted.set()
-
-        StoreWatch.post(round_, send)
-        return posted
-
-    def announce_and_linger(self, message: str) -> None:
-        """:meth:`announce`, then wait at most :data:`_ANNOUNCE_WAIT` seconds for it to leave
-        (the launcher is about to exit or re-join; a frozen store costs no more)."""
-        self.announce(message).wait(_ANNOUNCE_WAIT)
-
     # --- the end -------------------------------------------------------------------------------
-
-    def finish(self, *, succeeded: bool) -> str | None:
-        """The end of this node's job, as torchrun ends it: after success, wait in torch's
-        exit barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
-        the rendezvous); after a final failure, ``shutdown()`` at once. Returns a warning line
-        when the barrier or the shutdown failed (torchrun logs and goes on), else None. Not
-        called after a signal: torchrun leaves the rendezvous open then, for the others.
-
-        With ``--hang-timeout`` this node counts as still while it waits in the barrier (its
-        ranks all ended) and keeps watching the round: a hang verdict of the other nodes ends
-        the wait; it is left in :attr:`verdict` (the job's classes, who declared it)."""
-        warning = None
-        # This node's failure notice leaves before the rendezvous closes: the others then
-        # read why it ended, not a bare "closed by another node".
-        self._announcing.wait(_ANNOUNCE_WAIT)
-        if not succeeded and self._announced:
-            _await_readers(self)
-        if succeeded and self.round is not None and self._store is not None:
-            try:
-                _wait_in_barrier(self)
-            except Exception as error:
-                warning = (
-                    f"not every node of the {self.where} finished within "
-                    f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {_first_line(_root(error))}"
-                )
-        self._end_watch()
-        try:
-            # Bounded: a store that stopped answering must not hold the summary for the
-            # store's own timeout.
-            run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
-        except Exception as error:
-            warning = warning or f"closing the {self.where} failed: {_first_line(error)}"
-        return warning
 
     def close(self) -> None:
         """The job is over: the store thread ends (at most half a second). What this node
@@ -619,144 +422,7 @@ class ElasticNode:
         self._watch.close(self._last_round or self._watched_round)
         if self._posted or self._ended:
             with contextlib.suppress(Exception):
-                run_blocking(lambda: _delete_posted(self), limit=0.5)
-
-
-def _await_readers(self: ElasticNode) -> None:
-    """After a final failure: give the other numarun nodes (they look every poll
-    interval) time to read this node's notice before ``shutdown()`` and this process's
-    exit, which takes the rendezvous store along when this node hosts it (the others then
-    saw only "lost the rendezvous: Connection reset by peer"; torch 2.4's store goes at
-    once). Each node that read it re-joins (torch's ``num_nodes_waiting``); at most two
-    poll intervals and a second, 10 s."""
-    if self.round is None or self._store is None or self._handler is None:
-        return
-    store, handler = self._store, self._handler
-
-    def others_rejoined() -> None:
-        others = max(0, int(store.add(NODES_KEY, 0)) - 1)
-        deadline = time.monotonic() + min(2 * self.poll_interval + 1, 10.0)
-        while others and time.monotonic() < deadline:
-            if handler.num_nodes_waiting() >= others:
-                return
-            time.sleep(0.05)
-
-    with contextlib.suppress(Exception):
-        run_blocking(others_rejoined, limit=10.5)
-
-
-def _delete_posted(self: ElasticNode) -> None:
-    """Delete what this node posted for the others in rounds every node has left (store
-    calls: not from the loop)."""
-    for ended in self._ended:
-        self._posted += [(ended.store, key) for key in ended.shared]
-        ended.shared = []
-    self._ended.clear()
-    while self._posted:
-        store, key = self._posted.pop()
-        with contextlib.suppress(Exception):
-            store.delete_key(key)
-
-
-def _silent_neighbour(self: ElasticNode, round_: storewatch.Round) -> int | None:
-    """The watched node's group rank once its beat stood still for the silence limit.
-    A node that never beat (a torchrun node) is passed over for the next one."""
-    if self._watched is None:
-        return None
-    now = time.monotonic()
-    assert round_.conn is not None
-    beat = read_count(round_.conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
-    if beat is None:  # not a number: not the neighbour's, and no sign it is gone
-        beat = self._watched_beat + 1
-    if beat != self._watched_beat:
-        self._watched_beat = beat
-        self._watched_since = now
-        return None
-    if now - self._watched_since < self.silence_limit:
-        return None
-    if beat == 0:
-        following = (self._watched + 1) % round_.size
-        self._watched = None if following == round_.me else following
-        self._watched_since = now
-        return None
-    return self._watched
-
-
-def _wait_in_barrier(self: ElasticNode) -> None:
-    """Torch's exit barrier for ``self`` (:meth:`ElasticNode.finish`); with ``--hang-timeout``
-    this node counts as still meanwhile and a hang verdict ends the wait (``self.verdict``)."""
-    assert self.round is not None
-    store, size = self._store, self.round.group_world_size
-
-    def barrier() -> None:
-        import torch.distributed.elastic.utils.store as store_util
-
-        store_util.barrier(
-            store=store,
-            world_size=size,
-            key_prefix=_BARRIER_KEY,
-            barrier_timeout=EXIT_BARRIER_TIMEOUT,
-        )
-
-    if not self.config.hang_timeout or self._watch._round is None:
-        run_blocking(barrier)
-        return
-    wake = threading.Event()
-    self._watch.delivered = wake
-    self._in_barrier = True
-    ended = "ended with exit code 0; its node waits in the exit barrier"
-    jobwide.mark_done(self._watch, [
-        _raw(place.rank, local_rank, ended)
-        for local_rank, place in enumerate(self.round.workers)
-    ])  # fmt: skip
-    while True:
-        try:
-            run_blocking(barrier, wake=wake)
-            return
-        except Woken:
-            pass
-        for result in self._watch.take_delivered():
-            if result[0] == "hang":
-                self.verdict = (result[1], self._declared_by(result[2]))
-        if self.verdict is not None:
-            return
-        wake = threading.Event()  # the abandoned call sets the old one when it ends
-        self._watch.delivered = wake
-
-
-class _HangJob:
-    """``--hang-timeout`` over every node: this node's still/moving marks go to the store
-    thread (:mod:`numarun.launch.jobwide`)."""
-
-    def __init__(self, node: ElasticNode) -> None:
-        self._node = node
-
-    def still(self, dumps: list[Raw], idle: float) -> None:
-        jobwide.mark_still(self._node._watch, dumps)
-
-    def moving(self) -> None:
-        jobwide.mark_moving(self._node._watch)
-
-
-def _raw(rank: int, local_rank: int, problem: str) -> Raw:
-    from numarun.stacks.dumps import Raw
-
-    return Raw(rank, local_rank, None, "", problem)
-
-
-def _notice_body(text: str) -> bytes:
-    """A notice without stacks: its one line (newlines would end it)."""
-    return text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
-
-
-def _job_fields(view: JobView | None, frames: dict[str, bytes]) -> dict:
-    """The reply fields of a whole-job ``numarun stacks`` request: the merged classes with
-    their frames, as one JSON text the client reads back checked."""
-    if view is None:
-        return {"error": "the merged stacks that came back through the store are unreadable"}
-    from numarun.stacks.merge import encode_view
-
-    return {"job_wide": True, "view": encode_view(view, frames).decode()}
+                run_blocking(self._delete_posted, limit=0.5)
 
 
 def _because(notice: str | None) -> str:
