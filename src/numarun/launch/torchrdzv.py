@@ -6,54 +6,31 @@ module or torch. The rendezvous is torch's own, used as a library: the handler c
 with the parameters torchrun's ``launch_agent`` builds; each round is
 ``handler.next_rendezvous()``; ranks are assigned by torch's ``SimpleElasticAgent
 ._assign_worker_ranks`` (the same keys in the same store, so a torchrun node in the same
-rendezvous agrees on every rank); a successful node waits in torch's exit barrier
-(``torchelastic/agent/terminal_state``, 300 s) and then calls ``handler.shutdown()``, as
-torchrun does. So a numarun node and a torchrun node form one job.
+rendezvous agrees on every rank). So a numarun node and a torchrun node form one job.
 
 While workers run, :meth:`ElasticNode.watch` hands the store to the ``numarun-store`` thread
-(:mod:`numarun.launch.storewatch`: every store call off the supervisor's loop, results back
-through a pipe the loop reads), which wakes the moment another node posts an event and looks at
-the rendezvous every ``--monitor-interval`` seconds (default :data:`DEFAULT_POLL_INTERVAL`); the
-supervisor is asked to stop the local group when:
+(:mod:`numarun.launch.storewatch`), which looks every ``--monitor-interval`` seconds (default
+:data:`DEFAULT_POLL_INTERVAL`) and wakes at another node's event; its results
+(:mod:`numarun.launch.storeresults`) ask the supervisor to stop the local group when:
 
 * ``num_nodes_waiting() > 0``: a node waits to join; the group re-forms without using a restart
   (torchrun's rule);
-* a notice from another numarun node arrives (an event of the round): that node's worker
-  failed (its notice carries where its ranks were), or it stopped on a signal or a hang;
-  posted by :meth:`ElasticNode.announce` the moment it happens, fire-and-forget, so healthy
-  nodes stop within milliseconds instead of after a collective timeout;
-* the next numarun node (by group rank) stops beating: each numarun node adds 1 to
-  ``numarun/alive/<group rank>`` three times per keep-alive window (``keep_alive_interval *
-  keep_alive_max_attempt``, torch's own; at least three looks) and reads its successor's; a
-  counter that stays still for that window means its launcher is gone (SIGKILL, a dead
-  machine), which the watcher announces to all (torch assumes, as numarun does, that every
-  node is given the same keep-alive settings);
+* another numarun node's notice arrives (:mod:`numarun.launch.jobnotices`): its worker failed,
+  or it stopped on a signal or a hang;
+* the next numarun node (by group rank) stops beating (:mod:`numarun.launch.liveness`): its
+  launcher is gone, which this node announces to all;
 * ``is_closed()``: a node ended the job (its last restart failed): this node ends too;
 * the store cannot be reached: the node that hosted it is gone; this node ends.
 
-The same thread serves ``numarun stacks`` for the whole job and ``--hang-timeout`` judged over
-every node (:mod:`numarun.launch.storewatch`, :mod:`numarun.stacks.remote`).
+The end is :mod:`numarun.launch.exitbarrier`'s. Keys under ``numarun/`` are scoped to the round
+(torch's per-round ``PrefixStore``) and never read by torch; torchrun nodes ignore them.
 
-Keys under ``numarun/`` are scoped to the round (torch's per-round ``PrefixStore``) and are
-never read by torch; torchrun nodes ignore them.
-
-Every call that may block in torch (creating the handler connects to or hosts the TCPStore;
-``next_rendezvous``; rank assignment; the exit barrier; ``shutdown``) runs in a helper thread
-while the launcher's thread waits for it, because torch's store calls block in C++ where no
-Python signal handler runs (a ``TCPStore.get`` holds Ctrl-C off for its whole timeout): the
-launcher's signal handlers (see :mod:`numarun.launch.attempts`) stay responsive; while it waits in
-the rendezvous, a line every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how
-many are awaited and where. torch's C++ log lines are silenced (``TORCH_CPP_LOG_LEVEL=FATAL``
-unless set), and so are torch's import-time warning about numpy (an optional package of torch's;
-numarun never uses it) and the rendezvous' Python log records: numarun reports errors in one line
-instead.
-
-torch's private names (rank assignment without an agent, the quick re-join, emptying the
-workers' store, cloning the store) are checked before use, in :mod:`numarun.launch.torchcompat`:
-a missing optional one degrades, a missing required one refuses the launch in one line naming the
-torch version.
+Every call that may block in torch runs through :func:`numarun.launch.storeops.run_blocking`, so
+the launcher's signal handlers stay responsive; while this node waits in the rendezvous, a line
+every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how many are awaited and
+where. torch's noise stays off stderr and its private names are checked before use
+(:mod:`numarun.launch.torchcompat`).
 """
-
 from __future__ import annotations
 
 import contextlib
