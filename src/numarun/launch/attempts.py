@@ -547,11 +547,11 @@ class Job:
 
     def _describe_failure(self, attempt: _Attempt) -> None:
         """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
-        from numarun.launch import summary as failures
+        from numarun.launch import summary as end_summary
 
         reports = rank_reports(attempt.result, attempt.directory, self.outputs)
         stopped = attempt.result.stop_reason
-        attempt.line = failures.attempt_line(attempt.name, reports, stopped_by=stopped)
+        attempt.line = end_summary.attempt_line(attempt.name, reports, stopped_by=stopped)
 
     def report(self, last: _Attempt) -> int:
         """The end of the job: the failure summary of the last attempt (naming every earlier
@@ -576,12 +576,12 @@ class Job:
             sys.stderr.flush()
             return code
         if earlier or lost:
-            from numarun.launch import summary as failures
+            from numarun.launch import summary as end_summary
 
             if earlier and not self.config.quiet:
-                sys.stderr.write(failures.format_attempts(earlier) + "\n")
+                sys.stderr.write(end_summary.format_attempts(earlier) + "\n")
             if lost:
-                sys.stderr.write(failures.format_lost_logs(lost) + "\n")
+                sys.stderr.write(end_summary.format_lost_logs(lost) + "\n")
         return code
 
 

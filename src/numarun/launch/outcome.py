@@ -70,14 +70,14 @@ def rank_reports(
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
 ) -> list:
     """Each worker's end with its error file and (redirected) log directory."""
-    from numarun.launch import summary as failures
+    from numarun.launch import summary as end_summary
 
     redirects, tee, _ = outputs
     reports = []
     for worker in result.workers:
         to_files = redirects[worker.local_rank] or tee[worker.local_rank]
         reports.append(
-            failures.rank_report(
+            end_summary.rank_report(
                 worker,
                 error_file=error_file(attempt_dir, worker.local_rank),
                 log_dir=os.path.join(attempt_dir, str(worker.local_rank)) if to_files else None,
@@ -102,13 +102,13 @@ def failure_summary(
     (cut to 200 characters), the host, ``log_dir`` when it stays, ``lost_logs``, what stopped
     the run, the ``earlier`` attempts' root causes and, from ``stacks``
     (:class:`numarun.stacks.job.JobStacks`, closed), where the other ranks were."""
-    from numarun.launch import summary as failures
+    from numarun.launch import summary as end_summary
 
     reports = rank_reports(result, attempt_dir, outputs)
     entrypoint = " ".join([config.entrypoint, *config.args])
     if len(entrypoint) > 200:
         entrypoint = entrypoint[:197] + "..."
-    return failures.format_summary(
+    return end_summary.format_summary(
         reports,
         entrypoint=entrypoint,
         host=os.uname().nodename,
