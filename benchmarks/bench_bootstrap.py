@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 import numarun
-from numarun.launch.workers import SCRIPT_BOOTSTRAP
+from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
 
 PYCACHE = Path(tempfile.gettempdir()) / "bench_bootstrap_pycache"
 

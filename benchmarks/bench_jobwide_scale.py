@@ -97,7 +97,7 @@ def serve(port: int, first: int, last: int, nodes: int, ranks: int, interval: fl
             import gc
 
             gc.collect()
-            gc.freeze()  # as the launcher does before each attempt (launch/job.py)
+            gc.freeze()  # as the launcher does before each attempt (launch/attempts.py)
             answer({"ok": True})
         elif op == "snapshot":
             if request.get("reset"):

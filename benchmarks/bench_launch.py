@@ -153,7 +153,7 @@ def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
         return time.perf_counter() - t0
 
     bare = [sys.executable, "-u", script, str(folder)]
-    from numarun.launch.workers import SCRIPT_BOOTSTRAP
+    from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
 
     wrapped = [sys.executable, "-u", "-c", SCRIPT_BOOTSTRAP, "--", script, str(folder)]
     plain, through = [], []

@@ -29,8 +29,9 @@ from typing import Any
 import torch.distributed as dist
 
 from numarun.launch.config import parse_args
-from numarun.launch.elastic import ElasticNode
-from numarun.launch.rendezvous import Round, WorkerPlace
+from numarun.launch.round import Round, WorkerPlace
+from numarun.launch.storeresults import Result
+from numarun.launch.torchrdzv import ElasticNode
 from numarun.process.loop import Loop
 from numarun.process.spec import WorkerExit
 from numarun.stacks.jobstacks import JobStacks
@@ -349,7 +350,7 @@ class StandIn:
         ]  # fmt: skip
         self.supervisor = FakeSupervisor(host)
         self.times: dict[str, float] = {}
-        self.results: dict[str, tuple] = {}
+        self.results: dict[str, Result] = {}
         self.replies: list[dict] = []
         stand_in = self
 
@@ -368,10 +369,10 @@ class StandIn:
         self.stacks.at_failure = None
         original = node._on_result
 
-        def on_result(result: tuple) -> None:
+        def on_result(result: Result) -> None:
             now = time.monotonic()
-            self.times.setdefault(result[0], now)
-            self.results.setdefault(result[0], result)
+            self.times.setdefault(result.kind, now)
+            self.results.setdefault(result.kind, result)
             original(result)
 
         node._on_result = on_result  # type: ignore[method-assign]

@@ -115,7 +115,7 @@ def test_a_teardown_signal_inside_an_import_is_acted_on_after_it(tmp_path: Path)
     done, imports = _launch(tmp_path, "signal", "sigterm", [], "sleep", go_now=False)
     assert done.returncode == 128 + signal.SIGTERM, done.stderr
     assert _numarun_traceback(done.stderr) == []
-    assert "numarun.launch.failures" in {name for _, name in imports}
+    assert "numarun.launch.summary" in {name for _, name in imports}
 
 
 SPAWN_PROGRAM = textwrap.dedent(

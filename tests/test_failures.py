@@ -1,4 +1,4 @@
-"""Tests for numarun.launch.errorfile, numarun.launch.failures (root cause, summary) and
+"""Tests for numarun.launch.errorfile, numarun.launch.summary (root cause, summary) and
 numarun.launch.bootstrap."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from numarun.launch.errorfile import WorkerError, read_error_file, write_error_file
-from numarun.launch.failures import (
+from numarun.launch.summary import (
     RankReport,
     describe_exit,
     format_summary,
@@ -360,8 +360,8 @@ def _python(
 def _bootstrap(
     args: list[str], cwd: Path, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess:
-    """The bootstrap as the launcher runs it (``-c``, see numarun.launch.workers.worker_argv)."""
-    from numarun.launch.workers import SCRIPT_BOOTSTRAP
+    """The bootstrap as the launcher runs it (``-c``: numarun.launch.workersetup.worker_argv)."""
+    from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
 
     return _python(["-c", SCRIPT_BOOTSTRAP, *args], cwd, env)
 
@@ -629,7 +629,7 @@ _RANKED_WORKER = textwrap.dedent(
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
     from numarun.launch.logdir import error_file_path, make_log_dirs
     from numarun.launch.output import sinks_for
-    from numarun.launch.workers import SCRIPT_BOOTSTRAP
+    from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
     from numarun.process.spec import WorkerSpec
     from numarun.process.supervisor import Supervisor
 

@@ -148,9 +148,9 @@ def test_the_verdict_counts_a_node_whose_ranks_ended_and_reaches_it_in_the_exit_
     job.nodes[0].go_still()
     job.until(lambda: all(node.verdict_at() for node in job.nodes[:3]))
     assert wake.wait(LIMIT)
-    delivered = [r for r in done.node._watch.take_delivered() if r[0] == "hang"]
+    delivered = [r for r in done.node._watch.take_delivered() if r.kind == "hang"]
     assert delivered, "the verdict did not reach the node in the exit barrier"
-    view = delivered[0][1]
+    view = delivered[0].view
     assert view.rank_count == 32 and len(view.answered) == 4
     shown, _ = merge.ordered(view)
     assert [item.problem for item in shown if item.problem] == ["ended with exit code 0"]

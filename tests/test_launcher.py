@@ -21,10 +21,10 @@ import pytest
 
 from numarun.errors import UsageError
 from numarun.launch import launcher
+from numarun.launch.clusterenv import expand_nodelist, node_facts_from_env
 from numarun.launch.launcher import LaunchConfig, parse_args
-from numarun.launch.rendezvous import expand_nodelist, node_facts_from_env
-from numarun.launch.report import exit_code_for
-from numarun.launch.workers import rank_env, worker_argv
+from numarun.launch.outcome import exit_code_for
+from numarun.launch.workersetup import rank_env, worker_argv
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 REPORT = str(WORKERS / "ln_report.py")

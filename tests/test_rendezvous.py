@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from numarun.errors import UsageError
+from numarun.launch.clusterenv import expand_nodelist, first_host, node_facts_from_env
 from numarun.launch.launcher import parse_args
-from numarun.launch.rendezvous import expand_nodelist, first_host, node_facts_from_env
 
 SLURM = {
     "SLURM_JOB_ID": "42",

@@ -19,7 +19,7 @@ RESTARTS = 150
 
 MEASURE = r"""
 import gc, json, sys, tracemalloc
-from numarun.launch import job
+from numarun.launch import attempts as job
 from numarun.launch.launcher import main
 
 sizes = []

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from numarun.launch.workers import SCRIPT_BOOTSTRAP
+from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
 from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
 from numarun.stacks.parse import (
@@ -331,7 +331,7 @@ def test_hang_timeout_option() -> None:
 
 
 def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
-    from numarun.launch.report import exit_code_for
+    from numarun.launch.outcome import exit_code_for
     from numarun.process.spec import RunResult, WorkerExit
 
     ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from numarun.launch.errorfile import WorkerError
-from numarun.launch.failures import RankReport, format_summary
+from numarun.launch.summary import RankReport, format_summary
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 # Retitle the window, clear the screen, hide text, a C1 CSI, a bidi override, a bell.

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from numarun.errors import UsageError
 from numarun.launch import config as launch_config
 from numarun.launch import options as launch_options
-from numarun.launch.workers import rank_env, substitute_local_rank, worker_argv
+from numarun.launch.workersetup import rank_env, substitute_local_rank, worker_argv
 from numarun.placement.workerenv import free_port
 
 WORKERS = Path(__file__).resolve().parent / "workers"

@@ -506,8 +506,9 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
 REFORM = textwrap.dedent(
     """\
     import dataclasses, os, sys
-    from numarun.launch import elastic, job as job_module, launcher, workers
-    from numarun.launch.rendezvous import Round, WorkerPlace
+    from numarun.launch import attempts as job_module, launcher, torchrdzv as elastic
+    from numarun.launch import workersetup as workers
+    from numarun.launch.round import Round, WorkerPlace
     from numarun.placement.workerenv import free_port
 
     out = sys.argv[1]

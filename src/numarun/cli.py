@@ -376,28 +376,36 @@ def _leave(code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status (0 success, 2 bad input)."""
+    """Run the command line; returns the exit status (0 success, 2 bad input).
+
+    A launch's errors are turned into their line and status by
+    :func:`numarun.launch.launcher.main` (the launch's one place for that); a subcommand's
+    here."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        if args and args[0] == "help":
-            return _cmd_help(args[1:])
-        if args and args[0] in SUBCOMMANDS:
-            command = {
-                "topo": _cmd_topo,
-                "plan": _cmd_plan,
-                "check": _cmd_check,
-                "snapshot": _cmd_snapshot,
-                "stacks": _cmd_stacks,
-            }[args[0]]
-            return command(args[1:])
+        if args and args[0] in (*SUBCOMMANDS, "help"):
+            return _subcommand(args[0], args[1:])
         from numarun.launch import launcher
 
         return _leave(launcher.main(args, epilog=commands_help()))
-    except NumarunError as error:
-        print(f"numarun: error: {error}", file=sys.stderr)
-        return error.exit_code
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # `numarun topo | head` closed our stdout: not an error worth a traceback.
         return 1
+
+
+def _subcommand(name: str, argv: list[str]) -> int:
+    command = {
+        "help": _cmd_help,
+        "topo": _cmd_topo,
+        "plan": _cmd_plan,
+        "check": _cmd_check,
+        "snapshot": _cmd_snapshot,
+        "stacks": _cmd_stacks,
+    }[name]
+    try:
+        return command(argv)
+    except NumarunError as error:
+        print(f"numarun: error: {error}", file=sys.stderr)
+        return error.exit_code

@@ -8,10 +8,10 @@ Every import the launcher starts goes to LOG at exit as ``<thread name>\\t<modul
   main one is held half made (in ``sys.modules``, not yet run) until the process ends, and GO
   is created then;
 * ``sigterm``: the launcher sends itself SIGTERM as its main thread starts importing
-  ``numarun.launch.failures``;
+  ``numarun.launch.summary``;
 * ``-``: nothing.
 
-GO is also created when the main thread starts importing ``numarun.launch.failures`` (the
+GO is also created when the main thread starts importing ``numarun.launch.summary`` (the
 launcher preparing its failure path), so a rank that waits for GO fails either while the race
 is set up or once the launcher is ready for it.
 """
@@ -62,7 +62,7 @@ class _Watch:
         thread = threading.current_thread()
         seen.append(f"{thread.name}\t{name}")
         main = thread is threading.main_thread()
-        if main and name == "numarun.launch.failures":
+        if main and name == "numarun.launch.summary":
             _go()
             if hold == "sigterm":
                 os.kill(os.getpid(), signal.SIGTERM)

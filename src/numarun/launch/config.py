@@ -146,29 +146,10 @@ def parse_args(
     ns = build_parser(env, epilog).parse_args(own)
     kind, entrypoint, args = _entrypoint(ns, rest)
 
-    rank_cpus = _rank_cpus(ns.rank_cpus)
-    numa_binding = _numa_binding(ns.numa_binding, rank_cpus)
-    sysfs_root = ns.sysfs_root or "/"
-    if sysfs_root != "/" and not ns.dry_run:
-        raise UsageError(
-            "--sysfs-root plans for another machine; use it with --dry-run "
-            "(workers can only be bound on this machine)"
-        )
-    if ns.cpus_allowed is not None and numa_binding is None:
-        raise UsageError(
-            "--cpus-allowed only restricts a binding plan: add --numa-binding MODE "
-            "(or bind the launcher itself with taskset)"
-        )
+    rank_cpus, numa_binding, sysfs_root = _binding(ns)
     nproc = _nproc(ns.nproc_per_node, rank_cpus, sysfs_root, ns.cpus_allowed)
     nodes = parse_nodes(ns, env)
-    max_restarts = (
-        parse_int(ns.max_restarts, "--max-restarts", low=0) if ns.max_restarts is not None else 0
-    )
-    monitor_interval = None
-    if ns.monitor_interval is not None:
-        monitor_interval = parse_seconds(ns.monitor_interval, "--monitor-interval")
-        if monitor_interval <= 0:
-            raise UsageError(f"--monitor-interval must be > 0 seconds, not {ns.monitor_interval}")
+    max_restarts, monitor_interval = _restarts(ns)
     start_method = ns.start_method or "spawn"
     if start_method not in ("spawn", "fork", "forkserver"):
         raise UsageError(
@@ -183,29 +164,10 @@ def parse_args(
         else env.get("TORCHELASTIC_SIGNALS_TO_HANDLE")
     )
     teardown, forward = _signals(signals_text)
-    event_log_handler = (ns.event_log_handler or "null").strip()
-    if event_log_handler not in EVENT_LOG_HANDLERS:
-        raise UsageError(
-            f"--event-log-handler {event_log_handler!r} is not one of torchrun's handlers "
-            f"({', '.join(EVENT_LOG_HANDLERS)})"
-        )
-    if ns.logs_specs is not None and ns.logs_specs.strip() != "default":
-        raise UsageError(
-            f"--logs-specs {ns.logs_specs!r}: numarun writes torchrun's default log layout only "
-            "(--logs-specs default); log plugins are not loaded"
-        )
+    event_log_handler = _event_log_handler(ns)
     hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
     preload = _preload(ns.preload, kind)
-    rdzv_id = (ns.rdzv_id if ns.rdzv_id is not None else "none").strip()
-    if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
-        raise UsageError(
-            f"--rdzv-id {rdzv_id!r} cannot name a log directory: use letters, digits, '-' or '_'"
-        )
-    if nodes.backend != "static":
-        # The nodes of one job meet under this id: torchrun's default "none" must stay.
-        run_id = rdzv_id or os.urandom(6).hex()
-    else:
-        run_id = rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex()
+    run_id = _run_id(ns.rdzv_id, nodes.backend)
     return LaunchConfig(
         entrypoint=entrypoint,
         entrypoint_kind=kind,
@@ -252,6 +214,68 @@ def parse_args(
         quiet=ns.quiet,
         preload=preload,
     )
+
+
+def _binding(ns: argparse.Namespace) -> tuple[tuple[tuple[int, ...], ...] | None, str | None, str]:
+    """(``--rank-cpus``, ``--numa-binding``, ``--sysfs-root``), checked together."""
+    rank_cpus = _rank_cpus(ns.rank_cpus)
+    numa_binding = _numa_binding(ns.numa_binding, rank_cpus)
+    sysfs_root = ns.sysfs_root or "/"
+    if sysfs_root != "/" and not ns.dry_run:
+        raise UsageError(
+            "--sysfs-root plans for another machine; use it with --dry-run "
+            "(workers can only be bound on this machine)"
+        )
+    if ns.cpus_allowed is not None and numa_binding is None:
+        raise UsageError(
+            "--cpus-allowed only restricts a binding plan: add --numa-binding MODE "
+            "(or bind the launcher itself with taskset)"
+        )
+    return rank_cpus, numa_binding, sysfs_root
+
+
+def _restarts(ns: argparse.Namespace) -> tuple[int, float | None]:
+    """(``--max-restarts``, ``--monitor-interval``): 0 and None when not given."""
+    max_restarts = (
+        parse_int(ns.max_restarts, "--max-restarts", low=0) if ns.max_restarts is not None else 0
+    )
+    monitor_interval = None
+    if ns.monitor_interval is not None:
+        monitor_interval = parse_seconds(ns.monitor_interval, "--monitor-interval")
+        if monitor_interval <= 0:
+            raise UsageError(f"--monitor-interval must be > 0 seconds, not {ns.monitor_interval}")
+    return max_restarts, monitor_interval
+
+
+def _event_log_handler(ns: argparse.Namespace) -> str:
+    """``--event-log-handler`` (one of torchrun's), with ``--logs-specs`` refused unless
+    torchrun's default: numarun loads no plugin."""
+    event_log_handler = (ns.event_log_handler or "null").strip()
+    if event_log_handler not in EVENT_LOG_HANDLERS:
+        raise UsageError(
+            f"--event-log-handler {event_log_handler!r} is not one of torchrun's handlers "
+            f"({', '.join(EVENT_LOG_HANDLERS)})"
+        )
+    if ns.logs_specs is not None and ns.logs_specs.strip() != "default":
+        raise UsageError(
+            f"--logs-specs {ns.logs_specs!r}: numarun writes torchrun's default log layout only "
+            "(--logs-specs default); log plugins are not loaded"
+        )
+    return event_log_handler
+
+
+def _run_id(text: str | None, backend: str) -> str:
+    """The run id from ``--rdzv-id`` (it names a log directory): random under the static
+    rendezvous for torchrun's default ``none``; kept under a torch backend, where the nodes
+    of one job meet under it."""
+    rdzv_id = (text if text is not None else "none").strip()
+    if rdzv_id in (".", "..") or "/" in rdzv_id or "\0" in rdzv_id:
+        raise UsageError(
+            f"--rdzv-id {rdzv_id!r} cannot name a log directory: use letters, digits, '-' or '_'"
+        )
+    if backend != "static":
+        return rdzv_id or os.urandom(6).hex()
+    return rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex()
 
 
 def _hang_timeout(text: str | None, kind: str, redirects: str, tee: str) -> float | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from numarun.launch.storeops import Conn, Forged
+from numarun.launch.storeresults import Hang, Merged, Notice
 from numarun.launch.storewatch import (
     ALIVE_KEY,
     CLAIM_KEY,
@@ -271,11 +272,11 @@ def read_merged(watch: StoreWatch, round_: Round, sender: int, token: str, body:
     except PostError as error:
         watch.note(round_, f"merged {sender}", f"the merged stacks of node {sender}: {error}")
         if token:
-            watch.report(round_, ("merged", token, None, {}))
+            watch.report(round_, Merged(token, None, {}))
         return
     posts = frames_of(round_, view.frame_ids())
     view.add_posts(posts)
-    watch.report(round_, ("merged", token, view, posts))
+    watch.report(round_, Merged(token, view, posts))
 
 
 # --- failure notices -----------------------------------------------------------------------------
@@ -294,7 +295,7 @@ def read_notice(watch: StoreWatch, round_: Round, sender: int, body: bytes) -> N
                        "ranks not shown")  # fmt: skip
     if digest is not None:
         frames = frames_of(round_, [ident for ident, _, _ in digest.classes])
-    watch.report(round_, ("notice", notice, digest, frames))
+    watch.report(round_, Notice(notice, digest, frames))
 
 
 def notice_post(round_: Round, dumps: list[Raw], text: str, conn: Conn) -> tuple[str, bytes]:
@@ -422,4 +423,4 @@ def read_verdict(watch: StoreWatch, round_: Round, sender: int, body: bytes) -> 
                    "ignored")  # fmt: skip
         return
     view.add_posts(frames_of(round_, view.frame_ids()))
-    watch.report(round_, ("hang", view, sender))
+    watch.report(round_, Hang(view, sender))

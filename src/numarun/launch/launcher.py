@@ -9,12 +9,12 @@ without ``@record`` still leaves an error file with its traceback, and its stack
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
 global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
-c10d``) :mod:`numarun.launch.elastic` joins torch's rendezvous and the launcher hosts the store, as
-torchrun's does.
+c10d``) :mod:`numarun.launch.torchrdzv` joins torch's rendezvous and the launcher hosts the
+store, as torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
 :mod:`numarun.launch.config`, re-exported here) -> :func:`run` (entry point checked, plan
-made, memory policy proven; then :class:`numarun.launch.job.Job`: one attempt after another,
+made, memory policy proven; then :class:`numarun.launch.attempts.Job`: one attempt after another,
 each started and watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a
 signal or the rendezvous ends the job; summary printed, exit code returned). :func:`main` joins
 the two and turns :class:`NumarunError` into one line on stderr and its exit status (2 for bad
@@ -34,13 +34,13 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch import logdir, workers
+from numarun.launch import logdir
+from numarun.launch import workersetup as workers
 from numarun.launch.config import LaunchConfig, parse_args
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.rendezvous import Round
     from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 
@@ -85,7 +85,7 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
     it), the binary executable; the plan and each memory policy must be applicable (or fall back
     with ``--binding-fallback``). Any of these raises a :class:`NumarunError` subclass. With
     ``--dry-run`` prints the plan, and per rank the argv and the environment added, and
-    returns 0. Otherwise returns :func:`numarun.launch.report.exit_code_for` the run (0, the
+    returns 0. Otherwise returns :func:`numarun.launch.outcome.exit_code_for` the run (0, the
     first failing worker's status, 128+N for a worker killed by signal N, 128+N when the
     launcher got teardown signal N, also while the workers were still starting); a non-zero run
     ends with the failure summary as the last thing on stderr. ``environ`` (default
@@ -371,117 +371,30 @@ def _launch(
 ) -> int:
     """Set up the log directory, run the job, return its exit status. A temporary log
     directory is removed at the end unless it keeps what is nowhere else: log files after a
-    failure, or output shown nowhere (see :mod:`numarun.launch.logdir`)."""
-    import shutil
+    failure, or output shown nowhere (:class:`numarun.launch.rundirs.RunDirs`)."""
+    from numarun.launch.attempts import Interrupted, Job, SignalGuard
+    from numarun.launch.outcome import signal_text
+    from numarun.launch.rundirs import RunDirs
 
-    from numarun.launch.job import Interrupted, Job, SignalGuard
-    from numarun.launch.report import signal_text
-
-    mem_policies = workers.mem_policies(config, plan)
     outputs = workers.output_levels(config)
-    temporary = config.log_dir is None
-    filtered = bool(config.duplicate_stdout_filters or config.duplicate_stderr_filters)
-    holds = logdir.temp_dir_holds(outputs, filtered=filtered) if temporary else logdir.LOGS
-    # Refused here (one line, nothing made) when another user could redirect the writes.
-    log_root = logdir.temp_log_dir() if temporary else logdir.open_log_dir(config.log_dir or "")
-    log_base = log_root.path
-    # Several nodes may share --log-dir: each names its run directory by node rank and host
-    # (under a torch rendezvous the rank comes with the first round: renamed then).
-    nodes = config.max_nodes if config.elastic else config.nnodes
-    host = logdir.host_label() if nodes > 1 and not temporary else None
-    name = None
-    if host is not None:
-        name = (
-            f"{config.run_id}_{host}_joining_{os.urandom(3).hex()}"
-            if config.elastic
-            else logdir.node_run_name(config.run_id, config.node_rank, host)
-        )
-    job: Job | None = None
-    run_dir = None
+    dirs = RunDirs(config, outputs)
+    job = Job(config, plan, base, binary_path, workers.mem_policies(config, plan), outputs, dirs)
     code = 2
     # From the first directory on, a teardown signal ends the launch with 128+N and leaves
     # nothing: thousands of ranks take seconds to set up before the supervisor takes over.
-    guard = SignalGuard(config.teardown_signals)
+    # The one guard of the launch: the job's attempts run under it too.
     try:
-        guard.__enter__()
-        run_dir, first = logdir.make_run(
-            log_root, config.run_id, config.nproc_per_node, fresh=temporary,
-            announce=not config.quiet, name=name, rank_dirs=False,
-        )  # fmt: skip
-        if host is None or not config.elastic:
-            log_root.close()
-
-        def logs() -> str:
-            if temporary:
-                return logdir.log_dir_note(log_base, holds)
-            assert run_dir is not None
-            if host is not None:
-                return f"logs in {logdir.node_logs_note(run_dir.path, config.run_id)}"
-            return logdir.log_dir_note(run_dir.path, holds)
-
-        def first_round(group: Round) -> None:
-            """Under a torch rendezvous over several nodes: the run directory takes its name
-            from this node's rank in the first round, before any worker starts."""
-            assert run_dir is not None and job is not None
-            logdir.name_after_round(log_root, run_dir, first, config.run_id, group.group_rank,
-                                    str(host))  # fmt: skip
-            log_root.close()
-            job.shown_log_dir = logdir.node_logs_note(run_dir.path, config.run_id)
-
-        def announce(group: Round | None, preload: str | None) -> None:
-            """The start line (and, for a static multi-node job, where the workers wait),
-            once the first attempt's files are set up and its ranks known."""
-            if config.quiet:
-                return
-            from numarun.launch.startline import meeting_note, start_line
-
-            lines = [start_line(config, plan, port=port, logs=logs(), group=group, preload=preload)]
-            note = meeting_note(config, port) if group is None else None
-            if note is not None:
-                lines.append(note)
-            sys.stderr.write("\n".join(lines) + "\n")
-            sys.stderr.flush()
-
-        job = Job(
-            config,
-            plan,
-            base,
-            binary_path,
-            mem_policies,
-            outputs,
-            # The summary names the directory when it stays (it stays after a failure
-            # whenever it holds log files); over several nodes, this node's and the rule.
-            (logdir.node_logs_note(run_dir.path, config.run_id) if host is not None
-             else log_base if holds != logdir.ERRORS else None),
-            announce=announce,
-            first_round=first_round if host is not None and config.elastic else None,
-            # Killed (SIGKILL), numarun cannot clean up: its watchdog removes a temporary dir
-            # that held nothing but error files; log files stay (the start said where).
-            remove_if_killed=log_base if holds == logdir.ERRORS else None,
-        )
-        code = job.run(run_dir, first, port)
-        return code
+        with SignalGuard(config.teardown_signals):
+            job.waiting_for = "setting up the workers"
+            dirs.open()
+            code = job.run(port)
+            return code
     except Interrupted as stop:
-        doing = job.waiting_for if job is not None else "setting up the workers"
         sys.stderr.write(
-            f"numarun: stopped on {signal_text(stop.signum)} while {doing}; "
+            f"numarun: stopped on {signal_text(stop.signum)} while {job.waiting_for}; "
             "no worker was running\n"
         )
         code = 128 + stop.signum
         return code
     finally:
-        guard.__exit__(None, None, None)
-        log_root.close()
-        if run_dir is not None:
-            run_dir.close()
-        nothing_ran = job is None or not job.started
-        if temporary and (
-            holds == logdir.ERRORS or nothing_ran or (holds == logdir.COPIES and code == 0)
-        ):
-            shutil.rmtree(log_base, ignore_errors=True)
-            if os.path.lexists(log_base):
-                # rmtree holds two fds per level: out of fds (the start failed for want of
-                # them), this way holds one at a time.
-                from numarun.process.watchdog import remove_tree
-
-                remove_tree(log_base)
+        dirs.close(code, workers_ran=job.started)

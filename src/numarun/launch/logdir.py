@@ -218,7 +218,7 @@ def make_attempt(run: Directory, name: str, nprocs: int, *, rank_dirs: bool = Tr
 
     The launcher makes no rank directory here (``rank_dirs=False``): a rank's is made when
     something first goes there, by the launcher as it opens the rank's log files
-    (:func:`numarun.launch.workers.worker_sinks`), else by the rank's own process as it starts
+    (:func:`numarun.launch.workersetup.worker_sinks`), else by the rank's own process as it starts
     (``WorkerSpec.make_dir``), before the program that may write its error file runs. The
     layout is torchrun's; a rank never started (a teardown signal during a start of thousands)
     costs no directory, to make or to remove."""

@@ -3,7 +3,7 @@
 :func:`parse_nodes` decides them from the node and rendezvous flags (``--nnodes N`` or
 ``MIN:MAX``, ``--node-rank``, ``--master-addr``/``--master-port``, ``--rdzv-endpoint``,
 ``--standalone``), or, when neither ``--nnodes`` nor ``--node-rank`` is given, from Slurm's or
-Open MPI's environment (:mod:`numarun.launch.rendezvous`, imported only under a scheduler). With
+Open MPI's environment (:mod:`numarun.launch.clusterenv`, imported only under a scheduler). With
 a PyTorch rendezvous backend (``--rdzv-backend c10d``) the rounds decide ranks and addresses
 later; here only what can be checked without importing torch is: the backend (and its client
 package) exists, the endpoint's port, the ``--rdzv-conf`` values the backend reads, as torch
@@ -95,7 +95,7 @@ def parse_nodes(ns: argparse.Namespace, env: Mapping[str, str]) -> Nodes:
     facts = None
     under_scheduler = "SLURM_JOB_ID" in env or "OMPI_COMM_WORLD_RANK" in env
     if ns.nnodes is None and ns.node_rank is None and under_scheduler:
-        from numarun.launch.rendezvous import node_facts_from_env
+        from numarun.launch.clusterenv import node_facts_from_env
 
         facts = node_facts_from_env(env)
     if facts is not None:

@@ -360,3 +360,35 @@ def _private_group(gid: int) -> bool:
     except (ImportError, KeyError, OSError):
         return False
     return group.gr_name == user and set(group.gr_mem) <= {user}
+
+
+def remove_tree(path: str) -> None:
+    """Remove the directory ``path`` and everything in it, never following a symbolic link;
+    errors are ignored (what cannot be removed stays). :func:`shutil.rmtree` first; what it
+    leaves (it holds two descriptors per level, so a launcher out of descriptors gets nowhere)
+    is walked again holding one descriptor at a time."""
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
+    if os.path.lexists(path):
+        _remove_one_at_a_time(path)
+
+
+def _remove_one_at_a_time(path: str) -> None:
+    try:
+        with os.scandir(path) as listing:
+            entries = [(entry.path, entry.is_dir(follow_symlinks=False)) for entry in listing]
+    except OSError:
+        return
+    for entry, is_dir in entries:
+        try:
+            if is_dir:
+                _remove_one_at_a_time(entry)
+            else:
+                os.unlink(entry)
+        except OSError:
+            pass
+    import contextlib
+
+    with contextlib.suppress(OSError):
+        os.rmdir(path)

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from numarun.launch.config import LaunchConfig
-    from numarun.launch.rendezvous import Round
+    from numarun.launch.round import Round
     from numarun.placement.plan import Plan
 
 RESOLVE_LIMIT = 10.0  # seconds; a resolver slower than this is left to the workers
@@ -81,6 +81,23 @@ def start_line(
     if preload:
         parts.append(preload)
     return f"numarun: run {run}: " + ", ".join(parts)
+
+
+def start_lines(
+    config: LaunchConfig,
+    plan: Plan | None,
+    port: int,
+    logs: str,
+    group: Round | None,
+    preload: str | None,
+) -> str:
+    """What a launch prints as its first attempt starts: :func:`start_line` and, for a static
+    job over several nodes, :func:`meeting_note`; newline-terminated."""
+    lines = [start_line(config, plan, port=port, logs=logs, group=group, preload=preload)]
+    note = meeting_note(config, port) if group is None else None
+    if note is not None:
+        lines.append(note)
+    return "\n".join(lines) + "\n"
 
 
 def meeting_note(config: LaunchConfig, port: int) -> str | None:

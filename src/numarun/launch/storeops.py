@@ -260,3 +260,17 @@ def run_blocking(
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def first_line(error: BaseException) -> str:
+    """An error's first line (its type's name when it has no text): what numarun's one-line
+    messages quote."""
+    text = str(error).strip() or type(error).__name__
+    return text.split("\n", 1)[0]
+
+
+def root_cause(error: BaseException) -> BaseException:
+    """The innermost cause: torch wraps store errors in "see inner exception" messages."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    return error

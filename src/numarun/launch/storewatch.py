@@ -13,14 +13,14 @@ the usual bound whatever the store does, and a frozen store costs at most this t
 The thread sleeps blocked in the store, in ``wait`` for the next event key of the round, so
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's agent
-does (:mod:`numarun.launch.elastic`) and runs the work the loop queued (this node's hang marks).
+does (:mod:`numarun.launch.torchrdzv`) and runs the work the loop queued (this node's hang marks).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
 thread waits for the key after the last one it read. The counter is checked like any value read
 from the store: one that is not a number is named and set back to the last event there, one that
 jumped is named and the events after the jump are read, one that went back is named and followed
 (:meth:`StoreWatch._check_count`). An event key is never deleted while another node may not have
-read it: its poster deletes it once the next round formed (:mod:`numarun.launch.elastic`).
+read it: its poster deletes it once the next round formed (:mod:`numarun.launch.torchrdzv`).
 
 The whole job in O(1) store requests per node per event (:mod:`numarun.stacks.remote`,
 :mod:`numarun.stacks.merge`): each node posts a *digest* of its ranks' stacks (a few hundred
@@ -66,6 +66,7 @@ import threading
 import time
 
 from numarun.launch.storeops import Conn, Forged, as_count
+from numarun.launch.storeresults import Ask, Lost
 from numarun.process import forkexec
 
 TYPE_CHECKING = False
@@ -73,6 +74,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
 
+    from numarun.launch.storeresults import Result
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.remote import Raw
 
@@ -102,7 +104,7 @@ class Round:
     rank count (a bound on ranks read back), ``host`` and ``pid`` for this node's digests."""
 
     def __init__(
-        self, store: Any, handler: Any, me: int, size: int, on_result: Callable[[tuple], None],
+        self, store: Any, handler: Any, me: int, size: int, on_result: Callable[[Result], None],
         *, world: int = 1 << 22, host: str = "", pid: int = 0,
     ) -> None:  # fmt: skip
         from numarun.stacks.remote import Classes
@@ -152,7 +154,7 @@ class StoreWatch:
     def __init__(
         self,
         interval: float,
-        look: Callable[[Round], list[tuple]],
+        look: Callable[[Round], list[Result]],
         on_event: Callable[[StoreWatch, Round, int, bytes], None] | None = None,
     ) -> None:
         self.interval = interval
@@ -160,7 +162,7 @@ class StoreWatch:
         self._on_event = on_event
         self._cond = threading.Condition()
         self._round: Round | None = None
-        self._results: collections.deque[tuple[Round, tuple]] = collections.deque()
+        self._results: collections.deque[tuple[Round, Result]] = collections.deque()
         self._work: collections.deque[Callable[[Round], None]] = collections.deque()
         self._answers: dict[int, list[Raw]] = {}
         self._thread: threading.Thread | None = None
@@ -192,7 +194,7 @@ class StoreWatch:
             self._supervisor.remove_reader(self._read_fd)
             self._supervisor = None
 
-    def take_delivered(self) -> list[tuple]:
+    def take_delivered(self) -> list[Result]:
         """The results that arrived while detached, in order (of the round still watched)."""
         taken = []
         with self._cond:
@@ -261,7 +263,7 @@ class StoreWatch:
             if round_.active and round_ is self._round:
                 round_.on_result(result)
 
-    def _report(self, round_: Round, result: tuple) -> None:
+    def _report(self, round_: Round, result: Result) -> None:
         with self._cond:  # never a byte to a closed pipe's number, which may be reused
             if self._write_fd < 0 or not round_.active:
                 return
@@ -305,7 +307,7 @@ class StoreWatch:
                 self._watch(round_)
             except Exception as error:  # the store is gone or broken: the loop decides
                 if round_.active:
-                    self._report(round_, ("lost", error))
+                    self._report(round_, Lost(error))
                     with self._cond:  # nothing more to do in this round
                         while round_.active and self._thread is me:
                             self._cond.wait()
@@ -452,7 +454,7 @@ class StoreWatch:
             return round_.done
         with self._cond:
             self._answers.pop(number, None)
-        self._report(round_, ("ask", number))
+        self._report(round_, Ask(number))
         deadline = time.monotonic() + ANSWER_LIMIT
         with self._cond:
             while number not in self._answers and round_.active:
@@ -462,7 +464,7 @@ class StoreWatch:
                 self._cond.wait(left)
             return self._answers.pop(number, None)
 
-    def report(self, round_: Round, result: tuple) -> None:
+    def report(self, round_: Round, result: Result) -> None:
         self._report(round_, result)
 
 def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,

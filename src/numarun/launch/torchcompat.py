@@ -1,6 +1,6 @@
 """torch's names the rendezvous path uses that torch does not promise, each checked before use.
 
-numarun's torch rendezvous (:mod:`numarun.launch.elastic`) is torch's own code used as a library,
+numarun's torch rendezvous (:mod:`numarun.launch.torchrdzv`) is torch's own code used as a library,
 and a few of the names it calls are private or recent. Each is looked up before it is used:
 
 * required -- ``SimpleElasticAgent._assign_worker_ranks(self, store, group_rank,
@@ -45,7 +45,7 @@ _FIRST_JOIN_SPREAD = (0, 0.3)  # torch's random sleep before a node's first join
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.rendezvous import Round
+    from numarun.launch.round import Round
 
 
 def torch_version() -> str:

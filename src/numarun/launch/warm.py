@@ -45,7 +45,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError
 from numarun.launch.preload import PRELOAD_ENV, READY, STANDBY_FD_ENV
-from numarun.launch.workers import (
+from numarun.launch.workersetup import (
     rank_binding,
     rank_env,
     unbound_omp_threads,
@@ -476,7 +476,7 @@ def birth_specs(
     mem_policies: Sequence[object],
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
 ) -> list[WorkerSpec]:
-    """One standby per local rank, as :meth:`numarun.launch.job.Job.run_attempt` would start
+    """One standby per local rank, as :meth:`numarun.launch.attempts.Job.run_attempt` would start
     its cold worker, less :data:`HAND_OVER`, plus ``NUMARUN_PRELOAD``; its output streams are
     :class:`LateSink` where the cold worker's would have a sink, with that sink's console."""
     threads = unbound_omp_threads(config, base)

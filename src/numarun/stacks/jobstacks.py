@@ -207,7 +207,7 @@ class JobStacks:
         self.take_async(taken)
 
     def summary_fields(self, attempt_dir: str | None) -> dict[str, object]:
-        """Keyword arguments for :func:`numarun.launch.failures.format_summary`: the hang report or
+        """Keyword arguments for :func:`numarun.launch.summary.format_summary`: the hang report or
         the stacks taken at the first failure; with ``attempt_dir`` (the run's kept log
         directory) each rank's full stacks are written to ``<attempt_dir>/<local rank>/
         stacks.log`` first."""

@@ -4,7 +4,8 @@
   :data:`SCRIPT_BOOTSTRAP` (:mod:`numarun.launch.bootstrap`), binaries as they are, with
   torchrun's ``${local_rank}`` macro substituted (:func:`substitute_local_rank`).
 - :func:`rank_env`: torchrun's variables for one local rank, from the static rendezvous or from
-  a round of a torch one; :func:`virtual_device` for ``--virtual-local-rank``.
+  a round of a torch one (:func:`rank_envs`: every rank's whole environment for an attempt);
+  :func:`virtual_device` for ``--virtual-local-rank``.
 - :func:`rank_binding`, :func:`unbound_threads`, :func:`mem_policies`: a rank's CPUs in the
   plan, the ``OMP_NUM_THREADS`` of an unbound rank, each rank's memory policy proven applicable.
 - :func:`output_levels`, :func:`worker_sinks`, :func:`line_filters`, :func:`close_sinks`: where
@@ -28,7 +29,7 @@ from numarun.placement import workerenv
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
-    from numarun.launch.rendezvous import Round
+    from numarun.launch.round import Round
     from numarun.launch.safedir import Directory
     from numarun.placement.plan import Plan, RankBinding
     from numarun.process.spec import WorkerSpec
@@ -157,6 +158,41 @@ def virtual_device(base: Mapping[str, str], local_rank: int) -> str:
             f"CUDA_VISIBLE_DEVICES={visible!r}; list one device per local rank"
         )
     return entries[local_rank].strip()
+
+
+def rank_envs(
+    config: LaunchConfig,
+    plan: Plan | None,
+    base: Mapping[str, str],
+    attempt_dir: str,
+    port: int,
+    group: Round | None,
+    restart_count: int,
+) -> list[dict[str, str]]:
+    """Every local rank's whole environment for one attempt: ``base`` and :func:`rank_env`
+    (its error file in ``attempt_dir``, its CPUs in ``plan``)."""
+    from numarun.launch.logdir import error_file
+
+    threads = unbound_omp_threads(config, base)
+    plan_env = plan.env if plan is not None else ()
+    return [
+        {
+            **base,
+            **rank_env(
+                config,
+                local_rank,
+                base=base,
+                error_file=error_file(attempt_dir, local_rank),
+                binding=rank_binding(plan, local_rank),
+                plan_env=plan_env,
+                unbound_threads=threads,
+                master_port=port,
+                group=group,
+                restart_count=restart_count,
+            ),
+        }
+        for local_rank in range(config.nproc_per_node)
+    ]
 
 
 def rank_binding(plan: Plan | None, local_rank: int) -> RankBinding | None:

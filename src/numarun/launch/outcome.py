@@ -3,8 +3,8 @@
 :func:`exit_code_for` is a run's exit status (its docstring states the rule).
 :func:`rank_reports` and :func:`failure_summary` join a run's result with its attempt directory
 (each rank's error file and, for a rank whose output went to files, its log directory) for
-:mod:`numarun.launch.failures`; :func:`lost_logs` names the log files that lost bytes for good (a
-full disk); :func:`signal_text` names a signal. :mod:`numarun.launch.failures` and the sinks are
+:mod:`numarun.launch.summary`; :func:`lost_logs` names the log files that lost bytes for good (a
+full disk); :func:`signal_text` names a signal. :mod:`numarun.launch.summary` and the sinks are
 imported only where a report needs them: a failed run, output that went to files.
 """
 
@@ -70,14 +70,14 @@ def rank_reports(
     outputs: tuple[dict[int, int], dict[int, int], set[int]],
 ) -> list:
     """Each worker's end with its error file and (redirected) log directory."""
-    from numarun.launch import failures
+    from numarun.launch import summary as end_summary
 
     redirects, tee, _ = outputs
     reports = []
     for worker in result.workers:
         to_files = redirects[worker.local_rank] or tee[worker.local_rank]
         reports.append(
-            failures.rank_report(
+            end_summary.rank_report(
                 worker,
                 error_file=error_file(attempt_dir, worker.local_rank),
                 log_dir=os.path.join(attempt_dir, str(worker.local_rank)) if to_files else None,
@@ -98,17 +98,17 @@ def failure_summary(
     stacks: object = None,
 ) -> str:
     """The summary of a failed run (``result``, its attempt in ``attempt_dir``), as
-    :func:`numarun.launch.failures.format_summary` writes it: each rank's end, the entry point
+    :func:`numarun.launch.summary.format_summary` writes it: each rank's end, the entry point
     (cut to 200 characters), the host, ``log_dir`` when it stays, ``lost_logs``, what stopped
     the run, the ``earlier`` attempts' root causes and, from ``stacks``
     (:class:`numarun.stacks.jobstacks.JobStacks`, closed), where the other ranks were."""
-    from numarun.launch import failures
+    from numarun.launch import summary as end_summary
 
     reports = rank_reports(result, attempt_dir, outputs)
     entrypoint = " ".join([config.entrypoint, *config.args])
     if len(entrypoint) > 200:
         entrypoint = entrypoint[:197] + "..."
-    return failures.format_summary(
+    return end_summary.format_summary(
         reports,
         entrypoint=entrypoint,
         host=os.uname().nodename,

@@ -25,22 +25,20 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
-from numarun.launch.logdir import error_file, make_attempt
-from numarun.launch.report import (
+from numarun.launch.outcome import (
     exit_code_for,
     failure_summary,
     lost_logs,
     rank_reports,
     signal_text,
 )
-from numarun.launch.workers import (
+from numarun.launch.workersetup import (
     close_sinks,
     has_log_files,
     line_filters,
     rank_binding,
-    rank_env,
+    rank_envs,
     setup_error,
-    unbound_omp_threads,
     worker_argv,
     worker_sinks,
 )
@@ -49,9 +47,10 @@ from numarun.placement import workerenv
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.launch.config import LaunchConfig
-    from numarun.launch.elastic import ElasticNode
-    from numarun.launch.rendezvous import Round
+    from numarun.launch.round import Round
+    from numarun.launch.rundirs import RunDirs
     from numarun.launch.safedir import Directory
+    from numarun.launch.torchrdzv import ElasticNode
     from numarun.launch.warm import Standbys, Warm
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
@@ -174,11 +173,7 @@ class Job:
         binary_path: str | None,
         mem_policies: list,
         outputs: tuple[dict[int, int], dict[int, int], set[int]],
-        shown_log_dir: str | None,
-        *,
-        announce: Callable[[Round | None, str | None], None] | None = None,
-        remove_if_killed: str | None = None,
-        first_round: Callable[[Round], None] | None = None,
+        dirs: RunDirs,
     ) -> None:
         self.config = config
         self.plan = plan
@@ -186,14 +181,8 @@ class Job:
         self.binary_path = binary_path
         self.mem_policies = mem_policies
         self.outputs = outputs
-        self.shown_log_dir = shown_log_dir
-        # The start line: once the first attempt's files are set up, with its round (a torch
-        # rendezvous) or None (static).
-        self.announce = announce  # (round, what --preload did: None without it)
-        # Once the first round of a torch rendezvous formed, before its workers' files are
-        # used (the run directory takes this node's rank in its name).
-        self.first_round = first_round
-        self.remove_if_killed = remove_if_killed
+        self.dirs = dirs  # opened by the caller: the first attempt's directory made
+        self.said_start = False  # the start line: once the first attempt's files are set up
         self.started = False  # once workers ran: the log directory may hold their output
         self.last: _Attempt | None = None  # the attempt that ran last, whole
         self.earlier = _Bounded("earlier attempts")  # the root causes of those before it
@@ -202,49 +191,49 @@ class Job:
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
 
-    def run(self, run_dir: Directory, first: Directory, port: int) -> int:
+    def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
-        rendezvous ends the job; print the report; return the exit status. ``first`` is the
-        first attempt's directory (closed here), ``run_dir`` the one later attempts' are made
-        in (:func:`numarun.launch.logdir.make_attempt`; the caller closes it). With
+        rendezvous ends the job; print the report; return the exit status. The first attempt
+        runs in ``dirs.first`` (closed here), later ones in directories ``dirs`` makes. With
         ``--preload`` the first standbys start first thing, before any rendezvous, and
-        whatever standbys wait when the job ends are torn down, however it ends."""
+        whatever standbys wait when the job ends are torn down, however it ends.
+
+        The caller's :class:`SignalGuard` covers the whole job: a teardown signal while no
+        supervisor runs raises :class:`Interrupted` out of here (under a torch rendezvous the
+        other nodes were told first); :attr:`waiting_for` says what it interrupted."""
         try:
             if self.config.preload:
                 self._start_warm()
-            return self._run(run_dir, first, port)
+            return self._run(port)
         finally:
             if self.warm is not None:
                 self.warm.close()
 
-    def _run(self, run_dir: Directory, first: Directory, port: int) -> int:
+    def _run(self, port: int) -> int:
         config = self.config
+        first = self.dirs.first
+        assert first is not None
         if not config.elastic and not config.max_restarts:
-            # One attempt, as numarun has always run it: nothing imported. (The launcher's
-            # SignalGuard covers it until the supervisor's own handling takes over.)
+            # One attempt, as numarun has always run it: nothing imported.
             self.waiting_for = "setting up the workers"
             attempt = self.run_attempt(None, port, "attempt_0", first, 0)
             self.waiting_for = "reporting the run's end"
             return self.report(attempt)
+        self.waiting_for = "between attempts"
         try:
-            with SignalGuard(config.teardown_signals):
-                return self._loop(run_dir, first, port)
+            return self._loop(first, port)
         except Interrupted as stop:
             if self.node is not None:
                 self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
-            sys.stderr.write(
-                f"numarun: stopped on {signal_text(stop.signum)} while {self.waiting_for}; "
-                "no worker was running\n"
-            )
-            return 128 + stop.signum
+            raise
         finally:
             if self.node is not None:
                 self.node.close()
 
-    def _loop(self, run_dir: Directory, first: Directory, port: int) -> int:
+    def _loop(self, first: Directory, port: int) -> int:
         config = self.config
         if config.elastic:
-            from numarun.launch.elastic import ElasticNode, NotAdmitted
+            from numarun.launch.torchrdzv import ElasticNode, NotAdmitted
 
             self.node = ElasticNode(config)
             self.waiting_for = f"waiting for the {self.node.where}"
@@ -257,9 +246,7 @@ class Job:
             name = f"attempt_{restart_count}" + (f".{reforms}" if reforms else "")
             if self.last is not None:
                 try:
-                    directory = make_attempt(
-                        run_dir, name, config.nproc_per_node, rank_dirs=False
-                    )
+                    directory = self.dirs.next_attempt(name)
                 except OSError as error:
                     raise setup_error(error, config) from None
             if self.node is not None:
@@ -268,9 +255,8 @@ class Job:
                 except NotAdmitted as done:
                     sys.stderr.write(str(done) + "\n")
                     return 0
-                if self.first_round is not None:
-                    self.first_round(group)
-                    self.first_round = None
+                if self.last is None and self.dirs.renamed_after_round:
+                    self.dirs.after_first_round(group.group_rank)
             attempt = self.run_attempt(group, port, name, directory, restart_count)
             result = attempt.result
             change = self.node.change if self.node is not None else None
@@ -338,87 +324,12 @@ class Job:
         files cannot be set up (out of fds, say)."""
         import gc
 
-        from numarun.process.spec import WorkerSpec
-        from numarun.process.supervisor import Supervisor
-
-        config, plan, base = self.config, self.plan, self.base
-        duplicates: tuple = (None, None)
-        stacks = None
-        specs: list[WorkerSpec] = []
+        specs, stacks, duplicates = self._worker_specs(group, port, directory, restart_count)
         taken: Standbys | None = None
         try:
-            try:
-                duplicates = line_filters(config, directory)
-                threads = unbound_omp_threads(config, base)
-                envs = [
-                    {
-                        **base,
-                        **rank_env(
-                            config,
-                            local_rank,
-                            base=base,
-                            error_file=error_file(directory.path, local_rank),
-                            binding=rank_binding(plan, local_rank),
-                            plan_env=plan.env if plan is not None else (),
-                            unbound_threads=threads,
-                            master_port=port,
-                            group=group,
-                            restart_count=restart_count,
-                        ),
-                    }
-                    for local_rank in range(config.nproc_per_node)
-                ]
-                # This attempt's ranks (under a torch rendezvous they come from the round).
-                ranks = [(local_rank, int(env["RANK"])) for local_rank, env in enumerate(envs)]
-                stacks = _job_stacks(config, ranks, self.node)
-                for local_rank, env in enumerate(envs):
-                    binding = rank_binding(plan, local_rank)
-                    if stacks is not None:
-                        env.update(stacks.worker_env(local_rank))
-                    rank = int(env["RANK"])
-                    stdout, stderr = worker_sinks(
-                        config, self.outputs, local_rank, directory, base, duplicates, rank=rank
-                    )
-                    if stacks is not None:
-                        stacks.count_output((stdout, stderr))
-                    # Without log files the rank's directory (its error file's) is made by
-                    # its own process as it starts: none for a rank never started.
-                    own_dir = os.path.join(directory.path, str(local_rank))
-                    made = has_log_files(self.outputs, local_rank)
-                    specs.append(
-                        WorkerSpec(
-                            local_rank=local_rank,
-                            rank=rank,
-                            env=env,
-                            argv=worker_argv(config, self.binary_path, local_rank),
-                            cpus=binding.cpus if binding is not None else None,
-                            mem=self.mem_policies[local_rank],
-                            stdout=stdout,
-                            stderr=stderr,
-                            make_dir=None if made else own_dir,
-                        )
-                    )
-            except BaseException as error:  # out of fds, an unwritable log file: nothing started
-                close_sinks(specs)
-                if isinstance(error, OSError):
-                    raise setup_error(error, config) from None
-                raise
-            finally:
-                directory.close()  # the files are open: nothing more is made in it here
             taken = self.warm.take(specs) if self.warm is not None else None
-            self._say_start(name, group, taken is not None)
-            on_failure = self._on_failure_callbacks(stacks, restart_count)
-            on_exit = stacks.on_exit if stacks is not None else None
-            if taken is not None:
-                supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
-            else:
-                supervisor = Supervisor(
-                    specs, on_failure=on_failure, on_exit=on_exit, **self._supervisor_options()
-                )
-            if self.node is not None:
-                self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
-            if stacks is not None:
-                stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
+            self._say_start(name, group, port, taken is not None)
+            supervisor = self._supervisor(specs, stacks, taken, restart_count)
             # What the first attempt starts with lives until exit; freezing it keeps the
             # collector from walking it again, which on a slow machine costs 10+ ms at
             # interpreter exit. Only then: what a later attempt allocates is left to the
@@ -427,42 +338,13 @@ class Job:
             # attempt's start would delay the restart (3 ms here).
             if self.last is None:
                 gc.freeze()
-            more = config.elastic or restart_count < config.max_restarts
+            more = self.config.elastic or restart_count < self.config.max_restarts
             running, taken = taken, None  # from here the run owns its standbys
-
-            def started() -> None:
-                if running is not None:
-                    running.hand_over(specs)  # the workers run from here
-                if self.warm is not None:
-                    if more:
-                        self.warm.start()  # the next attempt's standbys
-                    self.warm.watch(supervisor, running)
-                _on_started(stacks, self.node is not None)
-
-            try:
-                result = supervisor.run(on_started=started)
-            except (NumarunError, Interrupted):
-                raise  # a worker could not start (one line), or a signal came before any did
-            except BaseException:
-                self.started = True
-                raise
-            finally:
-                close_sinks(specs)  # closed already when the run ended; not when start failed
-                if self.node is not None:
-                    self.node.unwatch()
-                if self.warm is not None:
-                    if running is not None:
-                        self.warm.release(running)
-                    self.warm.unwatch()
-            self.started = True
+            result = self._supervise(supervisor, specs, stacks, running, more)
         finally:
             if taken is not None and self.warm is not None:
                 self.warm.discard(taken)  # taken, never run (a signal, say): torn down
-            if stacks is not None:
-                stacks.close()  # what the summary needs stays in memory
-            for line_filter in duplicates:
-                if line_filter is not None:
-                    line_filter.close()
+            _close_attempt_files(stacks, duplicates)
         attempt = _Attempt(name, directory.path, result, lost_logs(specs), stacks)
         if self.last is not None and self.last.line:
             self.earlier.add(self.last.line)
@@ -470,6 +352,117 @@ class Job:
         for line in attempt.lost:
             self.lost.add(line)
         return attempt
+
+    def _worker_specs(
+        self, group: Round | None, port: int, directory: Directory, restart_count: int
+    ) -> tuple[list[WorkerSpec], JobStacks | None, tuple]:
+        """The attempt's specs (their output files open), its stacks and its line filters;
+        ``directory`` closed. On an error nothing stays open: :class:`UsageError` for a file
+        that cannot be set up (out of fds, an unwritable log file)."""
+        from numarun.process.spec import WorkerSpec
+
+        config, plan, base = self.config, self.plan, self.base
+        duplicates: tuple = (None, None)
+        stacks = None
+        specs: list[WorkerSpec] = []
+        try:
+            duplicates = line_filters(config, directory)
+            envs = rank_envs(config, plan, base, directory.path, port, group, restart_count)
+            # This attempt's ranks (under a torch rendezvous they come from the round).
+            ranks = [(local_rank, int(env["RANK"])) for local_rank, env in enumerate(envs)]
+            stacks = _job_stacks(config, ranks, self.node)
+            for local_rank, env in enumerate(envs):
+                binding = rank_binding(plan, local_rank)
+                if stacks is not None:
+                    env.update(stacks.worker_env(local_rank))
+                rank = int(env["RANK"])
+                stdout, stderr = worker_sinks(
+                    config, self.outputs, local_rank, directory, base, duplicates, rank=rank
+                )
+                if stacks is not None:
+                    stacks.count_output((stdout, stderr))
+                # Without log files the rank's directory (its error file's) is made by its own
+                # process as it starts: none for a rank never started.
+                made = has_log_files(self.outputs, local_rank)
+                specs.append(WorkerSpec(
+                    local_rank=local_rank, rank=rank, env=env,
+                    argv=worker_argv(config, self.binary_path, local_rank),
+                    cpus=binding.cpus if binding is not None else None,
+                    mem=self.mem_policies[local_rank], stdout=stdout, stderr=stderr,
+                    make_dir=None if made else os.path.join(directory.path, str(local_rank)),
+                ))  # fmt: skip
+        except BaseException as error:  # nothing started
+            close_sinks(specs)
+            _close_attempt_files(stacks, duplicates)
+            if isinstance(error, OSError):
+                raise setup_error(error, config) from None
+            raise
+        finally:
+            directory.close()  # the files are open: nothing more is made in it here
+        return specs, stacks, duplicates
+
+    def _supervisor(
+        self,
+        specs: list[WorkerSpec],
+        stacks: JobStacks | None,
+        taken: Standbys | None,
+        restart_count: int,
+    ) -> Supervisor:
+        """The attempt's supervisor (the standbys' when ``taken``), watched by this node's
+        rendezvous and its stacks."""
+        from numarun.process.supervisor import Supervisor
+
+        on_failure = self._on_failure_callbacks(stacks, restart_count)
+        on_exit = stacks.on_exit if stacks is not None else None
+        if taken is not None:
+            supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
+        else:
+            supervisor = Supervisor(
+                specs, on_failure=on_failure, on_exit=on_exit, **self._supervisor_options()
+            )
+        if self.node is not None:
+            self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
+        if stacks is not None:
+            stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
+        return supervisor
+
+    def _supervise(
+        self,
+        supervisor: Supervisor,
+        specs: list[WorkerSpec],
+        stacks: JobStacks | None,
+        running: Standbys | None,
+        more: bool,
+    ) -> RunResult:
+        """Run the attempt's workers to their end (``more``: another attempt may follow, so
+        the next standbys start as this one's workers do)."""
+
+        def started() -> None:
+            if running is not None:
+                running.hand_over(specs)  # the workers run from here
+            if self.warm is not None:
+                if more:
+                    self.warm.start()  # the next attempt's standbys
+                self.warm.watch(supervisor, running)
+            _on_started(stacks, self.node is not None)
+
+        try:
+            result = supervisor.run(on_started=started)
+        except (NumarunError, Interrupted):
+            raise  # a worker could not start (one line), or a signal came before any did
+        except BaseException:
+            self.started = True
+            raise
+        finally:
+            close_sinks(specs)  # closed already when the run ended; not when start failed
+            if self.node is not None:
+                self.node.unwatch()
+            if self.warm is not None:
+                if running is not None:
+                    self.warm.release(running)
+                self.warm.unwatch()
+        self.started = True
+        return result
 
     def _supervisor_options(self) -> dict:
         """What every supervisor of this job is made with, cold or standby."""
@@ -483,7 +476,7 @@ class Job:
             # background job (started with SIGINT and SIGQUIT ignored) still stops on kill -INT.
             "relay_signal": True,
             "keep_ignored": (signal.SIGHUP,),
-            "remove_if_killed": self.remove_if_killed,
+            "remove_if_killed": self.dirs.remove_if_killed(),
         }
 
     def _start_warm(self) -> None:
@@ -504,18 +497,26 @@ class Job:
         )
         self.warm.start()
 
-    def _say_start(self, name: str, group: Round | None, warm: bool) -> None:
-        """The start line for the first attempt (what ``--preload`` did in it); for a later
-        one that runs cold although standbys waited, one line saying why."""
+    def _say_start(self, name: str, group: Round | None, port: int, warm: bool) -> None:
+        """The start line for the first attempt (:mod:`numarun.launch.startline`; what
+        ``--preload`` did in it); for a later one that runs cold although standbys waited,
+        one line saying why."""
+        config = self.config
         note = None
         if self.warm is not None:
-            modules = ", ".join(self.config.preload)
+            modules = ", ".join(config.preload)
             reason = self.warm.note or self.warm.off
             note = f"preload: {modules} ({'on standbys' if warm else f'cold: {reason}'})"
-        if self.announce is not None:
-            self.announce(group, note)
-            self.announce = None
-        elif self.warm is not None and self.warm.note is not None and not self.config.quiet:
+        if not self.said_start:
+            self.said_start = True
+            if config.quiet:
+                return
+            from numarun.launch.startline import start_lines
+
+            logs = self.dirs.logs_note()
+            sys.stderr.write(start_lines(config, self.plan, port, logs, group, note))
+            sys.stderr.flush()
+        elif self.warm is not None and self.warm.note is not None and not config.quiet:
             sys.stderr.write(f"numarun: {name}: cold start: {self.warm.note}\n")
 
     def _on_failure_callbacks(
@@ -546,11 +547,11 @@ class Job:
 
     def _describe_failure(self, attempt: _Attempt) -> None:
         """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
-        from numarun.launch import failures
+        from numarun.launch import summary as end_summary
 
         reports = rank_reports(attempt.result, attempt.directory, self.outputs)
         stopped = attempt.result.stop_reason
-        attempt.line = failures.attempt_line(attempt.name, reports, stopped_by=stopped)
+        attempt.line = end_summary.attempt_line(attempt.name, reports, stopped_by=stopped)
 
     def report(self, last: _Attempt) -> int:
         """The end of the job: the failure summary of the last attempt (naming every earlier
@@ -566,7 +567,7 @@ class Job:
                 last.result,
                 last.directory,
                 self.outputs,
-                self.shown_log_dir,
+                self.dirs.shown_log_dir(),
                 lost,
                 earlier=earlier,
                 stacks=last.stacks,
@@ -575,12 +576,12 @@ class Job:
             sys.stderr.flush()
             return code
         if earlier or lost:
-            from numarun.launch import failures
+            from numarun.launch import summary as end_summary
 
             if earlier and not self.config.quiet:
-                sys.stderr.write(failures.format_attempts(earlier) + "\n")
+                sys.stderr.write(end_summary.format_attempts(earlier) + "\n")
             if lost:
-                sys.stderr.write(failures.format_lost_logs(lost) + "\n")
+                sys.stderr.write(end_summary.format_lost_logs(lost) + "\n")
         return code
 
 
@@ -591,7 +592,7 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
     stacks = attempt.stacks
     if getattr(stacks, "at_notice", None) is None or node is None or node.round is None:
         return ""
-    from numarun.launch.failures import format_job_view
+    from numarun.launch.summary import format_job_view
 
     view = stacks.notice_view(node.round.group_rank, node.host)  # type: ignore[attr-defined]
     if view is None or not view.classes:
@@ -646,6 +647,15 @@ def _job_stacks(
         return None
 
 
+def _close_attempt_files(stacks: JobStacks | None, duplicates: tuple) -> None:
+    """An attempt's stacks (what the summary needs stays in memory) and line filters."""
+    if stacks is not None:
+        stacks.close()
+    for line_filter in duplicates:
+        if line_filter is not None:
+            line_filter.close()
+
+
 def _on_started(stacks: JobStacks | None, elastic: bool) -> None:
     if stacks is not None:
         try:
@@ -666,7 +676,7 @@ def _import_failure_path(elastic: bool) -> None:
     docstring)."""
     import json  # noqa: F401  (read_error_file)
 
-    import numarun.launch.failures  # with launch.errorfile and stacks.parse
+    import numarun.launch.summary  # with launch.errorfile and stacks.parse
 
     if elastic:
         import numarun.stacks.remote  # noqa: F401  (ElasticNode.on_worker_failure's post)

@@ -1,11 +1,11 @@
-"""Rendezvous facts: which node this is, how many there are, and where rank 0 listens.
+"""Node facts from a job scheduler's environment (Slurm, Open MPI): this node's rank, the node
+count, the master address; and Slurm's compressed host lists.
 
 The static rendezvous (numarun's default, torch-free): every node is told (by flags, or by the
 job scheduler's environment) its node rank, the node count and the master address; the workers
-then meet through ``env://`` with global rank 0 hosting the ``TCPStore``. :class:`Round` is what a
-round of a PyTorch rendezvous (c10d, etcd) gives a node's workers, built by
-:mod:`numarun.launch.elastic`. This module only reads environments and strings; it starts and opens
-nothing.
+then meet through ``env://`` with global rank 0 hosting the ``TCPStore``. Imported only under a
+scheduler (:mod:`numarun.launch.nodes`). This module only reads environments and strings; it
+starts and opens nothing.
 """
 
 from __future__ import annotations
@@ -217,33 +217,3 @@ def _env_int(
     if value < low:
         raise UsageError(f"{name}={value} in the environment must be >= {low}")
     return value
-
-
-# --- what a rendezvous round gives this node's workers -------------------------------------------
-
-
-# NamedTuples, not dataclasses: this module is on every launch's start-up path, and a
-# dataclass costs ten times as much to define.
-class WorkerPlace(NamedTuple):
-    """One local worker's ranks in a round, as torch's ``_assign_worker_ranks`` gives them."""
-
-    rank: int
-    role_rank: int
-    world_size: int
-    role_world_size: int
-
-
-class Round(NamedTuple):
-    """One round of the rendezvous, as this node's workers see it: the node's ``group_rank``
-    among ``group_world_size`` nodes, where the workers' store listens (``master_addr``,
-    ``master_port``), each local rank's :class:`WorkerPlace` (index = local rank), and
-    ``use_agent_store``: whether that store is the launcher's own (torch's rendezvous shares
-    its TCPStore with the workers)."""
-
-    group_rank: int
-    group_world_size: int
-    master_addr: str
-    master_port: int
-    workers: tuple[WorkerPlace, ...]
-    use_agent_store: bool = False
-

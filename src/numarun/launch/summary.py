@@ -11,7 +11,7 @@ the first one failed ("Other ranks when rank N failed:", grouped by identical st
 ``--hang-timeout``, a hang block naming the ranks whose stacks differ from the rest.
 
 The launcher imports this module in its main thread before any failure is acted on
-(:mod:`numarun.launch.job`), so it stays cheap to import: no
+(:mod:`numarun.launch.attempts`), so it stays cheap to import: no
 :mod:`dataclasses`, :mod:`pathlib` or :mod:`typing`.
 """
 
