@@ -32,19 +32,30 @@ _MAX_ERROR_FILE_BYTES = 16 * 1024 * 1024
 class WorkerError:
     """What a worker's error file says: the one-line message, its traceback, when (epoch s).
 
-    ``traceback`` and ``timestamp`` are None when the file does not carry them. Immutable;
-    equal when its three fields are (a frozen dataclass's semantics, written out).
+    ``traceback`` and ``timestamp`` are None when the file does not carry them. ``raised_at``:
+    the exact time (epoch s, a float) the exception reached the top of the worker, which only
+    numarun's own error files carry (``extraInfo.numarun_raised_at``; torch's ``@record`` writes
+    whole seconds only), else None. Immutable; equal when its four fields are (a frozen
+    dataclass's semantics, written out).
     """
 
-    __slots__ = ("message", "timestamp", "traceback")
+    __slots__ = ("message", "raised_at", "timestamp", "traceback")
     message: str
     traceback: str | None
     timestamp: int | None
+    raised_at: float | None
 
-    def __init__(self, message: str, traceback: str | None, timestamp: int | None) -> None:
+    def __init__(
+        self,
+        message: str,
+        traceback: str | None,
+        timestamp: int | None,
+        raised_at: float | None = None,
+    ) -> None:
         object.__setattr__(self, "message", message)
         object.__setattr__(self, "traceback", traceback)
         object.__setattr__(self, "timestamp", timestamp)
+        object.__setattr__(self, "raised_at", raised_at)
 
     def __setattr__(self, name: str, value: object) -> None:
         raise AttributeError(f"WorkerError is immutable: cannot assign {name!r}")
@@ -52,8 +63,8 @@ class WorkerError:
     def __delattr__(self, name: str) -> None:
         raise AttributeError(f"WorkerError is immutable: cannot delete {name!r}")
 
-    def _values(self) -> tuple[str, str | None, int | None]:
-        return (self.message, self.traceback, self.timestamp)
+    def _values(self) -> tuple[str, str | None, int | None, float | None]:
+        return (self.message, self.traceback, self.timestamp, self.raised_at)
 
     def __eq__(self, other: object) -> bool:
         if other.__class__ is WorkerError:
@@ -64,7 +75,9 @@ class WorkerError:
         return hash(self._values())
 
     def __repr__(self) -> str:
-        return "WorkerError(message={!r}, traceback={!r}, timestamp={!r})".format(*self._values())
+        return (
+            "WorkerError(message={!r}, traceback={!r}, timestamp={!r}, raised_at={!r})"
+        ).format(*self._values())
 
     def __reduce__(self) -> tuple:
         return (WorkerError, self._values())
@@ -117,6 +130,7 @@ def _error_from_json(data: dict[str, Any]) -> WorkerError | None:
         message=text if isinstance(text, str) else ("" if text is None else str(text)),
         traceback=callstack if isinstance(callstack, str) and callstack else None,
         timestamp=_whole_seconds(timestamp),
+        raised_at=_exact_time(_dict_get(extra, "numarun_raised_at")),
     )
 
 
@@ -139,13 +153,26 @@ def _whole_seconds(value: object) -> int | None:
     return None
 
 
+def _exact_time(value: object) -> float | None:
+    if isinstance(value, str):
+        try:
+            value = float(value.strip())
+        except ValueError:
+            return None
+    if isinstance(value, float) and math.isfinite(value) and value > 0:
+        return value
+    return None
+
+
 def write_error_file(
     path: str | os.PathLike[str], exc: BaseException, *, now: float | None = None
 ) -> None:
     """Write ``exc`` to ``path`` exactly as torchrun's ``@record`` does.
 
     ``{"message": {"message": "<Type>: <str(exc)>", "extraInfo": {"py_callstack":
-    "<formatted traceback>", "timestamp": "<int seconds>"}}}``; the traceback is
+    "<formatted traceback>", "timestamp": "<int seconds>", "numarun_raised_at": "<seconds,
+    6 decimals>"}}}`` (torchrun's readers ignore the last key; numarun's root cause uses it,
+    :func:`numarun.launch.summary.root_cause`); the traceback is
     ``exc``'s own (chained exceptions included), so this may be called outside the ``except``
     block. ``now`` (default ``time.time()``) sets the timestamp. The file is written to a new
     temporary file in the same directory, created with a random name, ``O_EXCL`` and
@@ -158,12 +185,14 @@ def write_error_file(
     import traceback
 
     callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    when = time.time() if now is None else now
     data = {
         "message": {
             "message": f"{type(exc).__name__}: {exc}",
             "extraInfo": {
                 "py_callstack": callstack,
-                "timestamp": str(int(time.time() if now is None else now)),
+                "timestamp": str(int(when)),
+                "numarun_raised_at": f"{when:.6f}",
             },
         }
     }

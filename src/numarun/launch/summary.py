@@ -131,16 +131,56 @@ def rank_report(
 
 
 def root_cause(reports: Iterable[RankReport]) -> RankReport | None:
-    """The failure that came first, by torchrun's rule (see the module docstring).
+    """The failure that came first, by torchrun's rule (see the module docstring), with one
+    refinement torchrun cannot make.
 
     Only ``state == "failed"`` workers count. Ordering key: the failure second (error-file
     timestamp, else ``floor(ended_at)``), then ``ended_at``, then global rank; an unknown time
     sorts last. None when no worker failed on its own.
+
+    The refinement: a worker numarun stopped (``"terminated"``) whose own error file says it
+    raised (``WorkerError.raised_at``, numarun's exact time) before the failure chosen above
+    raised -- or, without that time, before its death was observed -- failed first. A rank
+    whose uncaught exception closed its connections as its interpreter exited makes its peers
+    fail at once (gloo's "Connection closed by peer", NCCL's abort), and under load they can be
+    reaped before the rank that raised; it is then stopped mid-exit, and the first death seen is
+    not the cause. Of several such workers, the one that raised first.
     """
+    reports = list(reports)
     failed = [report for report in reports if report.state == "failed"]
     if not failed:
         return None
-    return min(failed, key=_failure_key)
+    first = min(failed, key=_failure_key)
+    if first.error is not None and first.error.raised_at is not None:
+        limit = first.error.raised_at
+    elif first.ended_at is not None:
+        limit = first.ended_at
+    else:
+        return first
+    earlier = [
+        report
+        for report in reports
+        if report.state == "terminated"
+        and report.error is not None
+        and report.error.raised_at is not None
+        and report.error.raised_at < limit
+    ]
+    if not earlier:
+        return first
+    return min(earlier, key=lambda report: (report.error.raised_at, report.rank))  # type: ignore[union-attr]
+
+
+def raised_first(report: RankReport) -> bool:
+    """Whether ``report``, a root cause, is a worker numarun stopped while it exited after
+    raising (:func:`root_cause`'s refinement), not one that failed on its own."""
+    return report.state == "terminated"
+
+
+def _cause_verb(cause: RankReport) -> str:
+    how = describe_exit(cause.exit_code, cause.signal_name)
+    if raised_first(cause):
+        return f"raised first (stopped by numarun while it exited: {how})"
+    return f"failed with {how}"
 
 
 def _failure_key(report: RankReport) -> tuple[float, float, int]:
@@ -263,10 +303,7 @@ def attempt_line(name: str, reports: Sequence[RankReport], *, stopped_by: str | 
             return _printable(f"{name}: stopped by numarun: {stopped_by}")
         return f"{_printable(name)}: no worker failed on its own"
     pid = "" if cause.pid is None else f", pid {cause.pid}"
-    line = (
-        f"{name}: rank {cause.rank} (local_rank {cause.local_rank}{pid}) failed with "
-        f"{describe_exit(cause.exit_code, cause.signal_name)}"
-    )
+    line = f"{name}: rank {cause.rank} (local_rank {cause.local_rank}{pid}) {_cause_verb(cause)}"
     if cause.error is not None and cause.error.message:
         message = _first_line(cause.error.message)
         line = f"{_printable(line)}: {message[:197] + '...' if len(message) > 200 else message}"
@@ -301,8 +338,7 @@ def _state_counts(reports: Sequence[RankReport]) -> str:
 def _cause_block(cause: RankReport) -> list[str]:
     pid = "" if cause.pid is None else f", pid {cause.pid}"
     lines = [
-        f"Root cause: rank {cause.rank} (local_rank {cause.local_rank}{pid}) "
-        f"failed with {describe_exit(cause.exit_code, cause.signal_name)}",
+        f"Root cause: rank {cause.rank} (local_rank {cause.local_rank}{pid}) {_cause_verb(cause)}",
     ]
     when = _failure_time(cause)
     if when is not None:
@@ -326,6 +362,8 @@ def _cause_block(cause: RankReport) -> list[str]:
 
 
 def _failure_time(report: RankReport) -> float | None:
+    if report.error is not None and report.error.raised_at is not None:
+        return report.error.raised_at
     if report.error is not None and report.error.timestamp is not None:
         return float(report.error.timestamp)
     return report.ended_at
