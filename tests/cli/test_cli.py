@@ -192,7 +192,7 @@ def test_help_lists_every_subcommand_and_help_and_version_work() -> None:
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1
 
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 @pytest.mark.parametrize(

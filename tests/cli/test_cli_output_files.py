@@ -18,7 +18,7 @@ import pytest
 from sysfs_fixtures import dgx_h100, write_sysfs
 
 OTHER_UID = 65534
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="a link of another user needs root (lchown)"

@@ -1,6 +1,6 @@
 """Real torch.distributed (gloo) jobs started by ``numarun``, as a user would start them.
 
-Each test launches ``python -m numarun ... ln_allreduce.py`` and checks the collective's
+Each test launches ``python -m numarun ... gloo_allreduce.py`` and checks the collective's
 result on every rank, where each rank ran, and that nothing is left behind.
 """
 
@@ -19,8 +19,8 @@ from numarun.placement.workerenv import free_port
 
 pytest.importorskip("torch")
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-ALLREDUCE = str(WORKERS / "ln_allreduce.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+ALLREDUCE = str(PROGRAMS / "gloo_allreduce.py")
 
 
 def _env() -> dict[str, str]:

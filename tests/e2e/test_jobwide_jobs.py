@@ -2,9 +2,10 @@
 rendezvous store; the store off the supervisor's loop; torch's private names.
 
 Each "node" is one launcher on this machine with its own ``NUMARUN_RUNTIME_DIR`` (as two hosts
-have); the nodes meet in a c10d rendezvous on 127.0.0.1. Workers: ``tests/workers/jw_gloo.py``,
-``st_gloo.py``, ``ln_elastic.py``. Every test ends what it started and checks that nothing of its
-job is left (each job has its own ``--rdzv-id``, carried by every worker).
+have); the nodes meet in a c10d rendezvous on 127.0.0.1. Workers:
+``tests/programs/gloo_multinode.py``, ``gloo_stuck_rank.py``, ``rdzv_restart_modes.py``. Every test
+ends what it started and checks that nothing of its job is left (each job has its own
+``--rdzv-id``, carried by every worker).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ from torch_python import TORCH_PYTHON, require_torch, torch_release
 
 TORCH_VERSION = require_torch()
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-JW = str(WORKERS / "jw_gloo.py")
-ST = str(WORKERS / "st_gloo.py")
-ELASTIC = str(WORKERS / "ln_elastic.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+JW = str(PROGRAMS / "gloo_multinode.py")
+ST = str(PROGRAMS / "gloo_stuck_rank.py")
+ELASTIC = str(PROGRAMS / "rdzv_restart_modes.py")
 NUMARUN = [TORCH_PYTHON, "-m", "numarun"]
 TORCHRUN = [TORCH_PYTHON, "-m", "torch.distributed.run"]
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 LIMIT = 120.0
 TORCH_RELEASE = torch_release(TORCH_VERSION)
 # torch 2.4's TCPStore client gives up when a signal interrupts its connect (retried from 2.5 on,
@@ -585,7 +586,7 @@ def test_a_class_posts_its_frames_bounded_only_stacks_and_reads_back_checked() -
 
 # --- at scale: the uneven-data hang, four nodes, what the store holds is untrusted ---------------
 
-UNEVEN = str(WORKERS / "jw_uneven.py")
+UNEVEN = str(PROGRAMS / "uneven_data_hang.py")
 
 
 def test_the_uneven_data_hang_is_declared_on_every_node_naming_the_culprit(job: Job) -> None:

@@ -18,7 +18,7 @@ from numarun.launch.logdir import host_label
 from numarun.placement.workerenv import free_port
 from torch_python import TORCH_PYTHON, torch_version
 
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 LIMIT = 120.0
 HOST = host_label()
 

@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROGRAM = Path(__file__).resolve().parent / "workers" / "sp_ddp_program.py"
+PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "ddp_spawn_program.py"
 
 
 def run_program(who: str, method: str, out: Path) -> dict:
@@ -48,7 +48,7 @@ def test_a_ddp_program_trains_the_same_with_numarun_swapped_in(tmp_path: Path) -
 def test_the_readmes_dist_env_example_runs_as_written(tmp_path: Path) -> None:
     """Issue 16.6: the distributed variables are opt-in; the README's example of the opt-in
     (gloo over env://) runs as written and prints what its comment says."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     blocks = [block.split("\n", 1)[1].split("```")[0] for block in readme.split("```python")[1:]]
     example = next(block for block in blocks if "dist_env=True" in block)
     script = tmp_path / "example.py"

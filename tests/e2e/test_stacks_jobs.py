@@ -24,8 +24,8 @@ import pytest
 
 from numarun.stacks import channel as jobs
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-GLOO = str(WORKERS / "st_gloo.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+GLOO = str(PROGRAMS / "gloo_stuck_rank.py")
 NOBODY = 65534
 
 

@@ -2,8 +2,8 @@
 
 Each "node" is one launcher process (``python -m numarun`` or ``python -m torch.distributed.run``)
 on this machine; the nodes meet in a c10d rendezvous on 127.0.0.1. The worker is
-``tests/workers/ln_elastic.py``. Every test ends the processes it started in ``finally`` and
-checks that none is left (each job has its own ``--rdzv-id``, carried by every worker as
+``tests/programs/rdzv_restart_modes.py``. Every test ends the processes it started in ``finally``
+and checks that none is left (each job has its own ``--rdzv-id``, carried by every worker as
 TORCHELASTIC_RUN_ID).
 """
 
@@ -33,9 +33,9 @@ from torch_python import TORCH_PYTHON, require_torch, torch_release
 TORCH_VERSION = require_torch()
 TORCH_RELEASE = torch_release(TORCH_VERSION)
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-ELASTIC = str(WORKERS / "ln_elastic.py")
-INTERRUPT = str(WORKERS / "ln_interrupt.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+ELASTIC = str(PROGRAMS / "rdzv_restart_modes.py")
+INTERRUPT = str(PROGRAMS / "first_signal_record.py")
 NUMARUN = [TORCH_PYTHON, "-m", "numarun"]
 TORCHRUN = [TORCH_PYTHON, "-m", "torch.distributed.run"]
 LIMIT = 120.0  # generous: turns a hang into a failure on a shared, slow machine
@@ -48,7 +48,7 @@ def _env(**extra: str) -> dict[str, str]:
         if not key.startswith(("PET_", "SLURM_", "OMPI_", "TORCHELASTIC_", "TORCH_"))
         and key not in ("MASTER_ADDR", "MASTER_PORT", "PYTHON_EXEC", "OMP_NUM_THREADS")
     }
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env.update(extra)

@@ -28,9 +28,9 @@ from numarun.launch import options as launch_options
 from numarun.launch.workers import rank_env, substitute_local_rank, worker_argv
 from numarun.placement.workerenv import free_port
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-FLAGS_WORKER = str(WORKERS / "ln_flags.py")
-ALLREDUCE = str(WORKERS / "ln_allreduce.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+FLAGS_WORKER = str(PROGRAMS / "torchrun_flags_report.py")
+ALLREDUCE = str(PROGRAMS / "gloo_allreduce.py")
 CLEAN_ENV: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath)}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 NUMARUN = [sys.executable, "-m", "numarun"]
@@ -43,7 +43,7 @@ def parse(*argv: str, **environ: str) -> launch_config.LaunchConfig:
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("PET_")}
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env.update(extra)
     return env

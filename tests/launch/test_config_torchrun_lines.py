@@ -19,7 +19,7 @@ import pytest
 
 from numarun.launch.config import parse_args
 
-CORPUS = Path(__file__).resolve().parent / "data" / "torchrun_command_lines.txt"
+CORPUS = Path(__file__).resolve().parents[1] / "data" / "torchrun_command_lines.txt"
 LINES = [
     line.strip()
     for line in CORPUS.read_text().splitlines()

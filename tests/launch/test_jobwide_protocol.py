@@ -23,7 +23,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import jobwide_standins as js  # noqa: E402
 from numarun.launch import jobwide, storewatch, torchcompat  # noqa: E402
 from numarun.launch.storeops import Conn, Forged  # noqa: E402

@@ -1,7 +1,7 @@
 """The ``numarun`` launcher: torchrun's flags, worker environment, node facts, exit codes.
 
 Pure parts (``parse_args``, ``rank_env``, ``exit_code_for``, node-list expansion) are tested
-directly; the rest through ``python -m numarun`` with tiny workers from ``tests/workers/``.
+directly; the rest through ``python -m numarun`` with tiny workers from ``tests/programs/``.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from numarun.launch.rendezvous import expand_nodelist, node_facts_from_env
 from numarun.launch.report import exit_code_for
 from numarun.launch.workers import rank_env, worker_argv
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-REPORT = str(WORKERS / "ln_report.py")
-EXIT = str(WORKERS / "ln_exit.py")
-WAIT = str(WORKERS / "ln_wait.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+REPORT = str(PROGRAMS / "rank_report.py")
+EXIT = str(PROGRAMS / "rank_exit.py")
+WAIT = str(PROGRAMS / "signal_forward_wait.py")
 CLEAN_ENV: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath)}
 
 
@@ -565,7 +565,7 @@ def launch(
 
 
 def reports(stdout: str) -> dict[int, dict]:
-    """The ln_report.py lines of a run, by global rank (prefixed tee lines included)."""
+    """The rank_report.py lines of a run, by global rank (prefixed tee lines included)."""
     found = {}
     for line in stdout.splitlines():
         start = line.find("{")
@@ -617,7 +617,7 @@ def test_user_omp_num_threads_is_kept(tmp_path: Path) -> None:
 
 
 def test_module_and_binary_entry_points(tmp_path: Path) -> None:
-    done = launch("--nproc-per-node", "2", "-m", "ln_report", "x", cwd=WORKERS)
+    done = launch("--nproc-per-node", "2", "-m", "rank_report", "x", cwd=PROGRAMS)
     assert done.returncode == 0, done.stderr
     assert sorted(reports(done.stdout)) == [0, 1]
     assert reports(done.stdout)[1]["argv"] == ["x"]
@@ -729,7 +729,7 @@ def test_raising_worker_summary_has_rank_and_traceback(tmp_path: Path) -> None:
     summary = _last_block(done.stderr)
     assert "rank 1" in summary
     assert "RuntimeError: boom-from-rank-one" in summary
-    assert "Traceback" in summary and "ln_exit.py" in summary
+    assert "Traceback" in summary and "rank_exit.py" in summary
 
 
 @pytest.mark.parametrize(
@@ -902,7 +902,8 @@ def test_tee_through_the_launcher_loses_nothing(tmp_path: Path) -> None:
     with console.open("wb") as out:
         job = subprocess.run(
             [sys.executable, "-m", "numarun", "--nproc-per-node", "4", "--tee", "3",
-             "--log-dir", str(tmp_path / "logs"), str(WORKERS / "ln_lines.py"), str(per_rank)],
+             "--log-dir", str(tmp_path / "logs"), str(PROGRAMS / "half_line_writer.py"),
+             str(per_rank)],
             stdout=out, stderr=subprocess.PIPE, env=_child_env(), timeout=300,
         )  # fmt: skip
     assert job.returncode == 0, job.stderr

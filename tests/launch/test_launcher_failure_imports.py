@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-HARNESS = str(WORKERS / "fp_imports.py")
-RANK = str(WORKERS / "fp_rank.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+HARNESS = str(PROGRAMS / "cli_imports_watched.py")
+RANK = str(PROGRAMS / "rank_fails_on_go.py")
 TIMEOUT = 240  # generous: the suite runs at load averages of 10-30
 
 
@@ -40,7 +40,7 @@ def _env() -> dict[str, str]:
 def _launch(
     tmp_path: Path, name: str, hold: str, flags: list[str], mode: str, *, go_now: bool
 ) -> tuple[subprocess.CompletedProcess[str], list[tuple[str, str]]]:
-    """Run the launcher under fp_imports.py; (its result, the imports it made as (thread,
+    """Run the launcher under cli_imports_watched.py; (its result, the imports it made as (thread,
     module))."""
     log, go = tmp_path / f"{name}.log", tmp_path / f"{name}.go"
     if go_now:
@@ -56,7 +56,7 @@ def _launch(
 
 def _numarun_traceback(stderr: str) -> list[str]:
     """Lines of stderr that show numarun's own code failing (the workers' tracebacks name
-    fp_rank.py only)."""
+    rank_fails_on_go.py only)."""
     return [
         line
         for line in stderr.splitlines()
@@ -178,7 +178,7 @@ def test_looking_at_a_failed_spawn_worker_leaves_the_others_running_as_torch_doe
         folder = tmp_path / library
         folder.mkdir()
         done = subprocess.run(
-            [sys.executable, str(WORKERS / "fp_poll.py"), library, method, str(folder)],
+            [sys.executable, str(PROGRAMS / "failed_worker_poll.py"), library, method, str(folder)],
             capture_output=True, text=True, timeout=TIMEOUT, env=_env(), cwd=tmp_path,
         )  # fmt: skip
         assert done.returncode == 0, done.stderr

@@ -29,7 +29,7 @@ needs_root = pytest.mark.skipif(
 
 def launcher_env(**extra: str) -> dict[str, str]:
     env = dict(ENV)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PET_NPROC_PER_NODE", None)
     env.update(extra)

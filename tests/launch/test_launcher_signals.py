@@ -1,7 +1,7 @@
 """Signals to the launcher, side by side with torchrun: what the workers receive first, the
 exit status, the summary, and nothing left behind.
 
-Each test runs a real 2-worker job (``tests/workers/ln_interrupt.py``) under ``python -m
+Each test runs a real 2-worker job (``tests/programs/first_signal_record.py``) under ``python -m
 numarun`` and, where torchrun's behaviour is the claim, the same job under ``python -m
 torch.distributed.run``.
 """
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-INTERRUPT = str(WORKERS / "ln_interrupt.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+INTERRUPT = str(PROGRAMS / "first_signal_record.py")
 LAUNCHERS = {
     "numarun": [sys.executable, "-m", "numarun"],
     "torchrun": [sys.executable, "-m", "torch.distributed.run"],
@@ -29,7 +29,7 @@ START_LIMIT = 120.0  # torchrun imports torch before any worker starts; the mach
 
 def _env() -> dict[str, str]:
     env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PET_NPROC_PER_NODE", None)
     return env
@@ -139,7 +139,7 @@ def test_sigterm_and_sigquit_reach_the_workers_first_and_the_summary_names_them(
 
 def test_signals_to_handle_sigusr1_stops_the_job_with_sigusr1_first(tmp_path: Path) -> None:
     # torchrun's meaning: a listed signal is sent to the workers, SIGKILL after the timeout.
-    # ln_interrupt.py does not handle SIGUSR1, so its default action ends the workers.
+    # first_signal_record.py does not handle SIGUSR1, so its default action ends the workers.
     for launcher in LAUNCHERS:
         out = tmp_path / launcher
         out.mkdir()

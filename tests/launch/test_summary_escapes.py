@@ -10,7 +10,7 @@ from pathlib import Path
 from numarun.launch.errorfile import WorkerError
 from numarun.launch.failures import RankReport, format_summary
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 # Retitle the window, clear the screen, hide text, a C1 CSI, a bidi override, a bell.
 HOSTILE = "boom\x1b]0;pwned\x07\x1b[2J\x1b[8mhidden\x9b31m\u202eevil\r\x00end"
 RAW = ("\x1b", "\x07", "\x9b", "\u202e", "\x00", "\r")
@@ -59,7 +59,7 @@ def test_launcher_summary_never_prints_a_workers_escape_sequence(tmp_path: Path)
             "numarun",
             "--nproc-per-node",
             "2",
-            str(WORKERS / "ln_exit.py"),
+            str(PROGRAMS / "rank_exit.py"),
             "1",
             "raise",
             HOSTILE.replace("\x00", ""),  # argv cannot hold NUL

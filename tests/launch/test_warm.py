@@ -7,8 +7,8 @@ times runs on standbys, and no standby is started that is not used; a module tha
 imported, and an import that initialised CUDA, are one warning line and the job runs cold; a
 re-formed group whose local world size changed starts cold and says so; nothing is left after
 success, failure, SIGTERM while standbys wait (next to running workers, and before any worker,
-in a rendezvous) and a launcher killed by SIGKILL. Most tests preload ``tests/workers/
-wm_light.py`` (it records which process imported it); one preloads torch.
+in a rendezvous) and a launcher killed by SIGKILL. Most tests preload ``tests/programs/
+light_preload_module.py`` (it records which process imported it); one preloads torch.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from numarun.launch.config import parse_args
 from numarun.placement.workerenv import free_port
 from numarun.process.standby import LateSink
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-VIEW = str(WORKERS / "wm_view.py")
-SRC = str(Path(__file__).resolve().parents[1] / "src")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+VIEW = str(PROGRAMS / "worker_view.py")
+SRC = str(Path(__file__).resolve().parents[2] / "src")
 NUMARUN = [sys.executable, "-m", "numarun"]
 LIMIT = 120.0  # generous: a shared machine at load 30 starts interpreters slowly
 
@@ -46,7 +46,7 @@ def _env(**extra: str) -> dict[str, str]:
         if not key.startswith(("PET_", "TORCHELASTIC_", "NUMARUN_", "SLURM_", "OMPI_"))
         and key not in ("MASTER_ADDR", "MASTER_PORT", "PYTHON_EXEC", "OMP_NUM_THREADS")
     }
-    env["PYTHONPATH"] = os.pathsep.join([str(WORKERS), SRC])
+    env["PYTHONPATH"] = os.pathsep.join([str(PROGRAMS), SRC])
     env.update(extra)
     return env
 
@@ -99,10 +99,13 @@ def test_preload_with_no_python_is_refused_in_one_line() -> None:
 
 
 def test_the_dry_run_says_what_preload_does_and_starts_nothing(tmp_path: Path) -> None:
-    done = _run("--nproc-per-node", "2", "--preload", "wm_light", "--dry-run", VIEW, str(tmp_path))
+    done = _run(
+        "--nproc-per-node", "2", "--preload", "light_preload_module", "--dry-run", VIEW,
+        str(tmp_path),
+    )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0].startswith(
-        "preload: wm_light: one standby per local rank, started as its worker below"
+        "preload: light_preload_module: one standby per local rank, started as its worker below"
     )
     assert "(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)" in done.stdout.splitlines()[0]
     assert list(tmp_path.iterdir()) == []
@@ -242,7 +245,7 @@ def test_a_warm_workers_view_equals_a_cold_workers(tmp_path: Path, form: str) ->
     # see compared. Only the preloaded module itself may differ.
     run_id = f"wm-view-{form}-{os.getpid()}"
     port = str(free_port())
-    entry = [VIEW] if form == "script" else ["-m", "wm_view"]
+    entry = [VIEW] if form == "script" else ["-m", "worker_view"]
     cpus = sorted(os.sched_getaffinity(0))
     views = {}
     for mode in ("cold", "warm"):
@@ -254,10 +257,10 @@ def test_a_warm_workers_view_equals_a_cold_workers(tmp_path: Path, form: str) ->
             "--master-port", port, "--log-dir", str(logs),
         ]  # fmt: skip
         if mode == "warm":
-            flags += ["--preload", "wm_light"]
+            flags += ["--preload", "light_preload_module"]
         done = _run(*flags, *entry, str(out), cwd=tmp_path)
         assert done.returncode == 0, done.stderr
-        assert ("preload: wm_light (on standbys)" in done.stderr) == (mode == "warm")
+        assert ("preload: light_preload_module (on standbys)" in done.stderr) == (mode == "warm")
         views[mode] = _views(out, logs)
         out.rename(tmp_path / f"out-{mode}")
         assert _nothing_left(run_id)
@@ -278,10 +281,10 @@ def test_a_warm_workers_view_equals_a_cold_workers(tmp_path: Path, form: str) ->
     assert first["affinity"] == [cpus[-1]] and first["mem_policy"][0] == "bind"
     assert "NUMARUN_PRELOAD" not in first["environ"]
     if form == "module":
-        assert first["name"] == "__main__" and first["spec"][0] == "wm_view"
-        assert first["argv"][0] == str(WORKERS / "wm_view.py")
+        assert first["name"] == "__main__" and first["spec"][0] == "worker_view"
+        assert first["argv"][0] == str(PROGRAMS / "worker_view.py")
     else:
-        assert first["file"] == VIEW and first["path"][0] == str(WORKERS)
+        assert first["file"] == VIEW and first["path"][0] == str(PROGRAMS)
 
 
 # --- restarts ------------------------------------------------------------------------------------
@@ -292,8 +295,8 @@ ATTEMPTS = textwrap.dedent(
     start = time.monotonic()
     RANK, attempt = os.environ["RANK"], os.environ["TORCHELASTIC_RESTART_COUNT"]
     with open(os.path.join(sys.argv[1], f"attempt.{attempt}.{RANK}"), "w") as file:
-        json.dump({"pid": os.getpid(), "start": start, "light": "wm_light" in sys.modules},
-                  file)
+        json.dump({"pid": os.getpid(), "start": start,
+                   "light": "light_preload_module" in sys.modules}, file)
     if RANK == "0":
         time.sleep(0.5)
         sys.exit(3)
@@ -317,10 +320,10 @@ def test_every_attempt_of_a_restarting_job_runs_on_standbys_and_none_is_wasted(
     run_id = f"wm-restarts-{os.getpid()}"
     done = _run(
         "--nproc-per-node", "2", "--max-restarts", "3", "--rdzv-id", run_id,
-        "--preload", "wm_light", str(script), str(out), WM_IMPORTS=str(imports),
+        "--preload", "light_preload_module", str(script), str(out), WM_IMPORTS=str(imports),
     )  # fmt: skip
     assert done.returncode == 3, done.stderr
-    assert "preload: wm_light (on standbys)" in done.stderr
+    assert "preload: light_preload_module (on standbys)" in done.stderr
     assert "cold" not in done.stderr
     assert done.stderr.count("failed with exit code 3; restarting") == 3
     imported = {int(path.name): float(path.read_text()) for path in imports.iterdir()}
@@ -341,7 +344,7 @@ def test_a_module_that_cannot_be_imported_is_one_warning_and_the_job_runs_cold(
     run_id = f"wm-missing-{os.getpid()}"
     done = _run(
         "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-id", run_id,
-        "--preload", "wm_light,wm_no_such_module", VIEW, str(out),
+        "--preload", "light_preload_module,wm_no_such_module", VIEW, str(out),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
@@ -443,7 +446,7 @@ def test_standbys_waiting_beside_running_workers_are_no_ranks_and_leave_nothing(
     env = _env(NUMARUN_RUNTIME_DIR=str(runtime))
     proc = subprocess.Popen(
         [*NUMARUN, "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-id", run_id,
-         "--preload", "wm_light", str(script)],
+         "--preload", "light_preload_module", str(script)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
     try:
@@ -482,7 +485,7 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
     proc = subprocess.Popen(
         [*NUMARUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
-         "--preload", "wm_light", VIEW, str(tmp_path)],
+         "--preload", "light_preload_module", VIEW, str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
     try:
@@ -586,7 +589,7 @@ STAY = textwrap.dedent(
     out = sys.argv[1]
     name = f"{os.environ['LOCAL_WORLD_SIZE']}.{os.environ['RANK']}"
     with open(os.path.join(out, name), "w") as file:
-        file.write("warm" if "wm_light" in sys.modules else "cold")
+        file.write("warm" if "light_preload_module" in sys.modules else "cold")
     if os.environ["LOCAL_WORLD_SIZE"] == "2":
         time.sleep(600)  # until the group re-forms
     """
@@ -603,7 +606,7 @@ def test_a_group_re_formed_with_another_local_world_size_starts_cold_and_says_so
     run_id = f"wm-reform-{os.getpid()}"
     done = subprocess.run(
         [sys.executable, str(tmp_path / "reform.py"), str(out), "--nproc-per-node", "2",
-         "--rdzv-backend", "c10d", "--rdzv-id", run_id, "--preload", "wm_light",
+         "--rdzv-backend", "c10d", "--rdzv-id", run_id, "--preload", "light_preload_module",
          str(tmp_path / "stay.py"), str(out)],
         capture_output=True, text=True, env=_env(), timeout=LIMIT,
     )  # fmt: skip
@@ -613,7 +616,7 @@ def test_a_group_re_formed_with_another_local_world_size_starts_cold_and_says_so
         "2.0": "warm", "2.1": "warm",  # the first round, on standbys
         "3.0": "cold", "3.1": "cold", "3.2": "cold",  # three local ranks: cold
     }, done.stderr  # fmt: skip
-    assert "preload: wm_light (on standbys)" in done.stderr
+    assert "preload: light_preload_module (on standbys)" in done.stderr
     assert (
         "numarun: attempt_0.1: cold start: the local world size changed from 2 to 3, which "
         "standbys are born with"
@@ -654,10 +657,10 @@ FORKSERVER = textwrap.dedent(
     import numarun
 
     def target(rank):
-        assert "wm_light" in sys.modules, "not preloaded"
+        assert "light_preload_module" in sys.modules, "not preloaded"
 
     if __name__ == "__main__":
-        multiprocessing.set_forkserver_preload(["wm_light"])
+        multiprocessing.set_forkserver_preload(["light_preload_module"])
         numarun.spawn(target, nprocs=2, start_method="forkserver")
         print("preloaded")
     """

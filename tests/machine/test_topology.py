@@ -762,7 +762,7 @@ def test_a_real_h100_vm_as_its_snapshot_saved_it(tmp_path: Path) -> None:
     """``numarun snapshot`` as it ran on a lent GPU machine (2026-11-28: one H100 80GB HBM3 in a
     16-vCPU Firecracker VM, one NUMA node): the saved tree reads back as nvidia-smi and lscpu
     described that machine, and the default plan gives the one rank every CPU."""
-    with tarfile.open(Path(__file__).parent / "data" / "h100-vm-sysfs.tar.gz") as tar:
+    with tarfile.open(Path(__file__).parents[1] / "data" / "h100-vm-sysfs.tar.gz") as tar:
         extract(tar, tmp_path)
     topo = read(tmp_path)
     assert topo.online_cpus == tuple(range(16))

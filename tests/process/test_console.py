@@ -20,8 +20,8 @@ import pytest
 from numarun.process.console import Console, console_for
 from numarun.process.sinks import TeeSink
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-FLOOD = str(WORKERS / "ln_flood.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+FLOOD = str(PROGRAMS / "stdout_flood.py")
 LINE = b"line %07d " + b"x" * 100 + b"\n"
 
 

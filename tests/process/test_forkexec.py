@@ -27,7 +27,7 @@ from numarun.process import children, proctable, watchdog
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
 
-SRC = Path(__file__).resolve().parents[1] / "src"
+SRC = Path(__file__).resolve().parents[2] / "src"
 LIMIT = 30.0  # what a bounded call gets before the test calls it blocked (a loaded machine)
 
 # --- forking: no catch_warnings, native threads count ---------------------------------------

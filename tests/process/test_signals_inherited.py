@@ -1,9 +1,9 @@
 """Signal state that crosses process boundaries: what workers inherit of a caller that ignores
 SIGCHLD (or blocks signals), and the supervisor's signal scope entered and left whole.
 
-Each test runs its caller in a fresh interpreter (``tests/workers/ih_funcs.py``,
-``tests/workers/sg_scope.py``, or ``python -m numarun``), so that an ignored SIGCHLD or a
-signal sent to the caller never touches pytest's own process.
+Each test runs its caller in a fresh interpreter (``tests/programs/inherited_signal_funcs.py``,
+``tests/programs/signal_scope_interrupted.py``, or ``python -m numarun``), so that an ignored
+SIGCHLD or a signal sent to the caller never touches pytest's own process.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-SRC = Path(__file__).resolve().parents[1] / "src"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+SRC = Path(__file__).resolve().parents[2] / "src"
 LIMIT = 120.0  # the machine is shared: starts can be slow
 
 
 def _env() -> dict[str, str]:
     env = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
-    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(WORKERS), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([str(SRC), str(PROGRAMS), env.get("PYTHONPATH", "")])
     env.pop("PET_NPROC_PER_NODE", None)
     return env
 
@@ -90,7 +90,7 @@ def test_spawn_workers_get_their_childrens_exit_status_under_a_caller_ignoring_s
     method: str,
 ) -> None:
     done = subprocess.run(
-        [sys.executable, str(WORKERS / "ih_funcs.py"), "spawn", method],
+        [sys.executable, str(PROGRAMS / "inherited_signal_funcs.py"), "spawn", method],
         capture_output=True,
         text=True,
         env=_env(),
@@ -104,7 +104,7 @@ def test_exec_workers_start_with_default_actions_but_the_kept_ignored_signals() 
     supervisor keeps SIGHUP ignored on purpose (nohup). The exec'd worker ignores SIGHUP only
     (not even Python's own SIGPIPE) and blocks nothing."""
     done = subprocess.run(
-        [sys.executable, str(WORKERS / "ih_funcs.py"), "dispositions"],
+        [sys.executable, str(PROGRAMS / "inherited_signal_funcs.py"), "dispositions"],
         capture_output=True,
         text=True,
         env=_env(),
@@ -118,7 +118,7 @@ def test_exec_workers_start_with_default_actions_but_the_kept_ignored_signals() 
 
 def _scope(scenario: str) -> dict[str, object]:
     done = subprocess.run(
-        [sys.executable, str(WORKERS / "sg_scope.py"), scenario],
+        [sys.executable, str(PROGRAMS / "signal_scope_interrupted.py"), scenario],
         capture_output=True,
         text=True,
         env=_env(),

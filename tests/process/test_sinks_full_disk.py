@@ -16,7 +16,7 @@ import pytest
 
 from numarun.process.sinks import FileSink, TeeSink, log_loss
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 DISK_FULL = os.strerror(errno.ENOSPC)
 
 
@@ -148,7 +148,7 @@ def _run_with_full_disk(tmp_path: Path, logs: Path, mounted: bool) -> tuple[int,
                 "3",
                 "--log-dir",
                 str(logs),
-                str(WORKERS / "ln_disk.py"),
+                str(PROGRAMS / "full_disk_writer.py"),
                 str(tmp_path),
             ],
             env=_full_disk_env(tmp_path, mounted, space_back),

@@ -21,7 +21,7 @@ from numarun.errors import UsageError
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 TIMEOUT = 240
 
 
@@ -139,8 +139,8 @@ def test_a_sigterm_during_a_large_start_leaves_no_directory_for_ranks_never_star
     assert sleep is not None
     logs = tmp_path / "logs"
     done = subprocess.run(
-        [*_unshare(), sys.executable, str(WORKERS / "sl_pidns.py"), str(count), sleep,
-         "--log-dir", str(logs), "--rdzv-id", "job"],
+        [*_unshare(), sys.executable, str(PROGRAMS / "pidns_sigterm_mid_start.py"), str(count),
+         sleep, "--log-dir", str(logs), "--rdzv-id", "job"],
         capture_output=True, text=True, timeout=600, env=_env(),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr

@@ -19,8 +19,8 @@ import pytest
 
 from job_processes import processes_with_env
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-SRC = Path(__file__).resolve().parents[1] / "src"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+SRC = Path(__file__).resolve().parents[2] / "src"
 LIMIT = 120.0
 
 
@@ -164,7 +164,13 @@ def test_sigterm_while_1500_workers_start_ends_the_launch_at_once(tmp_path: Path
     tmp.mkdir()
     try:
         done = subprocess.run(
-            [*_unshare(), sys.executable, str(WORKERS / "sl_pidns.py"), str(count), sleep],
+            [
+                *_unshare(),
+                sys.executable,
+                str(PROGRAMS / "pidns_sigterm_mid_start.py"),
+                str(count),
+                sleep,
+            ],
             capture_output=True,
             text=True,
             env=_env(TMPDIR=str(tmp)),

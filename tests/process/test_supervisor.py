@@ -22,9 +22,9 @@ from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
 from numarun.process.starting import Starter
 from numarun.process.supervisor import Supervisor
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-TREE = str(WORKERS / "sv_tree.py")
-HOST = str(WORKERS / "sv_host.py")
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+TREE = str(PROGRAMS / "grandchildren_tree.py")
+HOST = str(PROGRAMS / "supervisor_host.py")
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
 CPUS = sorted(os.sched_getaffinity(0))

@@ -27,9 +27,9 @@ import numarun
 from job_processes import processes_with_env
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
-from workers import td_funcs
+from programs import teardown_spawn_funcs
 
-WORKERS = Path(__file__).resolve().parent / "workers"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
 NUMARUN = [PY, "-m", "numarun"]
@@ -39,7 +39,7 @@ GONE_LIMIT = 10.0  # every process of a job must be gone this long after its end
 
 def launcher_env(**extra: str) -> dict[str, str]:
     env = dict(ENV)
-    src = str(Path(__file__).resolve().parents[1] / "src")
+    src = str(Path(__file__).resolve().parents[2] / "src")
     env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
     env.pop("PET_NPROC_PER_NODE", None)
     env.update(extra)
@@ -55,7 +55,8 @@ def wait_for(condition: Callable[[], bool], limit: float = START_LIMIT) -> None:
 
 
 def pids_in(directory: Path, prefix: str) -> list[int]:
-    """The pids of the files ``directory/<prefix>.<pid>[.<anything>]`` (td_escape's notes)."""
+    """The pids of the files ``directory/<prefix>.<pid>[.<anything>]`` (escaping_daemons.py's
+    notes)."""
     names = [path.name for path in directory.glob(f"{prefix}.*")]
     return sorted(int(name.split(".")[1]) for name in names if not name.endswith(".tmp"))
 
@@ -141,7 +142,7 @@ def test_strangers_reusing_ended_workers_pids_are_never_signalled(
     job's worker). Whether the supervisor tears down (a failure) or the watchdog does (the
     launcher SIGKILLed), neither the stranger nor a member of its session gets any signal."""
     report = subprocess.run(
-        [*_unshare(), PY, str(WORKERS / "td_pidns.py"), mode, str(tmp_path)],
+        [*_unshare(), PY, str(PROGRAMS / "pidns_teardown_strangers.py"), mode, str(tmp_path)],
         env=launcher_env(),
         capture_output=True,
         timeout=180,
@@ -201,7 +202,7 @@ def test_another_users_process_with_the_marker_is_never_signalled(start: str) ->
     carrying it is torn down with the run (so it is the uid that spares the other). Both start
     once the run has: a process older than the run cannot be one of its own, and is never
     looked at."""
-    target = td_funcs.sleep_target if start == "forkserver" else None
+    target = teardown_spawn_funcs.sleep_target if start == "forkserver" else None
     argv = None if target else [PY, "-c", "import time; time.sleep(120)"]
     sup = Supervisor(
         [
@@ -232,7 +233,7 @@ def test_the_watchdog_spares_another_users_process_with_the_marker() -> None:
     """The supervisor is SIGKILLed during a forkserver run (the watchdog then kills marked
     processes of root's): the marked process of uid 65534 is not touched."""
     host = subprocess.Popen(
-        [PY, str(WORKERS / "td_host.py"), "forkserver", "1"],
+        [PY, str(PROGRAMS / "teardown_supervisor_host.py"), "forkserver", "1"],
         stdout=subprocess.PIPE,
         env=launcher_env(),
     )
@@ -267,7 +268,7 @@ def test_detached_processes_end_with_the_job(mode: str, tmp_path: Path) -> None:
     """Each worker leaves a daemon (double fork, setsid, exec with an empty environment: no
     run marker) and a Popen(start_new_session=True, env={}) child. None survives a failure, a
     success, or the launcher's SIGKILL."""
-    escape = str(WORKERS / "td_escape.py")
+    escape = str(PROGRAMS / "escaping_daemons.py")
     worker_mode = "stay" if mode == "kill" else mode
     job = subprocess.Popen(
         [*NUMARUN, "--nproc-per-node", "2", escape, str(tmp_path), worker_mode],
@@ -298,7 +299,10 @@ def test_spawn_leaves_no_detached_process_and_no_zombie(method: str, tmp_path: P
     escapees: list[int] = []
     try:
         pids = numarun.spawn(
-            td_funcs.escape_then_return, args=(str(tmp_path),), nprocs=2, start_method=method
+            teardown_spawn_funcs.escape_then_return,
+            args=(str(tmp_path),),
+            nprocs=2,
+            start_method=method,
         )
         assert len(pids) == 2
         escapees = pids_in(tmp_path, "escapee")
@@ -323,7 +327,7 @@ def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
     try:
         torchrun = [PY, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
         job = subprocess.run(
-            [*torchrun, str(WORKERS / "td_escape.py"), str(under_torchrun), "fail"],
+            [*torchrun, str(PROGRAMS / "escaping_daemons.py"), str(under_torchrun), "fail"],
             env=launcher_env(OMP_NUM_THREADS="1", TMPDIR=str(tmp_path)),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -332,7 +336,9 @@ def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
         assert job.returncode != 0
         escapees = pids_in(under_torchrun, "escapee")
         assert len(escapees) == 4
-        torch.multiprocessing.spawn(td_funcs.escape_then_return, args=(str(under_mp),), nprocs=2)
+        torch.multiprocessing.spawn(
+            teardown_spawn_funcs.escape_then_return, args=(str(under_mp),), nprocs=2
+        )
         escapees += pids_in(under_mp, "escapee")
         assert len(escapees) == 8
         assert survivors(escapees, limit=1.0) == escapees  # (then killed by survivors())
@@ -343,7 +349,7 @@ def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
 def test_fork_workers_get_the_callers_state_not_the_watchdogs() -> None:
     """Fork workers are forks of the watchdog: they must not inherit what the watchdog sets
     for itself (its garbage collection off, its process group, its subreaper flag)."""
-    states = numarun.spawn(td_funcs.process_state, nprocs=2, start_method="fork")
+    states = numarun.spawn(teardown_spawn_funcs.process_state, nprocs=2, start_method="fork")
     assert states == [(gc.isenabled(), False, True)] * 2
 
 
@@ -356,7 +362,7 @@ def test_nested_jobs_leave_nothing_when_the_outer_launcher_is_killed(tmp_path: P
     launcher, the spawn caller, both inner watchdogs, the inner workers and every escapee end."""
     token = os.urandom(8).hex()
     job = subprocess.Popen(
-        [*NUMARUN, "--nproc-per-node", "2", str(WORKERS / "td_nest.py"), str(tmp_path)],
+        [*NUMARUN, "--nproc-per-node", "2", str(PROGRAMS / "nested_job.py"), str(tmp_path)],
         env=launcher_env(TD_TOKEN=token),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -389,7 +395,7 @@ def test_the_watchdog_works_with_an_empty_path() -> None:
     children in new sessions and the double-forked ones (found only by the watchdog, whose
     former version ran grep and sleep from PATH) all end."""
     host = subprocess.Popen(
-        [PY, str(WORKERS / "sv_host.py"), "2"],
+        [PY, str(PROGRAMS / "supervisor_host.py"), "2"],
         stdout=subprocess.PIPE,
         env=launcher_env(PATH=""),
     )

@@ -1,9 +1,9 @@
 """A worker's pid taken by a stranger before the supervisor knew the worker had ended: the
 stranger (a session leader with a member, as a shell or another job's worker) gets nothing.
 
-Each case runs ``tests/workers/pr_pidns.py`` as pid 1 of a new pid namespace (``unshare``), where
-``/proc/sys/kernel/ns_last_pid`` forces a stranger onto the ended worker's pid whenever that pid
-is free; whatever happens stays inside the namespace, which ends with its pid 1.
+Each case runs ``tests/programs/pidns_pid_reuse.py`` as pid 1 of a new pid namespace (``unshare``),
+where ``/proc/sys/kernel/ns_last_pid`` forces a stranger onto the ended worker's pid whenever that
+pid is free; whatever happens stays inside the namespace, which ends with its pid 1.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-WORKERS = Path(__file__).resolve().parent / "workers"
-SRC = Path(__file__).resolve().parents[1] / "src"
+PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
+SRC = Path(__file__).resolve().parents[2] / "src"
 
 
 def _unshare() -> list[str]:
@@ -32,7 +32,7 @@ def _in_pid_namespace(mode: str, directory: Path) -> dict[str, list[dict[str, ob
     env = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
     env["PYTHONPATH"] = os.pathsep.join([str(SRC), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [*_unshare(), sys.executable, str(WORKERS / "pr_pidns.py"), mode, str(directory)],
+        [*_unshare(), sys.executable, str(PROGRAMS / "pidns_pid_reuse.py"), mode, str(directory)],
         env=env,
         capture_output=True,
         text=True,

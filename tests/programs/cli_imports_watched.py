@@ -1,6 +1,7 @@
-"""The launcher (``numarun.cli.main``) with its imports watched, for tests/test_failure_path.py.
+"""The launcher (``numarun.cli.main``) with its imports watched, for
+tests/launch/test_launcher_failure_imports.py.
 
-    python fp_imports.py LOG GO HOLD [--] NUMARUN ARGS...
+    python cli_imports_watched.py LOG GO HOLD [--] NUMARUN ARGS...
 
 Every import the launcher starts goes to LOG at exit as ``<thread name>\\t<module>``. HOLD:
 

@@ -2,7 +2,7 @@
 ``mp.spawn(train, args=(world_size, ...), nprocs=world_size, join=True)``, a gloo process group
 from MASTER_ADDR/MASTER_PORT set by the parent, DDP over a small model, a DataLoader with its
 own worker processes, a shared tensor the ranks write their result into, and a Queue for
-per-rank reports. ``python sp_ddp_program.py torch|numarun START_METHOD OUT.json`` runs it with
+per-rank reports. ``python ddp_spawn_program.py torch|numarun START_METHOD OUT.json`` runs it with
 ``torch.multiprocessing`` or with numarun swapped in by its import line alone."""
 
 import json

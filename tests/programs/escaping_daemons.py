@@ -1,7 +1,7 @@
-"""Processes that try to outlive numarun, for tests/test_teardown.py.
+"""Processes that try to outlive numarun, for tests/process/test_teardown.py.
 
-``python td_escape.py DIR MODE``, as a launcher worker: writes ``DIR/worker.<pid>``, starts two
-escapees, waits until both have written ``DIR/escapee.<pid>``, writes ``DIR/ready.<rank>``, then
+``python escaping_daemons.py DIR MODE``, as a launcher worker: writes ``DIR/worker.<pid>``, starts
+two escapees, waits until both have written ``DIR/escapee.<pid>``, writes ``DIR/ready.<rank>``, then
 by MODE: ``stay`` sleeps; ``exit`` exits 0; ``fail``: rank 0 exits 1 once every rank is
 ready, the others sleep.
 

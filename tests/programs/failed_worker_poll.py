@@ -1,5 +1,6 @@
 """Polling a failed worker, under torch.multiprocessing or numarun, for
-tests/test_failure_path.py: ``fp_poll.py torch|numarun METHOD FOLDER``.
+tests/launch/test_launcher_failure_imports.py: ``failed_worker_poll.py torch|numarun METHOD
+FOLDER``.
 
 Rank 0 fails at once; rank 1 notes any SIGTERM in FOLDER (``signal.1``) and ends. Once rank 0
 has ended and rank 1 runs, the caller looks at the workers for half a second as a training

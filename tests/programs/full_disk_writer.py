@@ -1,4 +1,4 @@
-"""Test worker for a full disk: ``ln_disk.py DIR``.
+"""Test worker for a full disk: ``full_disk_writer.py DIR``.
 
 Prints "first line", waits for DIR/go, prints 4 lines of 10 KB, creates DIR/wrote, waits for
 DIR/go_on, prints "last line" and exits 0.

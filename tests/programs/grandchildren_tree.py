@@ -1,7 +1,7 @@
-"""Fault-injection worker for tests/test_supervisor.py: a worker with three grandchildren.
+"""Fault-injection worker for tests/process/test_supervisor.py: a worker with three grandchildren.
 
-``python sv_tree.py MODE`` starts a plain child, a child in a new session (``setsid``) and a
-double-forked child in a new session (reparented when its parent exits). It prints ``W <pid>``
+``python grandchildren_tree.py MODE`` starts a plain child, a child in a new session (``setsid``)
+and a double-forked child in a new session (reparented when its parent exits). It prints ``W <pid>``
 and one ``G <pid>`` per grandchild once each is running, then by MODE: ``stay`` sleeps, ``exit``
 exits 0, ``fail`` exits 1. Grandchildren sleep for 60 s.
 """

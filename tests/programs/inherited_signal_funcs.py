@@ -1,14 +1,14 @@
-"""Worker functions and callers for tests/test_inherited_signals.py: what a worker inherits of
-its caller's signal state (ignored dispositions, the signal mask).
+"""Worker functions and callers for tests/process/test_signals_inherited.py: what a worker inherits
+of its caller's signal state (ignored dispositions, the signal mask).
 
 Module-level and free of pytest imports, so that every start method can pickle the functions and
 a spawned worker loads the module quickly. Run as a script, it is a caller:
 
-``python ih_funcs.py spawn METHOD``: with SIGCHLD ignored, ``numarun.spawn`` two workers that
-each run ``sh -c 'exit 5'`` and return its status; prints the values as JSON.
+``python inherited_signal_funcs.py spawn METHOD``: with SIGCHLD ignored, ``numarun.spawn`` two
+workers that each run ``sh -c 'exit 5'`` and return its status; prints the values as JSON.
 
-``python ih_funcs.py dispositions``: with SIGCHLD, SIGUSR1 and SIGHUP ignored and SIGUSR2
-blocked in its thread, a Supervisor (``keep_ignored=(SIGHUP,)``) runs one exec worker that
+``python inherited_signal_funcs.py dispositions``: with SIGCHLD, SIGUSR1 and SIGHUP ignored and
+SIGUSR2 blocked in its thread, a Supervisor (``keep_ignored=(SIGHUP,)``) runs one exec worker that
 prints its ``SigIgn`` and ``SigBlk`` masks; prints ``{"ignored": [...], "blocked": [...]}``.
 """
 

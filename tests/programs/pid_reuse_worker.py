@@ -1,4 +1,4 @@
-"""Worker for tests/workers/td_pidns.py: ``python td_reuse.py DIR``.
+"""Worker for tests/programs/pidns_teardown_strangers.py: ``python pid_reuse_worker.py DIR``.
 
 Writes ``DIR/worker.<rank>`` (its pid). Ranks 1 and 2 end at once (so that their pids can be
 reused); rank 0 waits for ``DIR/go`` and fails (exit 1).

@@ -1,4 +1,4 @@
-"""fork_target functions for tests/workers/pr_pidns.py (a forkserver worker's target must be
+"""fork_target functions for tests/programs/pidns_pid_reuse.py (a forkserver worker's target must be
 importable by module and name); nothing but the standard library."""
 
 import time

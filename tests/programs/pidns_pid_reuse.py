@@ -1,8 +1,8 @@
-"""pid 1 of a new pid namespace, for tests/test_pid_reuse.py: strangers take the pids of workers
-that ended before the supervisor knew it, and the run is then signalled and torn down; prints
-what the strangers received.
+"""pid 1 of a new pid namespace, for tests/process/test_teardown_pid_reuse.py: strangers take the
+pids of workers that ended before the supervisor knew it, and the run is then signalled and torn
+down; prints what the strangers received.
 
-``unshare --pid --fork --mount-proc python pr_pidns.py MODE DIR``. A stranger is forked right
+``unshare --pid --fork --mount-proc python pidns_pid_reuse.py MODE DIR``. A stranger is forked right
 after ``/proc/sys/kernel/ns_last_pid`` was set to an ended worker's pid - 1, so it gets that pid
 if it is free; it calls ``setsid`` (its session and group id are then that number too) and
 forks a member of its session, as a shell does; both record every catchable signal they get.
@@ -149,7 +149,7 @@ def reaped(directory: str) -> None:
 
 def forkserver_start(directory: str) -> tuple[object, list[tuple[int, int]]]:
     """Start the forkserver run with rank 0's pinning held back (module docstring)."""
-    import pr_targets
+    import pidns_fork_targets
 
     from numarun.process import proctable
     from numarun.process.spec import WorkerSpec
@@ -175,7 +175,9 @@ def forkserver_start(directory: str) -> tuple[object, list[tuple[int, int]]]:
             rank=rank,
             env=dict(os.environ),
             start="forkserver",
-            fork_target=pr_targets.exit_at_once if rank == 0 else pr_targets.sleep_long,
+            fork_target=pidns_fork_targets.exit_at_once
+            if rank == 0
+            else pidns_fork_targets.sleep_long,
         )
         for rank in range(2)
     ]

@@ -1,7 +1,7 @@
-"""pid 1 of a new pid namespace, for tests/test_start_limits.py: a SIGTERM to the launcher while
-it starts a large job; prints how it ended.
+"""pid 1 of a new pid namespace, for tests/process/test_starting_limits.py: a SIGTERM to the
+launcher while it starts a large job; prints how it ended.
 
-``unshare --pid --fork --mount-proc python sl_pidns.py COUNT PROGRAM [FLAGS...]``:
+``unshare --pid --fork --mount-proc python pidns_sigterm_mid_start.py COUNT PROGRAM [FLAGS...]``:
 ``numarun --nproc-per-node COUNT [FLAGS...] --no-python PROGRAM 120`` is started; once some
 of its workers exist (the start is under way, far from done), the launcher gets SIGTERM.
 Prints one JSON line: ``{"code": exit status, "seconds": from the signal to its exit,

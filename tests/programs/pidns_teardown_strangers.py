@@ -1,9 +1,9 @@
-"""pid 1 of a new pid namespace, for tests/test_teardown.py: makes strangers reuse the pids of
-workers that ended, lets numarun tear the job down, and reports what the strangers received.
+"""pid 1 of a new pid namespace, for tests/process/test_teardown.py: makes strangers reuse the pids
+of workers that ended, lets numarun tear the job down, and reports what the strangers received.
 
-``unshare --pid --fork --mount-proc python td_pidns.py MODE DIR``. MODE ``fail``: rank 0
-fails, so the supervisor tears down; ``kill``: the launcher is SIGKILLed, so the watchdog does.
-A stranger is forked right after ``/proc/sys/kernel/ns_last_pid`` was set to the ended
+``unshare --pid --fork --mount-proc python pidns_teardown_strangers.py MODE DIR``. MODE ``fail``:
+rank 0 fails, so the supervisor tears down; ``kill``: the launcher is SIGKILLed, so the watchdog
+does. A stranger is forked right after ``/proc/sys/kernel/ns_last_pid`` was set to the ended
 worker's pid - 1, so it gets that pid if it is free, then calls ``setsid`` (its session and
 group id are then that number too) and forks a second process in its session, as a shell
 does; both record every catchable signal they receive. Prints one JSON line:
@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-REUSE = str(Path(__file__).with_name("td_reuse.py"))
+REUSE = str(Path(__file__).with_name("pid_reuse_worker.py"))
 
 
 def state(pid: int) -> str | None:

@@ -1,7 +1,7 @@
 """Test worker: rank R ends as argv says; the other ranks exit 0 at once.
 
-``ln_exit.py R code N``: rank R exits with status N. ``ln_exit.py R signal N``: rank R kills
-itself with signal N. ``ln_exit.py R raise TEXT``: rank R raises RuntimeError(TEXT).
+``rank_exit.py R code N``: rank R exits with status N. ``rank_exit.py R signal N``: rank R kills
+itself with signal N. ``rank_exit.py R raise TEXT``: rank R raises RuntimeError(TEXT).
 Other ranks print "rank K ok" and exit 0.
 """
 

@@ -1,4 +1,5 @@
-"""A rank for tests/test_failure_path.py: ``fp_rank.py GO fail|ok|sleep SECONDS``.
+"""A rank for tests/launch/test_launcher_failure_imports.py: ``rank_fails_on_go.py GO fail|ok|sleep
+SECONDS``.
 
 Waits (at most 60 s) for the file GO, then rank 0 fails (``fail``: ``raise RuntimeError``) or
 every rank ends (``ok``); the other ranks of a failing job, and every rank with ``sleep``,

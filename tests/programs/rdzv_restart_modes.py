@@ -1,4 +1,4 @@
-"""Test worker for rendezvous and restart tests: ``ln_elastic.py MODE DIR [N]``.
+"""Test worker for rendezvous and restart tests: ``rdzv_restart_modes.py MODE DIR [N]``.
 
 Every mode first writes its environment to DIR/env.<RANK>.<TORCHELASTIC_RESTART_COUNT>.json.
 

@@ -1,7 +1,7 @@
 """SignalScope's entry and exit with a signal or an exception forced into the middle, for
-tests/test_inherited_signals.py. Run in a fresh interpreter (one thread, so that a signal sent
-to this process is delivered to the main thread): ``python sg_scope.py SCENARIO``; prints one
-JSON line.
+tests/process/test_signals_inherited.py. Run in a fresh interpreter (one thread, so that a signal
+sent to this process is delivered to the main thread): ``python signal_scope_interrupted.py
+SCENARIO``; prints one JSON line.
 
 The caller's state before the scope: SIGINT on Python's ``default_int_handler``, SIGTERM on a
 handler of its own, SIGHUP at its default, and a wakeup fd of its own. Scenarios, each forced

@@ -1,6 +1,6 @@
-"""Worker functions for tests/test_spawn_dropin.py (module level, so every start method can
-pickle them). Free of pytest, numarun and torch imports at module level, so a spawned worker
-loads it quickly; the functions that need torch or numarun import them themselves."""
+"""Worker functions for tests/spawning/test_api_torch_dropin.py (module level, so every start
+method can pickle them). Free of pytest, numarun and torch imports at module level, so a spawned
+worker loads it quickly; the functions that need torch or numarun import them themselves."""
 
 from __future__ import annotations
 

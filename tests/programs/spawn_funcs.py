@@ -1,4 +1,5 @@
-"""Worker functions for tests/test_spawn.py: module-level, so every start method can pickle them.
+"""Worker functions for tests/spawning/test_api.py: module-level, so every start method can pickle
+them.
 
 Kept free of pytest and numarun imports so that a spawned worker loads it quickly.
 """

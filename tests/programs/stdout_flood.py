@@ -1,6 +1,6 @@
 """Test worker: rank 0 floods stdout, the others wait; for stalled-console tests.
 
-``ln_flood.py DIR LINES MODE``: every rank writes its pid to DIR/<RANK>.pid. Rank 0 writes
+``stdout_flood.py DIR LINES MODE``: every rank writes its pid to DIR/<RANK>.pid. Rank 0 writes
 LINES numbered lines to stdout in one go, then creates DIR/printed and sleeps until killed.
 Other ranks: MODE ``fail`` waits for DIR/printed and exits 3; MODE ``sleep`` sleeps until
 killed; MODE ``done`` waits for DIR/printed and exits 0 (rank 0 then exits 0 too).

@@ -1,7 +1,8 @@
 """A supervisor in its own process, for the test that SIGKILLs it mid-run.
 
-``python sv_host.py NWORKERS`` runs NWORKERS ``sv_tree.py stay`` workers under a Supervisor and
-copies their stdout to its own stdout (``W``/``G`` lines), after a first line ``S <its pid>``.
+``python supervisor_host.py NWORKERS`` runs NWORKERS ``grandchildren_tree.py stay`` workers under a
+Supervisor and copies their stdout to its own stdout (``W``/``G`` lines), after a first line ``S
+<its pid>``.
 """
 
 import os
@@ -11,7 +12,7 @@ from pathlib import Path
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
 
-TREE = str(Path(__file__).with_name("sv_tree.py"))
+TREE = str(Path(__file__).with_name("grandchildren_tree.py"))
 
 
 class Forward:

@@ -1,22 +1,22 @@
-"""Functions for numarun.spawn in tests/test_teardown.py (importable by spawned workers)."""
+"""Functions for numarun.spawn in tests/process/test_teardown.py (importable by spawned workers)."""
 
 import os
 import time
 
-from workers import td_escape
+from programs import escaping_daemons
 
 
 def escape_then_return(local_rank: int, directory: str) -> int:
-    """Leave two escapees behind (see td_escape) and return."""
-    td_escape.start_escapees(directory)
+    """Leave two escapees behind (see escaping_daemons) and return."""
+    escaping_daemons.start_escapees(directory)
     return os.getpid()
 
 
 def escape_then_stay(local_rank: int, directory: str) -> None:
     """Leave two escapees, say so, and sleep until torn down."""
-    td_escape.note(directory, f"worker.{os.getpid()}")
-    td_escape.start_escapees(directory)
-    td_escape.note(directory, f"spawned.{local_rank}")
+    escaping_daemons.note(directory, f"worker.{os.getpid()}")
+    escaping_daemons.start_escapees(directory)
+    escaping_daemons.note(directory, f"spawned.{local_rank}")
     time.sleep(120)
 
 

@@ -1,8 +1,8 @@
-"""A supervisor in its own process, for the tests that SIGKILL it (tests/test_teardown.py).
+"""A supervisor in its own process, for the tests that SIGKILL it (tests/process/test_teardown.py).
 
-``python td_host.py START N``: prints ``S <its pid>``, ``R <run id>``, then runs N workers of
-start method START (``exec``: a sleeper; ``forkserver``: ``td_funcs.sleep_target``) and waits;
-each worker prints ``W <pid>`` once running.
+``python teardown_supervisor_host.py START N``: prints ``S <its pid>``, ``R <run id>``, then runs N
+workers of start method START (``exec``: a sleeper; ``forkserver``:
+``teardown_spawn_funcs.sleep_target``) and waits; each worker prints ``W <pid>`` once running.
 """
 
 import os
@@ -13,7 +13,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from numarun.process.spec import WorkerSpec
 from numarun.process.supervisor import Supervisor
-from workers import td_funcs
+from programs import teardown_spawn_funcs
 
 SLEEPER = "import os, time; print('W', os.getpid(), flush=True); time.sleep(120)"
 
@@ -26,7 +26,7 @@ def main(start: str, nworkers: int) -> int:
             env=dict(os.environ),
             start=start,
             argv=[sys.executable, "-c", SLEEPER] if start == "exec" else None,
-            fork_target=td_funcs.sleep_target if start != "exec" else None,
+            fork_target=teardown_spawn_funcs.sleep_target if start != "exec" else None,
         )
         for k in range(nworkers)
     ]

@@ -1,6 +1,6 @@
 """What a worker sees, first thing, as JSON: for comparing a cold worker with a warm one.
 
-``python wm_view.py OUT_DIR`` (or ``-m wm_view OUT_DIR``) writes
+``python worker_view.py OUT_DIR`` (or ``-m worker_view OUT_DIR``) writes
 ``OUT_DIR/view.<restart count>.<rank>.json``; on attempt 0 rank 0 then exits 3 once every
 rank wrote its view (a restart follows under ``--max-restarts``). RANK is read at import, as
 scripts do.
@@ -91,7 +91,7 @@ def view() -> dict[str, object]:
         "threads": threading.active_count(),
         "main_is_me": sys.modules["__main__"].__dict__ is globals(),
         "rank_at_import": RANK,
-        "light": "wm_light" in sys.modules,
+        "light": "light_preload_module" in sys.modules,
     }
 
 

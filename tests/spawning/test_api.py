@@ -1,7 +1,7 @@
 """numarun.spawn / start_processes with real worker processes on this machine.
 
-Worker functions live in tests/workers/sp_funcs.py (importable as ``workers.sp_funcs`` because
-conftest puts tests/ on sys.path, which spawned workers inherit through the payload).
+Worker functions live in tests/programs/spawn_funcs.py (importable as ``workers.spawn_funcs``
+because conftest puts tests/ on sys.path, which spawned workers inherit through the payload).
 """
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ from numarun.spawning.api import (
     SpawnContext,
     start_processes,
 )
-from workers import sp_funcs
+from programs import spawn_funcs
 
 METHODS = ["spawn", "fork", "forkserver"]
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 WATCHED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD, signal.SIGUSR1)
 
 
@@ -104,7 +104,7 @@ def no_supervisor(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.parametrize("method", METHODS)
 def test_return_values_by_local_rank(method: str) -> None:
-    values = numarun.spawn(sp_funcs.echo, args=("a", 2), nprocs=2, start_method=method)
+    values = numarun.spawn(spawn_funcs.echo, args=("a", 2), nprocs=2, start_method=method)
     assert values == [(0, ("a", 2)), (1, ("a", 2))]
 
 
@@ -115,13 +115,13 @@ def test_fork_runs_closures_and_start_processes_is_the_same_api() -> None:
 
 
 def test_sys_exit_zero_is_success_with_no_value() -> None:
-    assert numarun.spawn(sp_funcs.exit_zero, nprocs=2, start_method="fork") == [None, "value"]
+    assert numarun.spawn(spawn_funcs.exit_zero, nprocs=2, start_method="fork") == [None, "value"]
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_hundred_megabytes_per_rank_come_back_without_deadlock(method: str) -> None:
     size = 100 * 1024 * 1024
-    values = numarun.spawn(sp_funcs.big_bytes, args=(size,), nprocs=2, start_method=method)
+    values = numarun.spawn(spawn_funcs.big_bytes, args=(size,), nprocs=2, start_method=method)
     assert [len(value) for value in values] == [size, size]
     assert [(value[0], value[-1]) for value in values] == [(0, 0), (1, 1)]
 
@@ -130,7 +130,7 @@ def test_spawn_is_the_function_whatever_was_imported_first() -> None:
     import numarun.spawning.api
 
     assert numarun.spawn is numarun.spawning.api.spawn
-    assert numarun.spawn(sp_funcs.echo, nprocs=1, start_method="fork") == [(0, ())]
+    assert numarun.spawn(spawn_funcs.echo, nprocs=1, start_method="fork") == [(0, ())]
 
 
 def test_import_numarun_does_not_load_the_spawn_module() -> None:
@@ -148,7 +148,7 @@ def test_import_numarun_does_not_load_the_spawn_module() -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_raised_exception_carries_the_worker_traceback(method: str) -> None:
     with pytest.raises(ProcessRaisedException) as info:
-        numarun.spawn(sp_funcs.raise_value_error, nprocs=2, start_method=method, grace_period=5)
+        numarun.spawn(spawn_funcs.raise_value_error, nprocs=2, start_method=method, grace_period=5)
     error = info.value
     assert error.error_index == 0
     assert error.pid == error.error_pid > 0
@@ -163,17 +163,17 @@ def test_raised_exception_carries_the_worker_traceback(method: str) -> None:
 @pytest.mark.parametrize(
     ("fn", "args", "code", "signal_name", "message"),
     [
-        (sp_funcs.exit_with, (3,), 3, None, "process 0 terminated with exit code 3"),
-        (sp_funcs.hard_exit, (7,), 7, None, "process 0 terminated with exit code 7"),
+        (spawn_funcs.exit_with, (3,), 3, None, "process 0 terminated with exit code 3"),
+        (spawn_funcs.hard_exit, (7,), 7, None, "process 0 terminated with exit code 7"),
         (
-            sp_funcs.kill_self,
+            spawn_funcs.kill_self,
             (int(signal.SIGSEGV),),
             -signal.SIGSEGV,
             "SIGSEGV",
             "process 0 terminated with signal SIGSEGV",
         ),
         (
-            sp_funcs.kill_self,
+            spawn_funcs.kill_self,
             (int(signal.SIGKILL),),
             -signal.SIGKILL,
             "SIGKILL",
@@ -194,14 +194,14 @@ def test_exit_codes_and_signals(
 
 def test_forkserver_worker_exit_code() -> None:
     with pytest.raises(ProcessExitedException) as info:
-        numarun.spawn(sp_funcs.exit_with, args=(3, 1), nprocs=2, start_method="forkserver")
+        numarun.spawn(spawn_funcs.exit_with, args=(3, 1), nprocs=2, start_method="forkserver")
     assert (info.value.error_index, info.value.exit_code) == (1, 3)
 
 
 def test_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path) -> None:
     with pytest.raises(ProcessRaisedException) as info:
         numarun.spawn(
-            sp_funcs.ignore_sigterm_or_fail,
+            spawn_funcs.ignore_sigterm_or_fail,
             args=(str(tmp_path),),
             nprocs=2,
             start_method="fork",
@@ -217,7 +217,7 @@ def test_worker_ignoring_sigterm_is_killed_after_the_grace_period(tmp_path: Path
 def test_grandchildren_die_with_their_workers(method: str, tmp_path: Path) -> None:
     with pytest.raises(ProcessRaisedException):
         numarun.spawn(
-            sp_funcs.grandchildren_then_fail,
+            spawn_funcs.grandchildren_then_fail,
             args=(str(tmp_path),),
             nprocs=2,
             start_method=method,
@@ -234,7 +234,7 @@ def test_grandchildren_die_with_their_workers(method: str, tmp_path: Path) -> No
 def test_first_failure_in_time_is_raised_and_later_ones_are_attached(tmp_path: Path) -> None:
     with pytest.raises(ProcessRaisedException) as info:
         numarun.spawn(
-            sp_funcs.fail_one_after_another,
+            spawn_funcs.fail_one_after_another,
             args=(str(tmp_path),),
             nprocs=2,
             start_method="fork",
@@ -271,7 +271,7 @@ def test_exceptions_pickle_round_trip() -> None:
 
 def test_real_failure_pickles_too() -> None:
     with pytest.raises(ProcessExitedException) as info:
-        numarun.spawn(sp_funcs.exit_with, args=(3,), nprocs=1, start_method="fork")
+        numarun.spawn(spawn_funcs.exit_with, args=(3,), nprocs=1, start_method="fork")
     copy = pickle.loads(pickle.dumps(info.value))
     assert (copy.exit_code, copy.error_index, copy.pid) == (3, 0, info.value.pid)
 
@@ -281,7 +281,7 @@ def test_real_failure_pickles_too() -> None:
 
 def test_context_join_with_timeout_then_values(tmp_path: Path) -> None:
     context = numarun.spawn(
-        sp_funcs.write_pid_then_sleep, args=(str(tmp_path), 1.0), nprocs=2, join=False
+        spawn_funcs.write_pid_then_sleep, args=(str(tmp_path), 1.0), nprocs=2, join=False
     )
     assert isinstance(context, SpawnContext)
     pids = context.pids()
@@ -296,7 +296,7 @@ def test_context_join_with_timeout_then_values(tmp_path: Path) -> None:
 
 def test_context_manager_tears_down_running_workers(tmp_path: Path) -> None:
     with numarun.spawn(
-        sp_funcs.write_pid_then_sleep,
+        spawn_funcs.write_pid_then_sleep,
         args=(str(tmp_path),),
         nprocs=2,
         join=False,
@@ -311,7 +311,7 @@ def test_context_manager_tears_down_running_workers(tmp_path: Path) -> None:
 def test_context_join_after_a_failure_reports_the_others_then_true() -> None:
     # torch's rule: one worker per join() call, the torn-down ones too, then True for good.
     context = numarun.spawn(
-        sp_funcs.exit_with, args=(4,), nprocs=2, join=False, start_method="fork"
+        spawn_funcs.exit_with, args=(4,), nprocs=2, join=False, start_method="fork"
     )
     with pytest.raises(ProcessExitedException) as first:
         context.join(grace_period=0.5)
@@ -329,7 +329,7 @@ def test_context_join_after_a_failure_reports_the_others_then_true() -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_explicit_binding_is_in_force_at_the_first_line(method: str) -> None:
     results = numarun.spawn(
-        sp_funcs.first_line_cpus, nprocs=2, start_method=method, binding=[[1], [0]]
+        spawn_funcs.first_line_cpus, nprocs=2, start_method=method, binding=[[1], [0]]
     )
     assert [(rank, cpus) for rank, cpus, _ in results] == [(0, "1"), (1, "0")]
 
@@ -338,16 +338,20 @@ def test_explicit_binding_is_in_force_at_the_first_line(method: str) -> None:
 def test_cpu_mode_binding_follows_the_plan(method: str) -> None:
     plan = make_plan(read_topology("/"), 2, "cpu")
     expected = [",".join(map(str, rank.cpus)) for rank in plan.ranks]
-    results = numarun.spawn(sp_funcs.first_line_cpus, nprocs=2, start_method=method, binding="cpu")
+    results = numarun.spawn(
+        spawn_funcs.first_line_cpus, nprocs=2, start_method=method, binding="cpu"
+    )
     assert [cpus for _, cpus, _ in results] == expected
     assert expected[0] != expected[1]
 
 
 def test_a_ready_plan_and_cpu_list_strings_are_accepted() -> None:
     plan = make_plan(read_topology("/"), 2, "explicit", rank_cpus=[[1], [0]])
-    by_plan = numarun.spawn(sp_funcs.first_line_cpus, nprocs=2, start_method="fork", binding=plan)
+    by_plan = numarun.spawn(
+        spawn_funcs.first_line_cpus, nprocs=2, start_method="fork", binding=plan
+    )
     by_text = numarun.spawn(
-        sp_funcs.first_line_cpus, nprocs=2, start_method="fork", binding=["1", "0"]
+        spawn_funcs.first_line_cpus, nprocs=2, start_method="fork", binding=["1", "0"]
     )
     assert [cpus for _, cpus, _ in by_plan] == [cpus for _, cpus, _ in by_text] == ["1", "0"]
 
@@ -356,17 +360,21 @@ def test_a_ready_plan_and_cpu_list_strings_are_accepted() -> None:
 def test_memory_binding_reaches_the_worker(
     mode: str, expected: tuple[str, tuple[int, ...]]
 ) -> None:
-    values = numarun.spawn(sp_funcs.memory_policy, nprocs=2, binding=[[0], [1]], mem_binding=mode)
+    values = numarun.spawn(
+        spawn_funcs.memory_policy, nprocs=2, binding=[[0], [1]], mem_binding=mode
+    )
     assert values == [expected, expected]
 
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_parent_state_is_unchanged_after_success_and_failure(method: str) -> None:
     before = _parent_state()
-    numarun.spawn(sp_funcs.echo, nprocs=2, start_method=method, binding=[[1], [0]])
+    numarun.spawn(spawn_funcs.echo, nprocs=2, start_method=method, binding=[[1], [0]])
     assert _parent_state() == before
     with pytest.raises(ProcessRaisedException):
-        numarun.spawn(sp_funcs.raise_value_error, nprocs=2, start_method=method, binding=[[1], [0]])
+        numarun.spawn(
+            spawn_funcs.raise_value_error, nprocs=2, start_method=method, binding=[[1], [0]]
+        )
     assert _parent_state() == before
 
 
@@ -377,18 +385,18 @@ def test_worker_environment_is_the_callers_by_default(monkeypatch: pytest.Monkey
     """Issue 16.6: as under torch.multiprocessing, nothing of torchrun's is added (code that
     tests ``"RANK" in os.environ`` to detect torchrun must not be fooled), and no
     OMP_NUM_THREADS for unbound workers (1 would starve Hogwild-style workers)."""
-    for name in sp_funcs.ENV_NAMES:
+    for name in spawn_funcs.ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
-    values = numarun.spawn(sp_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"})
-    expected = dict.fromkeys(sp_funcs.ENV_NAMES, None)
+    values = numarun.spawn(spawn_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"})
+    expected = dict.fromkeys(spawn_funcs.ENV_NAMES, None)
     assert values == [{**expected, "SP_EXTRA": "x"}] * 2
     assert "SP_EXTRA" not in os.environ
 
 
 def test_dist_env_gives_what_init_process_group_reads(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in sp_funcs.ENV_NAMES:
+    for name in spawn_funcs.ENV_NAMES:
         monkeypatch.delenv(name, raising=False)
-    values = numarun.spawn(sp_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"}, dist_env=True)
+    values = numarun.spawn(spawn_funcs.environment, nprocs=2, env={"SP_EXTRA": "x"}, dist_env=True)
     ports = {value["MASTER_PORT"] for value in values}
     assert len(ports) == 1
     port = int(str(ports.pop()))
@@ -410,12 +418,14 @@ def test_omp_threads_only_with_a_binding_and_never_over_the_users(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    bound = numarun.spawn(sp_funcs.environment, nprocs=2, start_method="fork", binding=[[0], [1]])
+    bound = numarun.spawn(
+        spawn_funcs.environment, nprocs=2, start_method="fork", binding=[[0], [1]]
+    )
     assert [value["OMP_NUM_THREADS"] for value in bound] == ["1", "1"]
-    alone = numarun.spawn(sp_funcs.environment, nprocs=1, start_method="fork", dist_env=True)
+    alone = numarun.spawn(spawn_funcs.environment, nprocs=1, start_method="fork", dist_env=True)
     assert alone[0]["OMP_NUM_THREADS"] is None
     chosen = numarun.spawn(
-        sp_funcs.environment,
+        spawn_funcs.environment,
         nprocs=2,
         start_method="fork",
         binding=[[0], [1]],
@@ -423,17 +433,17 @@ def test_omp_threads_only_with_a_binding_and_never_over_the_users(
     )
     assert [value["OMP_NUM_THREADS"] for value in chosen] == ["7", "7"]
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    inherited = numarun.spawn(sp_funcs.environment, start_method="fork", binding=[[0]])
+    inherited = numarun.spawn(spawn_funcs.environment, start_method="fork", binding=[[0]])
     assert inherited[0]["OMP_NUM_THREADS"] == "3"
 
 
 def test_master_address_and_port(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MASTER_ADDR", "10.0.0.1")
     monkeypatch.setenv("MASTER_PORT", "29999")
-    inherited = numarun.spawn(sp_funcs.environment, start_method="fork", dist_env=True)[0]
+    inherited = numarun.spawn(spawn_funcs.environment, start_method="fork", dist_env=True)[0]
     assert (inherited["MASTER_ADDR"], inherited["MASTER_PORT"]) == ("10.0.0.1", "29999")
     given = numarun.spawn(
-        sp_funcs.environment,
+        spawn_funcs.environment,
         start_method="fork",
         dist_env=True,
         master_addr="10.0.0.2",
@@ -458,7 +468,7 @@ def test_dist_env_arguments_are_checked_before_anything_starts(
 ) -> None:
     before = _children()
     with pytest.raises(InvalidArgument, match=re.escape(words)) as info:
-        numarun.spawn(sp_funcs.environment, start_method="fork", **kwargs)  # type: ignore[arg-type]
+        numarun.spawn(spawn_funcs.environment, start_method="fork", **kwargs)  # type: ignore[arg-type]
     assert "\n" not in str(info.value)
     assert _children() == before
 
@@ -466,7 +476,7 @@ def test_dist_env_arguments_are_checked_before_anything_starts(
 @pytest.mark.parametrize("method", ["fork", "forkserver"])
 def test_forked_workers_see_their_environment_in_os_environ(method: str) -> None:
     values = numarun.spawn(
-        sp_funcs.environment, nprocs=2, start_method=method, env={"SP_EXTRA": "y"}, dist_env=True
+        spawn_funcs.environment, nprocs=2, start_method=method, env={"SP_EXTRA": "y"}, dist_env=True
     )
     assert [(value["RANK"], value["SP_EXTRA"]) for value in values] == [("0", "y"), ("1", "y")]
     assert "SP_EXTRA" not in os.environ
@@ -517,7 +527,7 @@ class _Unpicklable:
 def test_bad_input_raises_one_line_before_anything_starts(
     kwargs: dict[str, object], error: type[Exception], words: str
 ) -> None:
-    arguments: dict[str, object] = {"fn": sp_funcs.echo, "nprocs": 1}
+    arguments: dict[str, object] = {"fn": spawn_funcs.echo, "nprocs": 1}
     arguments.update(kwargs)
     fn = arguments.pop("fn")
     with pytest.raises(error) as info:
@@ -530,7 +540,7 @@ def test_bad_input_raises_one_line_before_anything_starts(
 def test_plan_with_the_wrong_number_of_ranks_is_refused() -> None:
     plan = make_plan(read_topology("/"), 2, "cpu")
     with pytest.raises(UsageError, match="the plan has 2 ranks but nprocs is 1"):
-        numarun.spawn(sp_funcs.echo, nprocs=1, binding=plan)
+        numarun.spawn(spawn_funcs.echo, nprocs=1, binding=plan)
 
 
 @pytest.mark.usefixtures("no_supervisor")
@@ -540,7 +550,7 @@ def test_cpus_outside_our_affinity_are_refused() -> None:
     os.sched_setaffinity(0, {0})
     try:
         with pytest.raises((BindingError, PlanError)):
-            numarun.spawn(sp_funcs.echo, nprocs=2, binding=plan)
+            numarun.spawn(spawn_funcs.echo, nprocs=2, binding=plan)
     finally:
         os.sched_setaffinity(0, original)
 
@@ -548,7 +558,7 @@ def test_cpus_outside_our_affinity_are_refused() -> None:
 def test_binding_fallback_warns_and_runs_unbound() -> None:
     with pytest.warns(RuntimeWarning, match="disabled"):
         values = numarun.spawn(
-            sp_funcs.first_line_cpus,
+            spawn_funcs.first_line_cpus,
             nprocs=3,
             start_method="fork",
             binding="cpu",
@@ -575,10 +585,10 @@ def test_ctrl_c_tears_down_and_raises_keyboard_interrupt(method: str, tmp_path: 
         tmp_path,
         f"""
         import numarun
-        from workers import sp_funcs
+        from programs import spawn_funcs
         if __name__ == "__main__":
             try:
-                numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},),
+                numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},),
                               nprocs=2, start_method={method!r}, grace_period=5)
             except KeyboardInterrupt:
                 print("KeyboardInterrupt", flush=True)
@@ -599,9 +609,9 @@ def test_sigterm_tears_down_then_ends_the_parent_by_sigterm(tmp_path: Path) -> N
         tmp_path,
         f"""
         import numarun
-        from workers import sp_funcs
+        from programs import spawn_funcs
         if __name__ == "__main__":
-            numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2)
+            numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2)
         """,
     )
     job = subprocess.Popen([sys.executable, str(script)])
@@ -618,12 +628,12 @@ def test_sigterm_runs_the_callers_own_handler_after_teardown(tmp_path: Path) -> 
         f"""
         import signal
         import numarun
-        from workers import sp_funcs
+        from programs import spawn_funcs
         def on_term(signum, frame):
             raise SystemExit(5)
         if __name__ == "__main__":
             signal.signal(signal.SIGTERM, on_term)
-            numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
+            numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
                           start_method="fork")
         """,
     )
@@ -646,7 +656,7 @@ def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None
         import os, signal
         import numarun
         from numarun.spawning import api as spawning
-        from workers import sp_funcs
+        from programs import spawn_funcs
         def on_term(signum, frame):
             raise SystemExit(5)
         made = spawning.ProcessContext.__init__
@@ -656,7 +666,7 @@ def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None
         spawning.ProcessContext.__init__ = made_then_signalled
         if __name__ == "__main__":
             signal.signal(signal.SIGTERM, on_term)
-            numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
+            numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
                           start_method="fork")
         """,
     )
@@ -733,17 +743,17 @@ def _leak_free_runs(
     temp.mkdir()
     monkeypatch.setattr("tempfile.tempdir", str(temp))
     monkeypatch.setenv("TMPDIR", str(temp))
-    numarun.spawn(sp_funcs.echo, nprocs=2, start_method=method)  # warm up (e.g. the forkserver)
+    numarun.spawn(spawn_funcs.echo, nprocs=2, start_method=method)  # warm up (e.g. the forkserver)
     fds, children = _open_fds(), _children()
     threads = threading.active_count()
     for run in range(runs):
-        assert numarun.spawn(sp_funcs.echo, args=(run,), nprocs=2, start_method=method) == [
+        assert numarun.spawn(spawn_funcs.echo, args=(run,), nprocs=2, start_method=method) == [
             (0, (run,)),
             (1, (run,)),
         ]
     if runs > 1:
         with pytest.raises(ProcessRaisedException):
-            numarun.spawn(sp_funcs.raise_value_error, nprocs=2, start_method=method)
+            numarun.spawn(spawn_funcs.raise_value_error, nprocs=2, start_method=method)
     assert _open_fds() == fds
     assert _children() == children
     assert threading.active_count() == threads
@@ -770,7 +780,7 @@ def test_join_grace_period_overrides_the_one_given_to_spawn(
     """join's grace period (as torch's: waited before SIGTERM too) also replaces spawn's
     time between SIGTERM and SIGKILL: rank 1 needs 0.3 s after SIGTERM to clean up."""
     context = numarun.spawn(
-        sp_funcs.slow_sigterm_cleanup,
+        spawn_funcs.slow_sigterm_cleanup,
         args=(str(tmp_path),),
         nprocs=2,
         join=False,
@@ -784,7 +794,7 @@ def test_join_grace_period_overrides_the_one_given_to_spawn(
 
 def test_unpicklable_return_value_is_reported_as_raised() -> None:
     with pytest.raises(ProcessRaisedException) as info:
-        numarun.spawn(sp_funcs.return_unpicklable, nprocs=1, start_method="fork")
+        numarun.spawn(spawn_funcs.return_unpicklable, nprocs=1, start_method="fork")
     assert "while pickling the return value of fn" in str(info.value)
 
 
@@ -793,7 +803,7 @@ def test_spawn_from_another_thread(method: str) -> None:
     outcome: list[object] = []
     thread = threading.Thread(
         target=lambda: outcome.append(
-            numarun.spawn(sp_funcs.echo, args=(5,), nprocs=2, start_method=method)
+            numarun.spawn(spawn_funcs.echo, args=(5,), nprocs=2, start_method=method)
         )
     )
     thread.start()
@@ -804,7 +814,7 @@ def test_spawn_from_another_thread(method: str) -> None:
 def test_memory_binding_falls_back_with_the_cpu_binding() -> None:
     with pytest.warns(RuntimeWarning) as record:
         values = numarun.spawn(
-            sp_funcs.memory_policy,
+            spawn_funcs.memory_policy,
             nprocs=3,
             start_method="fork",
             binding="cpu",
@@ -839,7 +849,7 @@ def test_worker_surviving_sigkill_is_reported_and_spawn_still_returns(
             pytest.raises(ProcessRaisedException) as info,
         ):
             numarun.spawn(
-                sp_funcs.ignore_sigterm_or_fail,
+                spawn_funcs.ignore_sigterm_or_fail,
                 args=(str(tmp_path),),
                 nprocs=2,
                 start_method="fork",
@@ -861,10 +871,10 @@ def test_a_signal_ignored_by_the_caller_does_not_tear_down(tmp_path: Path) -> No
         f"""
         import signal
         import numarun
-        from workers import sp_funcs
+        from programs import spawn_funcs
         if __name__ == "__main__":
             signal.signal(signal.SIGHUP, signal.SIG_IGN)  # what nohup does
-            print(numarun.spawn(sp_funcs.write_pid_then_sleep, args=({str(tmp_path)!r}, 1.0),
+            print(numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r}, 1.0),
                                 nprocs=2, start_method="fork"), flush=True)
         """,
     )
@@ -882,7 +892,7 @@ def test_a_bad_keywords_traceback_is_the_callers_line_and_spawns_raise() -> None
     import traceback
 
     with pytest.raises(UsageError) as info:
-        numarun.spawn(sp_funcs.echo, nprocs=2, binding="explicit")
+        numarun.spawn(spawn_funcs.echo, nprocs=2, binding="explicit")
     frames = traceback.extract_tb(info.value.__traceback__)
     assert [frame.name for frame in frames] == [
         "test_a_bad_keywords_traceback_is_the_callers_line_and_spawns_raise",

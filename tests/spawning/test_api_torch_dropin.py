@@ -6,7 +6,7 @@ checks is checked here for numarun, in this project's words, under every start m
 Where torch runs cheaply (``fork``), the same case runs through torch side by side. Then the
 argument types multiprocessing passes, the child's multiprocessing state, Lightning's launcher,
 exit without joining, and one regression test per item of the companion issue (11.1 to 11.6).
-Worker functions live in tests/workers/sp_dropin.py.
+Worker functions live in tests/programs/spawn_dropin_funcs.py.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ import torch.multiprocessing as torch_mp
 import numarun
 from numarun.errors import InvalidArgument, UsageError
 from numarun.spawning.api import ProcessExitedException, ProcessRaisedException
-from workers import sp_dropin
+from programs import spawn_dropin_funcs
 
 TORCH_SPAWN = sys.modules["torch.multiprocessing.spawn"]  # the module (torch_mp.spawn: a function)
 
 METHODS = ["spawn", "fork", "forkserver"]
-TESTS_DIR = Path(__file__).resolve().parent
+TESTS_DIR = Path(__file__).resolve().parents[1]
 SRC_DIR = Path(numarun.__file__).resolve().parent.parent
 PREFIXES = {"spawn": "SpawnProcess", "fork": "ForkProcess", "forkserver": "ForkServerProcess"}
 TORCH_LOGGER = "torch.multiprocessing.spawn"
@@ -73,7 +73,7 @@ def _dead(pid: int, timeout: float = 10.0) -> bool:
 
 
 def _run_script(tmp_path: Path, body: str, *args: str, timeout: float = 60) -> str:
-    """Runs ``body`` as a script that can import tests/workers; returns its stdout."""
+    """Runs ``body`` as a script that can import tests/programs; returns its stdout."""
     script = tmp_path / "job.py"
     script.write_text(
         f"import sys\nsys.path.insert(0, {str(TESTS_DIR)!r})\n" + textwrap.dedent(body)
@@ -90,8 +90,13 @@ def _run_script(tmp_path: Path, body: str, *args: str, timeout: float = 60) -> s
 
 @pytest.mark.parametrize("method", METHODS)
 def test_success_and_a_context_that_stays_joined(method: str) -> None:
-    assert numarun.start_processes(sp_dropin.nothing, nprocs=2, start_method=method) == [None] * 2
-    context = numarun.start_processes(sp_dropin.nothing, nprocs=2, join=False, start_method=method)
+    assert (
+        numarun.start_processes(spawn_dropin_funcs.nothing, nprocs=2, start_method=method)
+        == [None] * 2
+    )
+    context = numarun.start_processes(
+        spawn_dropin_funcs.nothing, nprocs=2, join=False, start_method=method
+    )
     context.join(timeout=None)
     context.join(timeout=None)
     assert context.join(timeout=None) is True
@@ -100,7 +105,9 @@ def test_success_and_a_context_that_stays_joined(method: str) -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_the_first_argument_is_the_process_index(method: str) -> None:
     queue = multiprocessing.get_context(method).SimpleQueue()
-    numarun.start_processes(sp_dropin.put_rank, args=(queue,), nprocs=2, start_method=method)
+    numarun.start_processes(
+        spawn_dropin_funcs.put_rank, args=(queue,), nprocs=2, start_method=method
+    )
     assert sorted([queue.get(), queue.get()]) == [0, 1]
 
 
@@ -109,7 +116,7 @@ def test_the_raising_process_is_named_and_its_error_ends_the_message(method: str
     for failing in (0, 1):
         with pytest.raises(ProcessRaisedException) as info:
             numarun.start_processes(
-                sp_dropin.raise_on, args=(failing,), nprocs=2, start_method=method
+                spawn_dropin_funcs.raise_on, args=(failing,), nprocs=2, start_method=method
             )
         pattern = f"\nValueError: legitimate exception from process {failing}$"
         assert re.search(pattern, str(info.value)), str(info.value)
@@ -123,20 +130,20 @@ def test_every_process_raising(method: str) -> None:
         match=r"\nValueError: legitimate exception "
         r"from process (0|1)$",
     ):
-        numarun.start_processes(sp_dropin.raise_everywhere, nprocs=2, start_method=method)
+        numarun.start_processes(spawn_dropin_funcs.raise_everywhere, nprocs=2, start_method=method)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_death_by_signal_is_named(method: str) -> None:
     with pytest.raises(ProcessExitedException, match="process 0 terminated with signal SIGABRT"):
-        numarun.start_processes(sp_dropin.abort_rank_zero, nprocs=2, start_method=method)
+        numarun.start_processes(spawn_dropin_funcs.abort_rank_zero, nprocs=2, start_method=method)
 
 
 @pytest.mark.parametrize("method", METHODS)
 def test_success_first_then_an_exception(method: str) -> None:
     with pytest.raises(ProcessRaisedException, match="ValueError: legitimate exception"):
         numarun.start_processes(
-            sp_dropin.succeed_then_raise, args=(123,), nprocs=2, start_method=method
+            spawn_dropin_funcs.succeed_then_raise, args=(123,), nprocs=2, start_method=method
         )
 
 
@@ -144,8 +151,8 @@ def test_messages_match_torch_word_for_word() -> None:
     """The same failures through torch and numarun (fork: cheap for torch) give equal text,
     and each is caught by the other's class."""
     cases = [
-        (sp_dropin.exit_rank_zero, (123, 1.0), "process 0 terminated with exit code 123"),
-        (sp_dropin.abort_rank_zero, (), "process 0 terminated with signal SIGABRT"),
+        (spawn_dropin_funcs.exit_rank_zero, (123, 1.0), "process 0 terminated with exit code 123"),
+        (spawn_dropin_funcs.abort_rank_zero, (), "process 0 terminated with signal SIGABRT"),
     ]
     for fn, args, message in cases:
         texts = []
@@ -157,7 +164,7 @@ def test_messages_match_torch_word_for_word() -> None:
     tails = []
     for start in (torch_mp.start_processes, numarun.start_processes):
         with pytest.raises(torch_mp.ProcessRaisedException) as raised:
-            start(sp_dropin.raise_on, args=(1,), nprocs=2, start_method="fork")
+            start(spawn_dropin_funcs.raise_on, args=(1,), nprocs=2, start_method="fork")
         text = str(raised.value)
         assert text.startswith("\n\n-- Process 1 terminated with the following error:\n")
         tails.append(text.rstrip().splitlines()[-1])
@@ -200,7 +207,11 @@ def test_join_grace_period_as_torch(method: str, grace_period: float | None) -> 
     is terminated at once, with torch's warning on torch's logger; with 20 s it ends on its own
     (exit code 0) and nothing is logged. No process is left either way."""
     context = numarun.start_processes(
-        sp_dropin.exit_rank_zero, args=(123, 4.0), nprocs=2, join=False, start_method=method
+        spawn_dropin_funcs.exit_rank_zero,
+        args=(123, 4.0),
+        nprocs=2,
+        join=False,
+        start_method=method,
     )
     pid1 = context.processes[1].pid
     started = time.monotonic()
@@ -229,7 +240,11 @@ def test_join_grace_period_side_by_side_with_torch() -> None:
     for start in (torch_mp.start_processes, numarun.start_processes):
         for grace_period in (None, 20):
             context = start(
-                sp_dropin.exit_rank_zero, args=(5, 1.0), nprocs=2, join=False, start_method="fork"
+                spawn_dropin_funcs.exit_rank_zero,
+                args=(5, 1.0),
+                nprocs=2,
+                join=False,
+                start_method="fork",
             )
             with _torch_spawn_log() as records, pytest.raises(torch_mp.ProcessExitedException):
                 while not context.join(grace_period=grace_period):
@@ -249,7 +264,11 @@ def test_the_teardown_warning_is_seen_by_assert_logs_on_torchs_logger(method: st
     """Issue 16.8: torch's users listen on its logger (``assertLogs``, ``logging.config``
     filters); numarun's warning must reach them there, under every start method."""
     context = numarun.start_processes(
-        sp_dropin.exit_rank_zero, args=(123, 30.0), nprocs=2, join=False, start_method=method
+        spawn_dropin_funcs.exit_rank_zero,
+        args=(123, 30.0),
+        nprocs=2,
+        join=False,
+        start_method=method,
     )
     pid1 = context.processes[1].pid
     case = unittest.TestCase()
@@ -269,7 +288,7 @@ def test_workers_of_a_killed_worker_die_with_it(method: str) -> None:
     itself; its workers must be gone well before they would have ended."""
     here, there = multiprocessing.get_context(method).Pipe()
     context = numarun.start_processes(
-        sp_dropin.start_nested_then_die,
+        spawn_dropin_funcs.start_nested_then_die,
         args=(there, method),
         nprocs=1,
         join=False,
@@ -292,11 +311,11 @@ def test_workers_of_a_killed_worker_die_with_it(method: str) -> None:
 
 def test_spawn_with_a_missing_argument_raises_process_raised() -> None:
     with pytest.raises(ProcessRaisedException, match="missing 1 required positional argument"):
-        numarun.spawn(sp_dropin.succeed_then_raise, args=(), nprocs=1)
+        numarun.spawn(spawn_dropin_funcs.succeed_then_raise, args=(), nprocs=1)
 
 
 def test_a_worker_killed_from_outside_raises_process_exited() -> None:
-    context = numarun.spawn(sp_dropin.sleep_forever, args=(), nprocs=1, join=False)
+    context = numarun.spawn(spawn_dropin_funcs.sleep_forever, args=(), nprocs=1, join=False)
     for pid in context.pids():
         os.kill(pid, signal.SIGTERM)
     with pytest.raises(ProcessExitedException) as info:
@@ -306,7 +325,7 @@ def test_a_worker_killed_from_outside_raises_process_exited() -> None:
 
 def test_exit_code_twelve() -> None:
     with pytest.raises(ProcessExitedException) as info:
-        numarun.spawn(sp_dropin.exit_twelve, args=(), nprocs=1)
+        numarun.spawn(spawn_dropin_funcs.exit_twelve, args=(), nprocs=1)
     assert info.value.exit_code == 12
 
 
@@ -329,7 +348,9 @@ def test_torchs_parallel_start_switch_changes_nothing(
     workers are always started back to back and awaited together (README's table)."""
     monkeypatch.setenv("TORCH_MP_PARALLEL_START", parallel)
     queue = multiprocessing.get_context("forkserver").SimpleQueue()
-    numarun.start_processes(sp_dropin.put_rank, args=(queue,), nprocs=2, start_method="forkserver")
+    numarun.start_processes(
+        spawn_dropin_funcs.put_rank, args=(queue,), nprocs=2, start_method="forkserver"
+    )
     assert sorted([queue.get(), queue.get()]) == [0, 1]
 
 
@@ -338,16 +359,16 @@ def test_torchs_parallel_start_switch_changes_nothing(
 
 def test_torchs_except_clauses_catch_numaruns_exceptions() -> None:
     with pytest.raises(torch_mp.ProcessRaisedException) as raised:
-        numarun.spawn(sp_dropin.raise_on, args=(0,), nprocs=1, start_method="fork")
+        numarun.spawn(spawn_dropin_funcs.raise_on, args=(0,), nprocs=1, start_method="fork")
     with pytest.raises(torch_mp.ProcessExitedException) as exited:
-        numarun.spawn(sp_dropin.exit_twelve, nprocs=1, start_method="fork")
+        numarun.spawn(spawn_dropin_funcs.exit_twelve, nprocs=1, start_method="fork")
     for error in (raised.value, exited.value):
         assert isinstance(error, TORCH_SPAWN.ProcessException)
         assert isinstance(error, numarun.ProcessException)
         assert error.msg == str(error) and error.pid == error.error_pid > 0
     assert (exited.value.exit_code, exited.value.signal_name) == (12, None)
     try:
-        numarun.spawn(sp_dropin.raise_on, args=(0,), nprocs=1, start_method="fork")
+        numarun.spawn(spawn_dropin_funcs.raise_on, args=(0,), nprocs=1, start_method="fork")
     except TORCH_SPAWN.ProcessException as caught:  # what except really checks
         assert caught.error_index == 0
     copy = pickle.loads(pickle.dumps(raised.value))
@@ -362,10 +383,10 @@ def test_without_torch_loaded_the_exceptions_stand_alone(tmp_path: Path) -> None
         """
         import pickle
         import numarun
-        from workers import sp_dropin
+        from programs import spawn_dropin_funcs
         if __name__ == "__main__":
             try:
-                numarun.spawn(sp_dropin.raise_on, args=(0,), nprocs=1, start_method="fork")
+                numarun.spawn(spawn_dropin_funcs.raise_on, args=(0,), nprocs=1, start_method="fork")
             except numarun.ProcessRaisedException as error:
                 copy = pickle.loads(pickle.dumps(error))
                 print(type(error).__mro__[1].__name__, type(copy).__name__,
@@ -377,20 +398,22 @@ def test_without_torch_loaded_the_exceptions_stand_alone(tmp_path: Path) -> None
 
 def test_bad_arguments_are_value_errors_as_in_torch() -> None:
     with pytest.raises(ValueError, match="cannot find context for 'thread'"):
-        torch_mp.start_processes(sp_dropin.nothing, start_method="thread")
+        torch_mp.start_processes(spawn_dropin_funcs.nothing, start_method="thread")
     for kwargs, words in (
         ({"start_method": "thread"}, "unknown start_method 'thread'"),
         ({"nprocs": 0}, "nprocs must be an integer >= 1"),
     ):
         with pytest.raises(ValueError, match=words) as info:
-            numarun.start_processes(sp_dropin.nothing, **kwargs)  # type: ignore[arg-type]
+            numarun.start_processes(spawn_dropin_funcs.nothing, **kwargs)  # type: ignore[arg-type]
         assert isinstance(info.value, (UsageError, InvalidArgument))
         assert "\n" not in str(info.value)
 
 
 def test_start_method_none_is_the_platform_default() -> None:
     """Issue 11.4."""
-    context = numarun.start_processes(sp_dropin.nothing, nprocs=1, join=False, start_method=None)
+    context = numarun.start_processes(
+        spawn_dropin_funcs.nothing, nprocs=1, join=False, start_method=None
+    )
     assert context.join() is True
     default = multiprocessing.get_start_method()
     assert context.processes[0].name.startswith(PREFIXES[default] + "-")
@@ -417,7 +440,7 @@ def test_every_argument_type_side_by_side_with_torch(method: str) -> None:
             shared = manager.dict()
             tensor = torch.zeros(2).share_memory_()
             start(
-                sp_dropin.use_everything,
+                spawn_dropin_funcs.use_everything,
                 args=(simple, queue, event, lock, there, shared, tensor),
                 nprocs=2,
                 start_method=method,
@@ -449,7 +472,9 @@ def test_results_bring_their_fds_with_them(method: str) -> None:
     """Return values pickle as arguments do: a tensor created in the worker, the caller's
     shared tensor (changed in place: one storage), and a pipe end made in the worker."""
     tensor = torch.zeros(2).share_memory_()
-    values = numarun.spawn(sp_dropin.shared_results, args=(tensor,), nprocs=2, start_method=method)
+    values = numarun.spawn(
+        spawn_dropin_funcs.shared_results, args=(tensor,), nprocs=2, start_method=method
+    )
     assert tensor.tolist() == [2.0, 2.0]
     for rank, (made, returned, connection) in enumerate(values):
         assert made.tolist() == [float(rank)] * 3
@@ -469,16 +494,16 @@ def test_the_childs_multiprocessing_state_is_multiprocessings(method: str, tmp_p
         f"""
         import json, multiprocessing, os
         import numarun
-        from workers import sp_dropin
+        from programs import spawn_dropin_funcs
         if __name__ == "__main__":
             context = multiprocessing.get_context({method!r})
             queue = context.Queue()
-            anchor = context.Process(target=sp_dropin.multiprocessing_state_into, args=(queue,),
-                                     daemon=True)
+            anchor = context.Process(target=spawn_dropin_funcs.multiprocessing_state_into,
+                                     args=(queue,), daemon=True)
             anchor.start()
             theirs = queue.get(timeout=60)
             anchor.join()
-            ours = numarun.spawn(sp_dropin.multiprocessing_state, nprocs=1, daemon=True,
+            ours = numarun.spawn(spawn_dropin_funcs.multiprocessing_state, nprocs=1, daemon=True,
                                  start_method={method!r})[0]
             me = dict(pid=os.getpid(), authkey=bytes(multiprocessing.current_process().authkey))
             print(json.dumps([theirs, ours, me], default=lambda b: b.hex()))
@@ -504,7 +529,11 @@ def test_the_childs_multiprocessing_state_is_multiprocessings(method: str, tmp_p
 def test_binding_is_in_force_at_the_first_line_with_a_queue_argument(method: str) -> None:
     queue = multiprocessing.get_context(method).SimpleQueue()
     numarun.spawn(
-        sp_dropin.cpus_first, args=(queue,), nprocs=2, start_method=method, binding=[[1], [0]]
+        spawn_dropin_funcs.cpus_first,
+        args=(queue,),
+        nprocs=2,
+        start_method=method,
+        binding=[[1], [0]],
     )
     assert sorted([queue.get(), queue.get()]) == [(0, "1"), (1, "0")]
 
@@ -512,7 +541,9 @@ def test_binding_is_in_force_at_the_first_line_with_a_queue_argument(method: str
 def test_unpicklable_arguments_are_refused_before_anything_starts() -> None:
     fork_lock = multiprocessing.get_context("fork").Lock()
     with pytest.raises(ValueError, match="A SemLock created in a fork context") as info:
-        numarun.spawn(sp_dropin.put_rank, args=(fork_lock,), nprocs=1, start_method="spawn")
+        numarun.spawn(
+            spawn_dropin_funcs.put_rank, args=(fork_lock,), nprocs=1, start_method="spawn"
+        )
     assert "\n" not in str(info.value)
 
 
@@ -522,7 +553,11 @@ def test_unpicklable_arguments_are_refused_before_anything_starts() -> None:
 @pytest.mark.parametrize("method", METHODS)
 def test_processes_as_multiprocessing_processes(method: str, tmp_path: Path) -> None:
     context = numarun.start_processes(
-        sp_dropin.write_after, args=(str(tmp_path), 0.5), nprocs=2, join=False, start_method=method
+        spawn_dropin_funcs.write_after,
+        args=(str(tmp_path), 0.5),
+        nprocs=2,
+        join=False,
+        start_method=method,
     )
     processes = context.processes
     assert all(isinstance(p, multiprocessing.process.BaseProcess) for p in processes)
@@ -544,9 +579,9 @@ def test_processes_as_multiprocessing_processes(method: str, tmp_path: Path) -> 
 
 def test_one_process_joins_while_the_other_runs(tmp_path: Path) -> None:
     context = numarun.start_processes(
-        sp_dropin.write_after, args=(str(tmp_path), 0.0), nprocs=1, join=False
+        spawn_dropin_funcs.write_after, args=(str(tmp_path), 0.0), nprocs=1, join=False
     )
-    slow = numarun.start_processes(sp_dropin.sleep_forever, nprocs=1, join=False)
+    slow = numarun.start_processes(spawn_dropin_funcs.sleep_forever, nprocs=1, join=False)
     try:
         context.processes[0].join(timeout=30)
         assert context.processes[0].exitcode == 0
@@ -565,12 +600,12 @@ def test_one_process_joins_while_the_other_runs(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 def test_lightning_style_launcher(method: str) -> None:
-    launcher = sp_dropin.Launcher(numarun.start_processes, method, 2)
-    assert launcher.launch(sp_dropin.train, 7) == {"steps": 7, "local_rank": "0"}
+    launcher = spawn_dropin_funcs.Launcher(numarun.start_processes, method, 2)
+    assert launcher.launch(spawn_dropin_funcs.train, 7) == {"steps": 7, "local_rank": "0"}
     assert len(launcher.procs) == 2 and not any(p.is_alive() for p in launcher.procs)
     assert launcher.kill(signal.SIGTERM) == []
-    anchor = sp_dropin.Launcher(torch_mp.start_processes, "fork", 2)
-    assert anchor.launch(sp_dropin.train, 7) == {"steps": 7, "local_rank": "0"}
+    anchor = spawn_dropin_funcs.Launcher(torch_mp.start_processes, "fork", 2)
+    assert anchor.launch(spawn_dropin_funcs.train, 7) == {"steps": 7, "local_rank": "0"}
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -578,7 +613,7 @@ def test_workers_run_before_join(method: str) -> None:
     """Issue 11.1: the caller waits on a queue before it joins."""
     queue = multiprocessing.get_context(method).Queue()
     context = numarun.start_processes(
-        sp_dropin.put_rank, args=(queue,), nprocs=2, join=False, start_method=method
+        spawn_dropin_funcs.put_rank, args=(queue,), nprocs=2, join=False, start_method=method
     )
     try:
         assert sorted([queue.get(timeout=30), queue.get(timeout=30)]) == [0, 1]
@@ -589,11 +624,11 @@ def test_workers_run_before_join(method: str) -> None:
 UNJOINED = """
 import os, sys, time
 import numarun
-from workers import sp_dropin
+from programs import spawn_dropin_funcs
 if __name__ == "__main__":
     method, daemon, directory = sys.argv[1], sys.argv[2] == "daemon", sys.argv[3]
-    context = numarun.start_processes(sp_dropin.write_after, args=(directory, 1.0), nprocs=2,
-                                      join=False, daemon=daemon, start_method=method)
+    context = numarun.start_processes(spawn_dropin_funcs.write_after, args=(directory, 1.0),
+                                      nprocs=2, join=False, daemon=daemon, start_method=method)
     while not all(os.path.exists(os.path.join(directory, f"pid{r}")) for r in (0, 1)):
         time.sleep(0.01)
 """
@@ -645,7 +680,7 @@ def test_the_last_queue_put_arrives(method: str) -> None:
     """Issue 11.2: a worker's queue feeder thread is flushed by multiprocessing's exit handler
     before the worker exits."""
     queue = multiprocessing.get_context(method).Queue()
-    numarun.spawn(sp_dropin.many_puts, args=(queue, 500), nprocs=2, start_method=method)
+    numarun.spawn(spawn_dropin_funcs.many_puts, args=(queue, 500), nprocs=2, start_method=method)
     items = [queue.get(timeout=10) for _ in range(1000)]
     assert sorted(items) == sorted((rank, index) for rank in (0, 1) for index in range(500))
 
@@ -653,7 +688,7 @@ def test_the_last_queue_put_arrives(method: str) -> None:
 def test_a_fork_worker_can_fork_workers_of_its_own() -> None:
     """Issue 11.5: the fd registry inherited from the caller is emptied in a fork worker, so
     its own fork workers keep the pipes it opened since."""
-    values = numarun.spawn(sp_dropin.fork_a_grandchild, nprocs=2, start_method="fork")
+    values = numarun.spawn(spawn_dropin_funcs.fork_a_grandchild, nprocs=2, start_method="fork")
     assert values == [b"from the grandchild"] * 2
 
 
@@ -706,7 +741,9 @@ def test_worker_environment_side_by_side_with_torch(
         ("numarun", numarun.start_processes, method),
     ):
         queue = multiprocessing.get_context(start_method).SimpleQueue()
-        start(sp_dropin.put_environment, args=(queue,), nprocs=2, start_method=start_method)
+        start(
+            spawn_dropin_funcs.put_environment, args=(queue,), nprocs=2, start_method=start_method
+        )
         seen[name] = dict(queue.get() for _ in range(2))
     callers = dict(os.environ)
     assert seen["torch"] == {0: callers, 1: callers}
@@ -716,7 +753,7 @@ def test_worker_environment_side_by_side_with_torch(
 
 
 CTRL_C_JOB = """
-from workers import sp_dropin
+from programs import spawn_dropin_funcs
 if __name__ == "__main__":
     launcher, method, directory = sys.argv[1:4]
     if launcher == "torch":
@@ -724,7 +761,7 @@ if __name__ == "__main__":
     else:
         from numarun import start_processes
     try:
-        start_processes(sp_dropin.checkpoint_on_interrupt, args=(directory,), nprocs=2,
+        start_processes(spawn_dropin_funcs.checkpoint_on_interrupt, args=(directory,), nprocs=2,
                         start_method=method)
     except KeyboardInterrupt:
         print("KeyboardInterrupt", flush=True)
@@ -778,12 +815,16 @@ def test_nprocs_zero_side_by_side_with_torch() -> None:
     """Issue 16.8, a difference kept and listed in the README's table: torch starts nothing
     and returns; numarun refuses (``nprocs=torch.cuda.device_count()`` on a machine without a
     GPU must not train nothing in silence)."""
-    assert torch_mp.start_processes(sp_dropin.nothing, nprocs=0, start_method="fork") is None
-    context = torch_mp.start_processes(sp_dropin.nothing, nprocs=0, join=False)
+    assert (
+        torch_mp.start_processes(spawn_dropin_funcs.nothing, nprocs=0, start_method="fork") is None
+    )
+    context = torch_mp.start_processes(spawn_dropin_funcs.nothing, nprocs=0, join=False)
     assert (context.processes, context.join()) == ([], True)
     for join in (True, False):
         with pytest.raises(InvalidArgument, match="nprocs must be an integer >= 1, got 0"):
-            numarun.start_processes(sp_dropin.nothing, nprocs=0, join=join, start_method="fork")
+            numarun.start_processes(
+                spawn_dropin_funcs.nothing, nprocs=0, join=join, start_method="fork"
+            )
 
 
 def _joins_after_a_failure(
@@ -791,7 +832,9 @@ def _joins_after_a_failure(
 ) -> list[tuple[str, int | None, int | None]]:
     """(outcome, error_index, exit_code) of four ``join()`` calls after rank 1 raised while
     ranks 0 and 2 slept: what each later call reports."""
-    context = start(sp_dropin.raise_on, args=(1,), nprocs=3, join=False, start_method="fork")
+    context = start(
+        spawn_dropin_funcs.raise_on, args=(1,), nprocs=3, join=False, start_method="fork"
+    )
     seen: list[tuple[str, int | None, int | None]] = []
     for _ in range(4):
         try:
@@ -821,13 +864,15 @@ def test_keyboard_interrupt_inside_a_worker_side_by_side_with_torch() -> None:
     that leaves ``fn`` is a clean exit for torch (exit code 0, nothing raised), a failure for
     numarun (a worker that stopped early must not look successful)."""
     context = torch_mp.start_processes(
-        sp_dropin.raise_keyboard_interrupt, nprocs=1, join=False, start_method="fork"
+        spawn_dropin_funcs.raise_keyboard_interrupt, nprocs=1, join=False, start_method="fork"
     )
     while not context.join():
         pass
     assert context.processes[0].exitcode == 0
     with pytest.raises(ProcessRaisedException, match="\nKeyboardInterrupt\n") as info:
-        numarun.start_processes(sp_dropin.raise_keyboard_interrupt, nprocs=1, start_method="fork")
+        numarun.start_processes(
+            spawn_dropin_funcs.raise_keyboard_interrupt, nprocs=1, start_method="fork"
+        )
     assert info.value.error_index == 0
 
 
@@ -839,7 +884,7 @@ def test_exitcode_and_is_alive_never_wait_for_the_teardown(method: str, tmp_path
     still ends, and the child with it, when the context is stopped."""
     pid_file = tmp_path / "leftover"
     context = numarun.start_processes(
-        sp_dropin.leave_a_sigterm_ignoring_child,
+        spawn_dropin_funcs.leave_a_sigterm_ignoring_child,
         args=(str(pid_file),),
         nprocs=1,
         join=False,
@@ -882,10 +927,10 @@ def test_numarun_found_only_through_the_callers_sys_path(isolated: bool, tmp_pat
             sys.path.insert(0, {str(vendored)!r})
             sys.path.insert(1, {str(TESTS_DIR)!r})
             import numarun
-            from workers import sp_dropin
+            from programs import spawn_dropin_funcs
             if __name__ == "__main__":
                 print(numarun.__file__)
-                print(numarun.spawn(sp_dropin.numarun_location, nprocs=2)[1])
+                print(numarun.spawn(spawn_dropin_funcs.numarun_location, nprocs=2)[1])
             """
         )
     )
