@@ -1,5 +1,6 @@
 """The whole job from any node: stacks, the hang verdict and failures across nodes through the
-rendezvous store; the store off the supervisor's loop; torch's private names.
+rendezvous store; the store off the supervisor's loop; launches without torch's private names
+(the names read one by one: ``tests/launch/test_torchcompat.py``).
 
 Each "node" is one launcher on this machine with its own ``NUMARUN_RUNTIME_DIR`` (as two hosts
 have); the nodes meet in a c10d rendezvous on 127.0.0.1. Workers:
@@ -18,7 +19,6 @@ import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -466,84 +466,6 @@ def test_a_torch_older_than_2_4_is_refused_in_one_line_naming_it(job: Job, tmp_p
         "2.3.1+cpu: upgrade torch (or use --rdzv-backend static)"
     ], done.stderr
     assert list(tmp_path.glob("env.*")) == []  # nothing started
-
-
-@pytest.mark.parametrize(
-    ("version", "release"),
-    [("2.4.1+cu121", (2, 4)), ("2.15.0", (2, 15)), ("2.16.0a0+git1234", (2, 16)),
-     ("10.0", (10, 0)), ("unknown", None), ("2", None)],
-)  # fmt: skip
-def test_torch_releases_are_read_from_any_version_string(
-    version: str, release: tuple[int, int] | None
-) -> None:
-    from numarun.launch import torchcompat
-
-    assert torchcompat.torch_release(version) == release
-
-
-class _Info:
-    def __init__(self, rank: int, store: object, addr: str = "node0", port: int = 1234) -> None:
-        from types import SimpleNamespace
-
-        self.rank = rank
-        self.store = store
-        self.bootstrap_store_info = SimpleNamespace(master_addr=addr, master_port=port)
-
-
-class _Handler:
-    def __init__(self, shared: bool) -> None:
-        self.use_agent_store = shared
-
-
-def test_the_workers_store_follows_torchs_handler_in_each_case(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Not shared (torch 2.4, etcd): exactly what torch's handler built for the round. Shared
-    # (2.5 on): the store torch's handler gives rank 0, published again under torch's own keys
-    # every round and read back by every node, so a node that joins later (or a torchrun node)
-    # gets the same one.
-    from datetime import timedelta
-
-    from torch.distributed import TCPStore
-
-    from numarun.launch import torchcompat
-
-    def store_of(shared: bool, rank: int, first: bool = True, **info: Any) -> tuple:
-        return torchcompat.workers_store(
-            _Handler(shared), _Info(rank, store, **info), first_round=first, local_addr="10.1.2.3"
-        )
-
-    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
-    assert store_of(False, 1) == ("node0", 1234, False)
-    assert not store.check(["MASTER_ADDR"])
-    assert store_of(True, 0) == ("node0", 1234, True)
-    assert store.get("MASTER_PORT") == b"1234"
-    # Another node whose own (first-round) idea differs reads rank 0's.
-    assert store_of(True, 1, addr="stale", port=1) == ("node0", 1234, True)
-    # A later round where torch cannot empty its store: a fresh one, hosted here.
-    with monkeypatch.context() as patch:
-        patch.setattr(torchcompat, "can_clear_worker_store", lambda: False)
-        addr, port, shared = store_of(True, 0, first=False)
-    assert (addr, shared) == ("10.1.2.3", True) and port != 1234
-    client = TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=10))
-    client.set("k", "v")  # a store really listens there
-    assert store_of(True, 1, first=False) == (addr, port, True)
-
-
-def test_a_rejoin_without_torchs_delay_or_state_cache_is_torchs_own(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
-    from numarun.launch import torchcompat
-
-    class Handler:  # no _state_holder: nothing to speed up
-        def next_rendezvous(self) -> str:
-            return "joined"
-
-    monkeypatch.delattr(dynamic_rendezvous, "_delay")
-    assert torchcompat.rejoin(Handler()) == "joined"
-    assert not hasattr(dynamic_rendezvous, "_delay")  # nothing put in its place
 
 
 # --- what a node posts ---------------------------------------------------------------------------

@@ -1,19 +1,17 @@
 """The whole-job protocol through a real torch TCPStore, with node stand-ins running the launcher's
 own classes (``benchmarks/jobwide_standins.py``: ElasticNode, its store thread, JobStacks,
 HangWatch; synthetic dumps): one merged result per event read by every node, the hang verdict
-with a node whose ranks all ended, every forgery of the store's content named and survived,
-torch's timeout by its type, numarun's connections closed with the round."""
+with a node whose ranks all ended, every forgery of the store's content named and survived. The
+store thread's own rules (the event counter, a round's connections) are
+``tests/launch/test_storewatch.py``'s; torch's timeout by its type is
+``tests/launch/test_torchcompat.py``'s."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -23,70 +21,11 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-import jobwide_standins as js  # noqa: E402
-from numarun.launch import jobwide, storewatch, torchcompat  # noqa: E402
+from numarun.launch import jobwide, storewatch  # noqa: E402
 from numarun.launch.storeops import Conn, Forged  # noqa: E402
 from numarun.stacks import merge, remote  # noqa: E402
 from numarun.stacks.dumps import Raw  # noqa: E402
-
-LIMIT = 60.0  # seconds any event may take on a loaded machine (it takes milliseconds)
-INTERVAL = 0.2  # the stand-ins' look interval
-
-
-class Job:
-    """``count`` stand-ins on one real store; :meth:`until` runs their loop until ``done``."""
-
-    def __init__(self, count: int, store_factory: Callable[[], object] | None = None) -> None:
-        self.server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                    timeout=timedelta(seconds=60))  # fmt: skip
-        self.tally = js.Tally()
-        self.host = js.LoopHost()
-        make = store_factory or (lambda: js.connect(self.server.port, self.tally))
-        self.nodes = [js.StandIn(self.host, make(), i, count, interval=INTERVAL)
-                      for i in range(count)]  # fmt: skip
-        for node in self.nodes:
-            node.register()
-        for node in self.nodes:
-            node.watch()
-        self.raw = dist.PrefixStore(js.PREFIX, dist.TCPStore(
-            "127.0.0.1", self.server.port, is_master=False, wait_for_workers=False))  # fmt: skip
-
-    def until(self, done: Callable[[], bool], limit: float = LIMIT) -> None:
-        assert self.host.run_until(done, limit), "not within the limit"
-
-    def run_for(self, seconds: float) -> None:
-        self.host.run_until(lambda: False, seconds)
-
-    def close(self) -> None:
-        for node in self.nodes:
-            node.close()
-
-
-@pytest.fixture
-def make_job() -> Iterator[Callable[..., Job]]:
-    jobs: list[Job] = []
-
-    def make(count: int, **kwargs: object) -> Job:
-        jobs.append(Job(count, **kwargs))  # type: ignore[arg-type]
-        return jobs[-1]
-
-    yield make
-    for job in jobs:
-        job.close()
-
-
-def ask_and_read(job: Job, asker: int = 0) -> merge.JobView:
-    before = len(job.nodes[asker].replies)
-    job.nodes[asker].ask()
-    job.until(lambda: len(job.nodes[asker].replies) > before)
-    reply = job.nodes[asker].replies[-1]
-    assert "view" in reply, reply
-    view, inline = merge.read_view(reply["view"].encode(), limit=1 << 26)
-    view.add_posts(inline)
-    view.resolve()
-    return view
-
+from standin_job import INTERVAL, LIMIT, Job, ask_and_read  # noqa: E402
 
 # --- one merged result per event, read by every node ---------------------------------------------
 
@@ -172,50 +111,6 @@ def test_a_node_that_moves_again_takes_its_count_back(make_job: Callable[..., Jo
 
 
 # --- the store's content is untrusted ------------------------------------------------------------
-
-
-def lost(job: Job) -> list[str]:
-    return [n.stop_reason() or "" for n in job.nodes if "rendezvous" in (n.stop_reason() or "")]
-
-
-def test_a_counter_that_is_not_a_number_is_named_and_repaired_never_lost(
-    make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
-) -> None:
-    job = make_job(3)
-    for key in (storewatch.EVENTS_KEY, storewatch.STILLS_KEY, storewatch.NODES_KEY,
-                storewatch.ALIVE_KEY.format(1)):  # fmt: skip
-        job.raw.set(key, b"not a number \x1b[2J")
-    view = ask_and_read(job)  # the request's poster finds the counter and sets it back
-    assert view.rank_count == 24
-    for node in job.nodes:
-        node.go_still()
-    job.until(lambda: all(node.verdict_at() for node in job.nodes))
-    job.run_for(3.5 * INTERVAL * 5)  # beats and counts read
-    assert lost(job) == []
-    err = capfd.readouterr().err
-    assert "numarun/events holds 'not a number \\x1b[2J', not a number" in err
-    assert "numarun/stills held b'not a number" in err
-    assert "\x1b" not in err
-    assert "Traceback" not in err
-
-
-def test_a_counter_moved_by_a_trillion_loses_no_later_event(
-    make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
-) -> None:
-    job = make_job(3)
-    ask_and_read(job)
-    job.raw.add(storewatch.EVENTS_KEY, 10**12)
-    view = ask_and_read(job, asker=1)
-    assert view.rank_count == 24
-    job.raw.add(storewatch.EVENTS_KEY, -2 * 10**12)
-    view = ask_and_read(job, asker=2)
-    assert view.rank_count == 24
-    assert lost(job) == []
-    err = capfd.readouterr().err
-    assert "numarun/events moved from 2 to 1000000000003 (another client of the store?); " \
-           "reading on from event 1000000000003" in err  # fmt: skip
-    assert "numarun/events moved from 100000000000" in err and " to -99999999999" in err
-    assert "Traceback" not in err
 
 
 def post_event(job: Job, header: str, body: bytes = b"") -> None:
@@ -315,50 +210,6 @@ def test_a_store_without_clone_or_extended_api_serves_the_whole_job(
     for node in job.nodes:
         node.go_still()
     job.until(lambda: all(node.verdict_at() for node in job.nodes))
-
-
-def test_torchs_timeout_is_recognised_by_its_type(monkeypatch: pytest.MonkeyPatch) -> None:
-    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                           timeout=timedelta(seconds=5))  # fmt: skip
-    conn = Conn(dist.PrefixStore("p", server))
-    assert conn.wait(["never"], 0.05) is False  # DistStoreError: a timeout
-    with pytest.raises(Exception) as caught:
-        server.wait(["never"], timedelta(seconds=0.05))
-    assert torchcompat.is_store_timeout(caught.value)
-    assert not torchcompat.is_store_timeout(dist.DistNetworkError("Connection reset: timeout"))
-    assert not torchcompat.is_store_timeout(RuntimeError("Wait timeout"))  # not the type
-    # A torch without the type: its message, on RuntimeError only.
-    monkeypatch.delattr(dist, "DistStoreError")
-    assert torchcompat.store_timeout_type() is None
-    assert torchcompat.is_store_timeout(RuntimeError("Wait timeout after 50ms"))
-    assert torchcompat.is_store_timeout(RuntimeError("Socket Timeout"))
-    assert not torchcompat.is_store_timeout(RuntimeError("Connection reset by peer"))
-    assert not torchcompat.is_store_timeout(ValueError("timeout"))
-
-
-def sockets() -> int:
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        with contextlib.suppress(OSError):
-            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
-    return count
-
-
-def test_numarun_connections_are_closed_with_their_round(make_job: Callable[..., Job]) -> None:
-    job = make_job(2)
-    node = job.nodes[1].node
-    job.run_for(INTERVAL)
-    before = sockets()
-    node.unwatch()
-    round_ = node._watch._round
-    node._end_watch()
-    deadline = time.monotonic() + LIMIT
-    while (round_.conn is not None or round_.poster is not None) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    import gc
-
-    gc.collect()
-    assert sockets() <= before - 2  # the round's two connections (its waits and its posts)
 
 
 def test_a_forged_value_does_not_close_torchs_connection() -> None:
