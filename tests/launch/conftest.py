@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -24,3 +25,11 @@ def make_job() -> Iterator[Callable[..., Job]]:
     yield make
     for job in jobs:
         job.close()
+
+
+@pytest.fixture(scope="module")
+def gpu_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two nodes x 16 cores, SMT off, GPUs 0-1 on node 0 and 2-3 on node 1."""
+    from sysfs_fixtures import smt_off, write_sysfs
+
+    return write_sysfs(smt_off(), tmp_path_factory.mktemp("gpus"))

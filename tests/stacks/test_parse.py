@@ -5,10 +5,7 @@
 from __future__ import annotations
 
 import json
-import signal
 from pathlib import Path
-
-import pytest
 
 from faulthandler_dumps import body_line
 from numarun.stacks.parse import (
@@ -143,34 +140,3 @@ def test_ranks_without_stacks_come_last_grouped_by_why() -> None:
 def test_format_ranks() -> None:
     assert format_ranks([7, 0, 2, 3, 4, 5, 6]) == "0,2-7"
     assert format_ranks([1]) == "1"
-
-
-# --- --hang-timeout and the exit status ----------------------------------------------------------
-
-
-def test_hang_timeout_option() -> None:
-    from numarun.errors import UsageError
-    from numarun.launch.config import parse_args
-
-    assert parse_args(["t.py"]).hang_timeout is None
-    assert parse_args(["--hang-timeout", "7.5", "t.py"]).hang_timeout == 7.5
-    assert parse_args(["--hang_timeout=0", "t.py"]).hang_timeout is None  # 0: off
-    assert parse_args(["t.py"], environ={"PET_HANG_TIMEOUT": "30"}).hang_timeout == 30.0
-    assert parse_args(["--hang-t", "3", "t.py"]).hang_timeout == 3.0  # a prefix, as torchrun's
-    for bad in ("-1", "soon", "inf"):
-        with pytest.raises(UsageError, match="--hang-timeout must be"):
-            parse_args(["--hang-timeout", bad, "t.py"])
-    with pytest.raises(UsageError, match="add --redirects 3 or --tee 3"):
-        parse_args(["--hang-timeout", "5", "--no-python", "prog"])
-    assert parse_args(["--hang-timeout", "5", "--tee", "3", "--no-python", "prog"]).hang_timeout
-
-
-def test_a_hang_exits_124_unless_a_signal_came_first() -> None:
-    from numarun.launch.report import exit_code_for
-    from numarun.process.spec import RunResult, WorkerExit
-
-    ended = WorkerExit(0, 0, 1, -15, "SIGTERM", "terminated", 1.0)
-    failed = WorkerExit(1, 1, 2, 1, None, "failed", 1.0)
-    assert exit_code_for(RunResult([ended], None, None, [], "hang: no rank moved")) == 124
-    assert exit_code_for(RunResult([ended, failed], failed, None, [], "hang: x")) == 124
-    assert exit_code_for(RunResult([ended], None, signal.SIGINT, [], "hang: x")) == 130
