@@ -1,8 +1,10 @@
-"""render_topology and topology_to_json on every fake machine."""
+"""numarun.machine.view: render_topology and topology_to_json on every fake machine, and the GPU/NIC
+affinity matrix of ``numarun topo``."""
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -12,7 +14,7 @@ import sysfs_fixtures
 from numarun.machine.cpulist import format_cpulist
 from numarun.machine.model import Topology
 from numarun.machine.topology import read_topology
-from numarun.machine.view import WIDTH, render_topology, topology_to_json
+from numarun.machine.view import WIDTH, render_matrix, render_topology, topology_to_json
 from sysfs_fixtures import SHAPES
 
 shape_root = sysfs_fixtures.shape_root
@@ -139,3 +141,21 @@ def test_this_machine_renders() -> None:
     text = render_topology(topo)
     assert f"{len(topo.online_cpus)} CPUs online" in text
     assert "package 0" in text
+
+
+def test_topo_shows_the_gpu_nic_affinity_matrix(shape_root: Callable[[str], Path]) -> None:
+    topo = read_topology(shape_root("dgx_a100"), environ={})
+    lines = render_matrix(topo).splitlines()
+    header = next(line for line in lines if line.lstrip().startswith("GPU0"))
+    assert header.split() == [*(f"GPU{i}" for i in range(8)), "NIC0", "NIC1", "NUMA", "CPU",
+                              "affinity"]  # fmt: skip
+    rows = {line.split()[0]: line.split()[1:] for line in lines if re.match(r"(GPU|NIC)\d", line)}
+    # GPU 0 and 1 share node 3 with NIC 0 (mlx5_0); GPU 2 is on node 1.
+    assert rows["GPU0"] == ["X", "NODE", "SYS", "SYS", "SYS", "SYS", "SYS", "SYS", "NODE", "SYS",
+                            "3", "48-63,176-191"]  # fmt: skip
+    assert rows["NIC0"][:2] == ["NODE", "NODE"] and rows["NIC0"][8] == "X"
+    assert rows["GPU2"][10] == "1"
+    assert "  NIC0: ib0 mlx5_0 infiniband" in lines
+    assert render_matrix(read_topology(shape_root("no_gpus"), environ={})) == ""  # a NIC alone
+    unknown = render_matrix(read_topology(shape_root("cloud_vm_unknown_numa"), environ={}))
+    assert "GPU2  ?     ?     X     ?     ?     ?     0-31" in unknown.splitlines()
