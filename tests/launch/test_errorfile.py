@@ -168,6 +168,3 @@ def test_error_files_interoperate_with_torch(tmp_path: Path) -> None:
     error = read_error_file(theirs)
     assert error is not None and error.message == "RuntimeError: from torch's @record"
     assert "in main" in error.traceback and isinstance(error.timestamp, int)
-
-
-# ---------------------------------------------------------------- numarun.launch.bootstrap
