@@ -1,15 +1,14 @@
-"""read_topology on fake sysfs trees (every named shape, hand-checked) and on this machine."""
+"""numarun.machine.topology: read_topology on fake sysfs trees (every named shape, hand-checked)
+and on this machine. Snapshots are ``test_snapshot.py``'s, NVML ``test_nvml.py``'s."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
 import shutil
-import sys
 import tarfile
-import types
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from numarun.errors import TopologyError, UsageError
-from numarun.machine import nvml, topology
+from numarun.machine import topology
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.model import Gpu, Topology
-from numarun.machine.snapshot import snapshot
 from numarun.machine.topology import read_topology, select_visible_gpus
 from numarun.placement.plan import make_plan
 from sysfs_fixtures import (
@@ -40,22 +38,6 @@ from sysfs_fixtures import (
 )
 
 NO_ENV: dict[str, str] = {}
-
-
-@pytest.fixture(scope="module")
-def tree() -> Iterator[Callable[[str], Path]]:
-    """shape name -> root of its fake sysfs tree (SHAPES plus amd_instinct), written once."""
-    base = Path(scratch_dir())
-    roots: dict[str, Path] = {}
-
-    def get(name: str) -> Path:
-        if name not in roots:
-            factory = SHAPES.get(name) or {"amd_instinct": amd_instinct}[name]
-            roots[name] = write_sysfs(factory(), base / name)
-        return roots[name]
-
-    yield get
-    shutil.rmtree(base, ignore_errors=True)
 
 
 def read(root: Path, **env: str) -> Topology:
@@ -535,7 +517,7 @@ def test_environ_defaults_to_os_environ(
     assert addresses(read_topology(tree("dgx_h100")).gpus) == ["0000:ba:00.0"]
 
 
-# --- reading cost and snapshots -----------------------------------------------------------------
+# --- reading cost --------------------------------------------------------------------------------
 
 
 def test_each_file_read_once(tree: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch) -> None:
@@ -555,142 +537,6 @@ def test_each_file_read_once(tree: Callable[[str], Path], monkeypatch: pytest.Mo
     assert len([p for p in opened if p.endswith("shared_cpu_list")]) == 2  # one per L3
     assert not any("index1" in p for p in opened if "cpu0/" not in p)  # L1i checked once
     assert len(opened) < 250
-
-
-@pytest.mark.parametrize(
-    "shape", ["dgx_h100", "dgx_a100", "grace_hopper", "cloud_vm_unknown_numa", "offline_cpus"]
-)
-def test_snapshot_round_trip(tree: Callable[[str], Path], tmp_path: Path, shape: str) -> None:
-    original = read(tree(shape))
-    archive = tmp_path / "snap.tar.gz"
-    count = snapshot(tree(shape), archive)
-    with tarfile.open(archive) as tar:
-        files = [m for m in tar.getmembers() if m.isfile()]
-        assert count == len(files) > 0
-        assert all(not m.name.startswith("/") and ".." not in m.name for m in tar.getmembers())
-        if sys.version_info >= (3, 12):
-            tar.extractall(tmp_path / "out", filter="data")
-        else:
-            tar.extractall(tmp_path / "out")
-    replayed = read(tmp_path / "out")
-    assert replayed.replace(root="") == original.replace(root="")
-
-
-def test_snapshot_of_missing_root(tmp_path: Path) -> None:
-    with pytest.raises(TopologyError):
-        snapshot(tmp_path / "nowhere", tmp_path / "x.tar.gz")
-    assert not (tmp_path / "x.tar.gz").exists()
-
-
-def test_snapshot_of_this_machine(tmp_path: Path) -> None:
-    snapshot("/", tmp_path / "host.tar.gz")
-    with tarfile.open(tmp_path / "host.tar.gz") as tar:
-        tar.extractall(tmp_path / "out")
-    host, replayed = read_topology("/"), read(tmp_path / "out")
-    assert replayed.cpus == host.cpus and replayed.nodes == host.nodes
-    assert replayed.all_gpus == host.all_gpus and replayed.nics == host.nics
-
-
-# --- NVML ----------------------------------------------------------------------------------------
-
-
-def fake_pynvml(
-    devices: list[tuple[str | bytes, str, str]], *, fail_init: bool = False
-) -> types.ModuleType:
-    """A pynvml stand-in: devices are (busId, name, uuid); records calls in ``module.calls``."""
-    module = types.ModuleType("pynvml")
-    calls: list[str] = []
-
-    def init() -> None:
-        calls.append("init")
-        if fail_init:
-            raise RuntimeError("NVML Shared Library Not Found")
-
-    def handle(i: int) -> int:
-        calls.append(f"handle{i}")
-        if i >= len(devices):
-            raise RuntimeError("Invalid Argument")
-        return i
-
-    module.calls = calls  # type: ignore[attr-defined]
-    module.nvmlInit = init  # type: ignore[attr-defined]
-    module.nvmlShutdown = lambda: calls.append("shutdown")  # type: ignore[attr-defined]
-    module.nvmlDeviceGetCount = lambda: len(devices)  # type: ignore[attr-defined]
-    module.nvmlDeviceGetHandleByIndex = handle  # type: ignore[attr-defined]
-    module.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=devices[h][0])  # type: ignore[attr-defined]
-    module.nvmlDeviceGetName = lambda h: devices[h][1]  # type: ignore[attr-defined]
-    module.nvmlDeviceGetUUID = lambda h: devices[h][2]  # type: ignore[attr-defined]
-    return module
-
-
-def two_gpus() -> list[Gpu]:
-    return [
-        Gpu(0, 0, "0000:18:00.0", "nvidia", 0, (0,)),
-        Gpu(1, 1, "0000:9a:00.0", "nvidia", 1, (1,)),
-    ]
-
-
-def test_nvml_enrich(monkeypatch: pytest.MonkeyPatch) -> None:
-    module = fake_pynvml(
-        [
-            (b"00000000:9A:00.0", "NVIDIA H100 80GB HBM3", "GPU-bbbb"),
-            ("00000000:18:00.0", "NVIDIA H100 80GB HBM3", "GPU-aaaa"),
-        ]
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    enriched = nvml.enrich(two_gpus())
-    assert [(g.name, g.uuid) for g in enriched] == [
-        ("NVIDIA H100 80GB HBM3", "GPU-aaaa"),
-        ("NVIDIA H100 80GB HBM3", "GPU-bbbb"),
-    ]
-    assert module.calls[0] == "init" and module.calls[-1] == "shutdown"  # type: ignore[attr-defined]
-
-
-def test_nvml_failures_leave_gpus_unchanged(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "pynvml", None)  # import fails
-    assert nvml.enrich(two_gpus()) == tuple(two_gpus())
-    broken = fake_pynvml([], fail_init=True)
-    monkeypatch.setitem(sys.modules, "pynvml", broken)
-    assert nvml.enrich(two_gpus()) == tuple(two_gpus())
-    assert broken.calls == ["init"]  # type: ignore[attr-defined]
-    midway = fake_pynvml([("0000:18:00.0", "x", "GPU-x")])
-    midway.nvmlDeviceGetCount = lambda: 2  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "pynvml", midway)
-    assert nvml.enrich(two_gpus()) == tuple(two_gpus())
-    assert midway.calls[-1] == "shutdown"  # type: ignore[attr-defined]
-
-
-def test_normalise_bus_id() -> None:
-    assert nvml.normalise_bus_id("00000000:1A:00.0") == "0000:1a:00.0"
-    assert nvml.normalise_bus_id("00000009:01:00.0") == "0009:01:00.0"
-    assert nvml.normalise_bus_id("garbage") == "garbage"
-
-
-def test_nvml_never_called_for_another_root(
-    tree: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    module = fake_pynvml([("00000000:18:00.0", "H100", "GPU-aaaa")])
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    topo = read(tree("dgx_h100"))
-    assert module.calls == []  # type: ignore[attr-defined]
-    assert all(g.uuid is None for g in topo.gpus)
-
-
-def test_host_root_uses_nvml_for_uuids(
-    tree: Callable[[str], Path], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Pretend the DGX tree is "/" to check UUIDs reach CUDA_VISIBLE_DEVICES resolution."""
-    root = tree("dgx_h100")
-    module = fake_pynvml(
-        [("00000000:9A:00.0", "H100", "GPU-9a9a"), ("00000000:18:00.0", "H100", "GPU-1818")]
-    )
-    monkeypatch.setitem(sys.modules, "pynvml", module)
-    monkeypatch.setattr(topology, "_is_host_root", lambda r: True)
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(224)))
-    topo = read(root, CUDA_VISIBLE_DEVICES="GPU-9a,GPU-18,3")
-    assert addresses(topo.gpus) == ["0000:9a:00.0", "0000:18:00.0", "0000:5d:00.0"]
-    assert [g.uuid for g in topo.gpus] == ["GPU-9a9a", "GPU-1818", None]
-    assert topo.gpus[0].name == "H100"
 
 
 # --- random machines -----------------------------------------------------------------------------
