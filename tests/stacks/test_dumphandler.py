@@ -3,6 +3,10 @@ out of the program's way (its variable gone, its fd moved high)."""
 
 from __future__ import annotations
 
+import signal
+
+from numarun.stacks.arm import STACKS_SIGNAL
+
 
 def test_the_bootstrap_arms_the_dump_invisibly(dumps: dict[str, tuple[str, bytes]]) -> None:
     seen, data = dumps["a"]
@@ -12,3 +16,7 @@ def test_the_bootstrap_arms_the_dump_invisibly(dumps: dict[str, tuple[str, bytes
     text = data.decode()
     assert text.startswith(("Thread 0x", "Current thread 0x"))
     assert "park_main_here" in text and "helper_thread_loop" in text
+
+
+def test_signal_42_is_what_the_ranks_register() -> None:
+    assert STACKS_SIGNAL == 42 and signal.SIGRTMIN <= 42 <= signal.SIGRTMAX

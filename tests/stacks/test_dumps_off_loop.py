@@ -5,7 +5,6 @@ large reply leaves the stacks socket whole (memoryview, a deadline that grows wi
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -19,7 +18,7 @@ import pytest
 
 from numarun.process.loop import Loop
 from numarun.stacks import channel
-from numarun.stacks.arm import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.stacks.arm import STACKS_FILE_ENV
 from numarun.stacks.dumps import PENDING, RankDumps, _signal_state
 from numarun.stacks.hang import HangWatch
 
@@ -232,7 +231,3 @@ def test_a_40_mb_reply_leaves_the_stacks_socket_whole(tmp_path: Path) -> None:
 
 def test_the_reply_deadline_grows_with_the_reply() -> None:
     assert channel.REPLY_DEADLINE + (40 << 20) / channel.REPLY_RATE > 10
-
-
-def test_signal_42_is_what_the_ranks_register() -> None:
-    assert STACKS_SIGNAL == 42 and signal.SIGRTMIN <= 42 <= signal.SIGRTMAX
