@@ -63,6 +63,7 @@ def main(scenario: str) -> None:
     for sock in (caller_r, caller_w, scope_r, scope_w):
         sock.setblocking(False)
     REAL_SIGNAL(signal.SIGTERM, callers_term)
+    REAL_SIGNAL(signal.SIGHUP, signal.SIG_DFL)  # the caller's own, even under nohup
     signal.set_wakeup_fd(caller_w.fileno())
     caller_fd, scope_fd = caller_w.fileno(), scope_w.fileno()
     line: dict[str, object] = {"before": state(caller_fd, scope_fd), "inside": None}
