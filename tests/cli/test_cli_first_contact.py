@@ -1,194 +1,35 @@
-"""A newcomer's first minutes with the ``numarun`` command: what it says when a job starts,
-where the workers of several nodes meet, and what it says about the usual mistakes.
+"""A newcomer's first minutes with the ``numarun`` command: what it says about the usual mistakes.
 
-Every run begins with numarun's own line (run id, node k of n, workers and ranks, the meeting
-point of a multi-node job, each rank's CPUs or "unbound", the log directory); ``-q`` keeps
-numarun to errors and the failure summary. A master address that does not resolve and a busy
-``--master-port`` on node 0 are one line and exit status 2 before anything starts. Near misses
-(a misspelt option, ``numarun python train.py``, ``-m train.py``, ``--no-python train.py``) get
-"did you mean" or the hint for that mistake.
+A busy ``--master-port`` on node 0 is one line and exit status 2 before anything starts. Near
+misses (a misspelt option or value, ``numarun python train.py``, ``-m train.py``, ``--no-python
+train.py``, a script that does not exist) get "did you mean" or the hint for that mistake. The
+start line is ``tests/launch/test_startline.py``'s; the plan without flags and why,
+``tests/placement/test_defaults.py`` and ``test_explain.py``.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import re
 import socket
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 import sysfs_fixtures
-from numarun.cli import main
-from numarun.machine.cpulist import format_cpulist
-from numarun.machine.topology import read_topology
-from numarun.placement.workerenv import free_port
+from newcomer_runs import LIMIT, numarun, write_hello, write_marker_script
 
-LIMIT = 60
-# One write per line: workers run unbuffered (python -u), and print's pieces from two workers
-# sharing a pipe would interleave.
-HELLO = (
-    "import os\n"
-    "os.write(1, f\"hello from {os.environ['RANK']} {os.environ['WORLD_SIZE']}\\n\".encode())\n"
-)
-START = re.compile(r"numarun: run (?P<run>[\w-]+|'none' \([^)]*\)): (?P<rest>.*)")
 shape_root = sysfs_fixtures.shape_root
-
-
-def numarun(*argv: str, cwd: Path, merge: bool = False) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "numarun", *argv],
-        cwd=cwd,
-        capture_output=not merge,
-        stdout=subprocess.PIPE if merge else None,
-        stderr=subprocess.STDOUT if merge else None,
-        text=True,
-        timeout=LIMIT,
-    )
 
 
 @pytest.fixture
 def hello(tmp_path: Path) -> str:
-    (tmp_path / "train.py").write_text(HELLO)
-    return "train.py"
+    return write_hello(tmp_path)
 
 
 @pytest.fixture
 def marker_script(tmp_path: Path) -> tuple[str, Path]:
-    """A worker that leaves a file behind: proof that something started."""
-    marker = tmp_path / "started"
-    (tmp_path / "mark.py").write_text(f"open({str(marker)!r}, 'a').close()\n")
-    return "mark.py", marker
-
-
-# --- item 3: the start line ---------------------------------------------------------------------
-
-
-def test_the_first_line_of_a_run_is_numaruns_and_says_what_started(
-    tmp_path: Path, hello: str
-) -> None:
-    done = numarun("--nproc-per-node", "2", hello, cwd=tmp_path, merge=True)
-    assert done.returncode == 0, done.stdout
-    first, *rest = done.stdout.splitlines()
-    match = START.fullmatch(first)
-    assert match, first  # before any worker's line, though they share the pipe
-    assert re.fullmatch(r"[0-9a-f]{12}", match["run"])
-    assert match["rest"] == (
-        "node 0 of 1, 2 workers (ranks 0-1), CPUs: unbound, logs: console only"
-    )
-    assert sorted(rest) == ["hello from 0 2", "hello from 1 2"]
-
-
-def test_the_start_line_gives_each_ranks_cpus_and_the_log_directory(
-    tmp_path: Path, hello: str
-) -> None:
-    allowed = sorted(os.sched_getaffinity(0))
-    first, second = allowed[0], allowed[-1]
-    done = numarun(
-        "--rank-cpus", str(first), "--rank-cpus", str(second), "--rdzv-id", "job7",
-        "--log-dir", str(tmp_path / "logs"), "--redirects", "3", hello, cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    (line,) = done.stderr.splitlines()
-    assert line == (
-        f"numarun: run job7: node 0 of 1, 2 workers (ranks 0-1), CPUs (explicit): "
-        f"rank 0: {first}; rank 1: {second}, logs in {tmp_path / 'logs' / 'job7'}"
-    )
-    bound = numarun("--numa-binding", "cpu", hello, cwd=tmp_path)
-    assert f"CPUs (cpu): rank 0: {format_cpulist(allowed)}," in bound.stderr.splitlines()[0]
-
-
-def test_quiet_keeps_numarun_to_errors_and_the_failure_summary(tmp_path: Path, hello: str) -> None:
-    done = numarun("-q", "--nproc-per-node", "2", hello, cwd=tmp_path)
-    assert (done.returncode, done.stderr) == (0, "")
-    assert sorted(done.stdout.splitlines()) == ["hello from 0 2", "hello from 1 2"]
-    (tmp_path / "fail.py").write_text("import sys\nsys.exit(3)\n")
-    failed = numarun("--quiet", "fail.py", cwd=tmp_path)
-    assert failed.returncode == 3
-    assert failed.stderr.startswith("=" * 72 + "\nnumarun: fail.py FAILED on ")
-    assert "numarun: run " not in failed.stderr
-    usage = numarun("-q", "--nproc-per-node", "x", hello, cwd=tmp_path)
-    assert usage.returncode == 2 and usage.stderr.startswith("numarun: error: ")
-
-
-# --- item 4: where the workers of several nodes meet -------------------------------------------
-
-
-def test_a_static_multi_node_job_says_where_its_workers_meet(tmp_path: Path, hello: str) -> None:
-    port = str(free_port())
-    argv = [sys.executable, "-m", "numarun", "--nnodes", "2", "--master-port", port, hello]
-    nodes = [
-        subprocess.Popen(
-            [*argv[:3], "--node-rank", str(rank), *argv[3:]],
-            cwd=tmp_path,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for rank in (1, 0)
-    ]
-    try:
-        outputs = [node.communicate(timeout=LIMIT) for node in nodes]
-    finally:
-        for node in nodes:
-            node.kill()
-            node.wait()
-    for rank, (stdout, stderr) in zip((1, 0), outputs, strict=True):
-        start, note = stderr.splitlines()
-        assert START.fullmatch(start)["rest"].startswith(  # type: ignore[index]
-            f"node {rank} of 2, 1 worker (rank {rank}), meeting at 127.0.0.1:{port}, "
-        ), start
-        assert note.startswith(
-            "numarun: the workers wait in init_process_group, silently, until those of all 2 "
-            f"nodes reach 127.0.0.1:{port}; run this command on the other node with "
-            f"--node-rank {1 - rank}"
-        ), note
-        assert "(127.0.0.1 is this host only: give --master-addr HOST)" in note
-        assert stdout == f"hello from {rank} 2\n"
-
-
-def test_under_a_torch_rendezvous_the_start_line_comes_from_the_round(
-    tmp_path: Path, hello: str
-) -> None:
-    # --nnodes 1:2: the round (formed after last_call_timeout) decides the node and its ranks.
-    done = numarun(
-        "--nnodes", "1:2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "last_call_timeout=1", hello,
-        cwd=tmp_path,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    starts = [line for line in done.stderr.splitlines() if line.startswith("numarun: run ")]
-    assert len(starts) == 1, done.stderr
-    # No --rdzv-id: the job meets under torchrun's default id, and the line says so.
-    assert starts[0].startswith(
-        "numarun: run 'none' (torchrun's default --rdzv-id; name the job with --rdzv-id ID): "
-    ), starts[0]
-    rest = START.fullmatch(starts[0])["rest"]  # type: ignore[index]
-    assert re.fullmatch(
-        r"node 0 of 1, 2 workers \(ranks 0-1\), meeting at \S+:\d+, CPUs: unbound, "
-        r"logs: console only",
-        rest,
-    ), rest
-    assert sorted(done.stdout.splitlines()) == ["hello from 0 2", "hello from 1 2"]
-
-
-def test_a_master_address_that_does_not_resolve_is_one_line_before_anything_starts(
-    tmp_path: Path, marker_script: tuple[str, Path]
-) -> None:
-    script, marker = marker_script
-    done = numarun(
-        "--nnodes", "2", "--master-addr", "nosuchhost.invalid", script, cwd=tmp_path
-    )
-    assert done.returncode == 2
-    assert done.stderr.startswith(
-        "numarun: error: --master-addr 'nosuchhost.invalid' does not resolve ("
-    )
-    assert done.stderr.count("\n") == 1 and done.stdout == ""
-    assert not marker.exists()
+    return write_marker_script(tmp_path)
 
 
 # --- item 5: a busy --master-port on node 0 -----------------------------------------------------
@@ -296,107 +137,6 @@ def test_an_unknown_option_with_nothing_close_is_refused_as_before(tmp_path: Pat
     assert done.stderr == (
         "numarun: error: unrecognized arguments: --frobnicate (see 'numarun --help')\n"
     )
-
-
-# --- items 7 and 8: numarun plan without flags, and why ------------------------------------------
-
-
-def test_plan_without_flags_plans_for_this_machine_and_says_what_it_chose(
-    tmp_path: Path,
-) -> None:
-    topo = read_topology("/")
-    nodes = [n for n in topo.nodes if set(n.cpus) & set(topo.allowed_cpus)]
-    done = numarun("plan", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    if topo.gpus:  # pragma: no cover - the test machines have none
-        assert lines[0].startswith("numarun plan: planned with --nproc-per-node")
-        return
-    assert lines[0] == (
-        f"numarun plan: planned with --nproc-per-node {len(nodes)} --numa-binding cpu for "
-        "this machine (no visible GPUs, one rank per NUMA node with allowed CPUs)"
-    )
-    assert lines[1] == "numa-binding: cpu (bound)"
-    rows = [line.split() for line in lines[3:] if line[:1].isdigit()]
-    assert [row[0] for row in rows] == [str(rank) for rank in range(len(nodes))]
-    if len(rows) == 1:
-        assert rows[0][3] == format_cpulist(topo.allowed_cpus)
-    alone = numarun("plan", "--numa-binding", "cpu", cwd=tmp_path)  # asked for --nproc-per-node
-    assert alone.returncode == 0, alone.stderr
-    assert alone.stdout.startswith(
-        f"numarun plan: planned with --nproc-per-node {len(nodes)} for this machine"
-    )
-
-
-@pytest.mark.parametrize(
-    ("shape", "note"),
-    [
-        ("dgx_h100", "--nproc-per-node 8 --numa-binding exclusive for this machine "
-                     "(8 visible GPUs, one rank per GPU)"),
-        ("crowded_node", "--nproc-per-node 4 --numa-binding node for this machine (4 visible "
-                         "GPUs, a node with more GPUs than cores, one rank per GPU)"),
-        ("no_gpus", "--nproc-per-node 2 --numa-binding cpu for this machine (no visible GPUs, "
-                    "one rank per NUMA node with allowed CPUs)"),
-    ],
-)  # fmt: skip
-def test_plan_without_flags_on_saved_machines(
-    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str], shape: str, note: str
-) -> None:
-    assert main(["plan", "--sysfs-root", str(shape_root(shape))]) == 0
-    out = capsys.readouterr().out.splitlines()
-    assert out[0] == f"numarun plan: planned with {note}"
-    # Given flags, nothing is chosen and nothing is said (a GPU mode always had one rank
-    # per GPU).
-    h100 = str(shape_root("dgx_h100"))
-    assert main(["plan", "--sysfs-root", h100, "--numa-binding", "node"]) == 0
-    assert capsys.readouterr().out.startswith("numa-binding: node (bound)\n")
-
-
-def test_plan_explain_says_why_each_rank_got_its_cpus(
-    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = str(shape_root("dgx_h100"))
-    assert main(["plan", "--sysfs-root", root, "--numa-binding", "exclusive", "--explain"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    why = lines.index(next(line for line in lines if line.startswith("why (exclusive: ")))
-    assert lines[why + 1] == (
-        "  rank 0: GPU 0 (0000:18:00.0) on NUMA node 0; 14 cores (28 CPUs) on node 0: its share "
-        "of node 0's 56 allowed cores, split among GPUs 0-3; shares no CPU, memory node 0 with "
-        "ranks 1-3"
-    )
-    assert lines[why + 5].startswith("  rank 4: GPU 4 (0000:9a:00.0) on NUMA node 1; ")
-    assert main(["plan", "--sysfs-root", root, "--numa-binding", "node", "--explain"]) == 0
-    node = capsys.readouterr().out
-    assert "rank 2: GPU 2 (0000:3a:00.0) on NUMA node 0; 56 cores (112 CPUs) on node 0: its " \
-           "GPU's node; shares CPUs with ranks 0-1,3, memory node 0 with ranks 0-1,3" in node
-    argv = ["plan", "--sysfs-root", root, "--numa-binding", "node", "--json", "--explain"]
-    assert main(argv) == 0
-    document = json.loads(capsys.readouterr().out)
-    assert document["version"] == 1
-    assert document["rule"].startswith("node: each rank gets every allowed CPU of its GPU's")
-    assert document["ranks"][5]["why"].startswith("GPU 5 (0000:ab:00.0) on NUMA node 1; ")
-
-
-def test_cpu_mode_on_a_gpu_machine_warns_about_ranks_far_from_their_gpu(
-    shape_root: Callable[[str], Path], capsys: pytest.CaptureFixture[str]
-) -> None:
-    root = str(shape_root("dgx_h100"))
-    argv = ["plan", "--sysfs-root", root, "--numa-binding", "cpu", "--nproc-per-node", "16"]
-    assert main([*argv, "--explain"]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert (
-        "warning: --numa-binding cpu splits the cores without regard to GPUs: ranks 4-7 run on "
-        "another NUMA node than the GPU of the same index (rank 4: GPU 4 on node 1, CPUs on "
-        "node 0); for GPU jobs use --numa-binding node, socket, exclusive or core-complex"
-    ) in lines
-    (rank4,) = [line for line in lines if line.startswith("  rank 4: ")]
-    assert rank4.startswith(
-        "  rank 4: GPU 4 (0000:9a:00.0) on NUMA node 1; 7 cores (14 CPUs) on node 0: its GPU is "
-        "on node 1, another node (cpu mode)"
-    )
-    assert main(["plan", "--sysfs-root", root, "--numa-binding", "cpu", "--nproc-per-node", "8"]) \
-        == 0  # fmt: skip
-    assert "warning:" not in capsys.readouterr().out  # 8 ranks: each on its GPU's node
 
 
 # --- near misses: values, script names, options after the script, --h ---------------------------
