@@ -2,8 +2,8 @@
 release has them; a torch that lacks an optional one keeps working, a missing required one is
 one line.
 
-Run in this process against the torch the tests pin (and, through ``tests/run_c10d_tests.py``,
-against any other). The launches without torch's names, run by a real launcher, are in
+Run in the test process, against the torch pytest runs with. The launches without torch's names,
+by a real launcher under any torch (``NUMARUN_TEST_TORCH_PYTHON``), are in
 ``tests/e2e/test_jobwide_jobs.py``.
 """
 
