@@ -14,7 +14,7 @@ The same stand-ins drive the protocol of ``main`` before this change (``--protoc
 ``bench_jobwide_scale.py``: numarun imported from a checkout of that commit), through the names
 both versions share, with a branch where their interfaces differ.
 
-Used by ``benchmarks/bench_jobwide_scale.py`` and by ``tests/test_jobwide_protocol.py``.
+Used by ``benchmarks/bench_jobwide_scale.py`` and by ``tests/launch/test_jobwide_protocol.py``.
 """
 
 from __future__ import annotations

@@ -27,7 +27,12 @@ from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
 SRC = TESTS.parent / "src"
-FILES = ["test_elastic.py", "test_jobwide.py", "test_shared_log_dir.py"]
+FILES = [
+    "e2e/test_torchrdzv_jobs.py",
+    "e2e/test_jobwide_jobs.py",
+    "e2e/test_logdir_shared_nodes.py",
+    "launch/test_torchcompat.py",
+]
 
 # Stands in for hypothesis where it is not installed: its tests skip, saying why.
 _NO_HYPOTHESIS = '''

@@ -50,7 +50,7 @@ def resolve_binding(
 
 
 # The command line's words in the planner's and binding checks' messages -> this API's, in
-# order (a flag with its value before the bare flag). tests/test_spawn.py checks that every
+# order (a flag with its value before the bare flag). tests/spawning/test_api.py checks that every
 # flag those modules name is here.
 _PYTHON_TERMS = (
     (r"--numa-binding (node|socket|exclusive|core-complex|cpu|explicit)\b", r"binding='\1'"),
