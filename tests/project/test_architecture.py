@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "numarun"
+PACKAGE = Path(__file__).resolve().parents[2] / "src" / "numarun"
 
 # What each wing may import besides itself, lowest first. ``base`` is imported by everyone.
 BASE = {"numarun.errors", "numarun._version"}

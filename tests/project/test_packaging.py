@@ -16,7 +16,7 @@ import pytest
 
 import numarun
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+; the metadata checks below need none
 
 
