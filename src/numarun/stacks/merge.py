@@ -27,6 +27,7 @@ from numarun.stacks.parse import (
     RankStacks,
     Thread,
     format_ranks,
+    frame_lines,
     is_library,
     where,
 )
@@ -549,17 +550,7 @@ def format_view(
             lines.append(f"    leaves the other ranks' path after {branch[0]}")
         main = item.threads[-1]
         lines.append(f"    main thread ({main.ident or 'id unknown'}, most recent call first):")
-        frames = main.frames if max_frames is None else main.frames[:max_frames]
-        if not main.frames:
-            lines.append("      (no Python frame)")
-        for frame in frames:
-            number = "?" if frame.line is None else frame.line
-            lines.append(f'      File "{frame.file}", line {number}, in {frame.function}')
-        hidden = len(main.frames) - len(frames)
-        if hidden:
-            lines.append(f"      ... {hidden} more frame{'s' if hidden != 1 else ''}")
-        elif main.truncated:
-            lines.append("      ... (frames cut)")
+        lines.extend(frame_lines(main, max_frames, "frames cut"))
         others = item.threads[:-1]
         if others and other_threads:
             for number, thread in enumerate(reversed(others), start=2):

@@ -47,6 +47,7 @@ __all__ = [
     "Thread",
     "format_groups",
     "format_ranks",
+    "frame_lines",
     "group_ranks",
     "nodes_line",
     "odd_ones_out",
@@ -433,17 +434,7 @@ def format_groups(
                 break
             name = "main thread" if index == 0 else f"thread {index + 1} of {count}"
             lines.append(f"    {name} ({thread.ident or 'id unknown'}, most recent call first):")
-            frames = thread.frames if max_frames is None else thread.frames[:max_frames]
-            if not thread.frames:
-                lines.append("      (no Python frame)")
-            for frame in frames:
-                number = "?" if frame.line is None else frame.line
-                lines.append(f'      File "{frame.file}", line {number}, in {frame.function}')
-            hidden = len(thread.frames) - len(frames)
-            if hidden:
-                lines.append(f"      ... {hidden} more frame{'s' if hidden != 1 else ''}")
-            elif thread.truncated:
-                lines.append("      ... (faulthandler shows at most 100 frames)")
+            lines.extend(frame_lines(thread, max_frames, "faulthandler shows at most 100 frames"))
         if sample.more_threads and other_threads:
             lines.append("    ... (faulthandler shows at most 100 threads)")
     return lines
@@ -519,3 +510,20 @@ def rank_stacks(
             rank, local_rank, pid, problem=problem or "unreadable dump", text=text, node=node
         )
     return RankStacks(rank, local_rank, pid, threads, problem, text, more, node)
+
+
+def frame_lines(thread: Thread, max_frames: int | None, cut: str) -> list[str]:
+    """``thread``'s frames as the summary and ``numarun stacks`` show them, most recent call
+    first, indented six spaces: at most ``max_frames`` (None: all) and a line for the rest, or
+    ``(no Python frame)``; ``cut`` is said when faulthandler cut the thread's frames."""
+    frames = thread.frames if max_frames is None else thread.frames[:max_frames]
+    lines = [] if thread.frames else ["      (no Python frame)"]
+    for frame in frames:
+        number = "?" if frame.line is None else frame.line
+        lines.append(f'      File "{frame.file}", line {number}, in {frame.function}')
+    hidden = len(thread.frames) - len(frames)
+    if hidden:
+        lines.append(f"      ... {hidden} more frame{'s' if hidden != 1 else ''}")
+    elif thread.truncated:
+        lines.append(f"      ... ({cut})")
+    return lines
