@@ -106,18 +106,20 @@ def restart_rows(trees: dict[str, str], rounds: int) -> list[str]:
     import bench_restart
 
     rows = []
+    own_src = bench_restart.SRC
     with tempfile.TemporaryDirectory(prefix="bench_ab_") as directory:
         folder = Path(directory)
-        script = folder / "worker.py"
-        script.write_text(bench_restart.WORKER)
+        (folder / "worker_script.py").write_text(bench_restart.WORKER.format(imports=""))
+        launcher = bench_restart.Row("numarun", "static")
         for kind, label in (("fast", "`python3 -S -c`"), ("script", "script")):
 
             def restart(name: str, kind: str = kind) -> float:
-                os.environ["PYTHONPATH"] = trees[name]  # _quiet_env reads os.environ
-                return bench_restart.restart_latency(
-                    lambda: bench_restart._launcher("numarun", "static", 4),
-                    bench_restart._worker(kind, str(script)), folder, 4,
-                )  # fmt: skip
+                # bench_restart puts its own src first on PYTHONPATH: the tree under test instead
+                bench_restart.SRC = Path(trees[name])
+                try:
+                    return bench_restart.restart_latency(launcher, kind, folder, 4)
+                finally:
+                    bench_restart.SRC = own_src
 
             restart("base")  # warm the bytecode caches of both
             restart("new")

@@ -417,7 +417,11 @@ class StoreWatch:
         if count == seen:
             round_.hole_since = 0.0
             return
-        if seen < count <= seen + _SCAN:
+        # Events posted after a hole are a hole, however many: at a thousand nodes a failure
+        # cascade posts hundreds of notices while one poster is between its two calls.
+        if seen < count <= seen + _SCAN or (
+            count > seen and conn.get_now(EVENT_KEY.format(seen + 2)) is not None
+        ):
             now = time.monotonic()
             if not round_.hole_since:
                 round_.hole_since = now
