@@ -70,18 +70,18 @@ def test_a_counter_moved_by_a_trillion_loses_no_later_event(
 def test_many_events_behind_a_hole_are_a_hole_not_a_moved_counter(
     make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
 ) -> None:
-    # One poster counted its event and has not set it yet; 100 more were posted after it (a
-    # failure cascade at a thousand nodes): the node skips the hole after an interval and reads
-    # all 100, and names nothing (before: "moved ... another client of the store?", and every
-    # event but the last 64 skipped).
+    # Six posters counted their events and have not set them yet; 100 more were posted after
+    # them (a failure cascade at a thousand nodes): the node skips the holes after an interval
+    # and reads all 100, and names nothing (before: "moved ... another client of the store?",
+    # and every event but the last 64 skipped).
     job = make_job(2)
     ask_and_read(job)
     poster = Conn(job.raw)
-    hole = int(poster.add(storewatch.EVENTS_KEY, 1))
+    hole = int(poster.add(storewatch.EVENTS_KEY, 6)) - 5
     keys = [storewatch.post_event(poster, f"wake {n % 2}") for n in range(100)]
-    assert keys[-1] == storewatch.EVENT_KEY.format(hole + 100)
+    assert keys[-1] == storewatch.EVENT_KEY.format(hole + 105)
     round_ = job.nodes[1].node._watch._round
-    job.until(lambda: round_.seen >= hole + 100)
+    job.until(lambda: round_.seen >= hole + 105)
     view = ask_and_read(job, asker=1)  # and the job goes on
     assert view.rank_count == 16
     assert lost(job) == []

@@ -417,11 +417,9 @@ class StoreWatch:
         if count == seen:
             round_.hole_since = 0.0
             return
-        # Events posted after a hole are a hole, however many: at a thousand nodes a failure
-        # cascade posts hundreds of notices while one poster is between its two calls.
-        if seen < count <= seen + _SCAN or (
-            count > seen and conn.get_now(EVENT_KEY.format(seen + 2)) is not None
-        ):
+        # Events posted after holes are holes, however many: at a thousand nodes a failure
+        # cascade posts hundreds of notices while a few posters are between their two calls.
+        if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
             now = time.monotonic()
             if not round_.hole_since:
                 round_.hole_since = now
@@ -470,6 +468,16 @@ class StoreWatch:
 
     def report(self, round_: Round, result: Result) -> None:
         self._report(round_, result)
+
+def _posted_soon_after(conn: Conn, seen: int) -> bool:
+    """Whether an event is there within :data:`_SCAN` numbers after the hole at ``seen + 1``
+    (posters between their two calls), as there never is after a counter another client moved
+    far ahead."""
+    return any(
+        conn.get_now(EVENT_KEY.format(number)) is not None
+        for number in range(seen + 2, seen + _SCAN + 1)
+    )
+
 
 def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,
                note: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
