@@ -249,30 +249,13 @@ class HangWatch:
         return found
 
     def last_stacks(self) -> list[RankStacks]:
-        """This node's ranks as last sampled (a rank without a sample: why)."""
+        """This node's ranks as last sampled (a rank without a sample: why), parsed."""
         from numarun.stacks.parse import rank_stacks
 
-        dumps = self.dumps
-        stacks = []
-        for local_rank in dumps.local_ranks:
-            state = dumps._ranks[local_rank]
-            problem = None
-            if state.fd is None:
-                problem = NOT_PYTHON
-            elif state.exited:
-                problem = EXITED
-            elif state.replaced:
-                problem = REPLACED
-            text = self._last.get(local_rank, b"") if problem is None else b""
-            if problem is None and not text:
-                problem = PENDING
-            stacks.append(
-                rank_stacks(
-                    state.rank, local_rank, state.pid or None, text.decode("utf-8", "replace"),
-                    problem,
-                )
-            )  # fmt: skip
-        return stacks
+        return [
+            rank_stacks(raw.rank, raw.local_rank, raw.pid, raw.text, raw.problem)
+            for raw in self.last_raw()
+        ]
 
     def _declare(self, now: float) -> None:
         stacks = self.last_stacks()
