@@ -61,6 +61,18 @@ def start(runtime: Path, *args: str, cwd: Path | None = None) -> subprocess.Pope
     )
 
 
+def job_socket(runtime: Path, limit: float = 60.0) -> Path:
+    """The job's ``numarun stacks`` socket once it is there: the launcher makes it once every
+    worker started, and a worker may say it is ready before that (under load, by seconds)."""
+    deadline = time.monotonic() + limit
+    while True:
+        found = [entry for entry in os.listdir(runtime) if entry.endswith(".sock")]
+        if found:
+            return runtime / found[0]
+        assert time.monotonic() < deadline, f"no socket in {runtime} after {limit} s"
+        time.sleep(0.02)
+
+
 def read_ready(proc: subprocess.Popen[str], count: int, limit: float = 90.0) -> dict[int, int]:
     """rank -> pid from the workers' ``ready <rank> <pid>`` lines (read from the raw fd, so
     that nothing waits unseen in a file object's buffer; later output stays in the pipe)."""
@@ -408,9 +420,8 @@ def test_another_user_cannot_get_stacks_or_trigger_anything(runtime: Path) -> No
     )  # fmt: skip
     try:
         pids = read_ready(proc, 2)
-        entries = sorted(os.listdir(runtime))
-        sock = runtime / next(e for e in entries if e.endswith(".sock"))
-        dumps = runtime / next(e for e in entries if e.endswith(".d"))
+        sock = job_socket(runtime)
+        dumps = runtime / next(e for e in sorted(os.listdir(runtime)) if e.endswith(".d"))
         # The channel: private directories, owner-only socket and files.
         for path, mode in [(runtime, 0o700), (sock, 0o600), (dumps, 0o700)]:
             info = os.lstat(path)
@@ -583,7 +594,7 @@ def test_slow_and_idle_clients_never_delay_the_launcher(
     dribbler = None
     try:
         read_ready(proc, 2)
-        sock = str(runtime / next(e for e in os.listdir(runtime) if e.endswith(".sock")))
+        sock = str(job_socket(runtime))
         dribbler = threading.Thread(target=dribble, args=(sock,))
         dribbler.start()
         for _ in range(40):

@@ -55,12 +55,16 @@ def _launch(
 
 
 def _numarun_traceback(stderr: str) -> list[str]:
-    """Lines of stderr that show numarun's own code failing (the workers' tracebacks name
-    rank_fails_on_go.py only)."""
+    """Lines of stderr that show numarun's own code failing: a frame in numarun's package (the
+    workers' tracebacks name rank_fails_on_go.py only; a checkout in a folder named numarun
+    puts that word in their paths too), or the error itself."""
+    import numarun
+
+    package = str(Path(numarun.__file__).resolve().parent) + os.sep
     return [
         line
         for line in stderr.splitlines()
-        if "partially initialized" in line or "numarun/" in line or "AttributeError" in line
+        if "partially initialized" in line or package in line or "AttributeError" in line
     ]
 
 
