@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from numarun.errors import UsageError
@@ -212,26 +213,41 @@ def rejoin(handler: Any) -> Any:
     other meet in milliseconds, while a node that waits long polls as torch does (a handful of
     extra reads of the state per re-form). Each name is checked first; without it, torch's
     own behaviour."""
+    pause = [_FIRST_POLL]
+
+    def backoff(original: Callable[[Any], None]) -> Callable[[Any], None]:
+        def delay(seconds: float | tuple[float, float]) -> None:
+            if isinstance(seconds, tuple):
+                if tuple(seconds) != _FIRST_JOIN_SPREAD:
+                    original(seconds)  # another random wait (2.15's backoff after a failed write)
+                return
+            original(min(seconds, pause[0]))
+            pause[0] = min(seconds, pause[0] * 2)
+
+        return delay
+
+    return _next_round_with(handler, backoff, lambda cache: 0)
+
+
+def _next_round_with(
+    handler: Any,
+    make_delay: Callable[[Callable[[Any], None]], Callable[[Any], None]],
+    cache_for: Callable[[float], float],
+) -> Any:
+    """``handler.next_rendezvous()`` with torch's ``dynamic_rendezvous._delay`` replaced by
+    ``make_delay(torch's own)`` and the state holder's ``_cache_duration`` by
+    ``cache_for(its value)``, both put back however the call ends; without ``_delay``, torch's
+    own behaviour (a holder without a numeric cache keeps it)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     original = getattr(dynamic_rendezvous, "_delay", None)
-    holder = getattr(handler, "_state_holder", None)
-    cache = getattr(holder, "_cache_duration", None)
     if original is None or not callable(original):
         return handler.next_rendezvous()
-    pause = [_FIRST_POLL]
-
-    def delay(seconds: float | tuple[float, float]) -> None:
-        if isinstance(seconds, tuple):
-            if tuple(seconds) != _FIRST_JOIN_SPREAD:
-                original(seconds)  # another random wait (2.15's backoff after a failed write)
-            return
-        original(min(seconds, pause[0]))
-        pause[0] = min(seconds, pause[0] * 2)
-
-    dynamic_rendezvous._delay = delay
+    holder = getattr(handler, "_state_holder", None)
+    cache = getattr(holder, "_cache_duration", None)
+    dynamic_rendezvous._delay = make_delay(original)
     if isinstance(cache, int | float):
-        holder._cache_duration = 0
+        holder._cache_duration = cache_for(cache)
     try:
         return handler.next_rendezvous()
     finally:
@@ -288,24 +304,14 @@ def first_join(handler: Any, nodes: int) -> Any:
     second, as torch's do with 100 nodes, and a job of 100 nodes or more waits as torch's
     does. torch's random 0-0.3 s spread of the first joins stays. Each name is checked first;
     without it, torch's own behaviour."""
-    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
     pause = min(1.0, max(0.05, nodes / _WAITING_READS))
-    original = getattr(dynamic_rendezvous, "_delay", None)
-    holder = getattr(handler, "_state_holder", None)
-    cache = getattr(holder, "_cache_duration", None)
-    if pause >= 1.0 or original is None or not callable(original):
+    if pause >= 1.0:
         return handler.next_rendezvous()
 
-    def delay(seconds: float | tuple[float, float]) -> None:
-        original(seconds if isinstance(seconds, tuple) else min(seconds, pause))
+    def shorter(original: Callable[[Any], None]) -> Callable[[Any], None]:
+        def delay(seconds: float | tuple[float, float]) -> None:
+            original(seconds if isinstance(seconds, tuple) else min(seconds, pause))
 
-    dynamic_rendezvous._delay = delay
-    if isinstance(cache, int | float):
-        holder._cache_duration = min(cache, pause)
-    try:
-        return handler.next_rendezvous()
-    finally:
-        dynamic_rendezvous._delay = original
-        if isinstance(cache, int | float):
-            holder._cache_duration = cache
+        return delay
+
+    return _next_round_with(handler, shorter, lambda cache: min(cache, pause))
