@@ -39,7 +39,7 @@ WAITER = (
 
 
 def test_a_standby_supervisor_runs_what_it_started_ahead_with_the_ranks_handed_over() -> None:
-    from numarun.process.spec import WorkerSpec
+    from numarun.process.spec import WorkerExit, WorkerSpec
     from numarun.process.standby import StandbySupervisor, signals_blocked
 
     class Sink:
@@ -52,30 +52,39 @@ def test_a_standby_supervisor_runs_what_it_started_ahead_with_the_ranks_handed_o
         def close(self) -> None:
             pass
 
-    release_r, release_w = os.pipe()
+    # Rank 0 is released when the run starts, rank 1 once rank 0 ended: rank 1's failure
+    # (exit 3) must not stop rank 0 before it exits 0 on its own.
+    releases = [os.pipe(), os.pipe()]
     lates = [LateSink(), LateSink()]
     specs = [
         WorkerSpec(local_rank=rank, rank=-1, env=dict(os.environ), stdout=lates[rank],
-                   argv=[sys.executable, "-c", WAITER, str(release_r), "wait", str(3 * rank)],
-                   pass_fds=(release_r,))
+                   argv=[sys.executable, "-c", WAITER, str(releases[rank][0]), "wait",
+                         str(3 * rank)],
+                   pass_fds=(releases[rank][0],))
         for rank in (0, 1)
     ]  # fmt: skip
     supervisor = StandbySupervisor(specs, grace_period=5.0)
     with signals_blocked((signal.SIGTERM, signal.SIGINT)):
         supervisor.start()
-    os.close(release_r)
+    for read_end, _ in releases:
+        os.close(read_end)
     try:
         assert not supervisor.pending_exits()
         sinks = [Sink(), Sink()]
         for late, sink in zip(lates, sinks, strict=True):
             late.attach(sink)
         ended: list[tuple[int, int]] = []
-        supervisor.hand_over(
-            {0: 10, 1: 11}, on_exit=lambda e: ended.append((e.rank, e.exit_code or 0))
-        )
-        result = supervisor.run(on_started=lambda: os.write(release_w, b"go"))
+
+        def on_exit(worker_exit: WorkerExit) -> None:
+            ended.append((worker_exit.rank, worker_exit.exit_code or 0))
+            if worker_exit.rank == 10:
+                os.write(releases[1][1], b"g")
+
+        supervisor.hand_over({0: 10, 1: 11}, on_exit=on_exit)
+        result = supervisor.run(on_started=lambda: os.write(releases[0][1], b"g"))
     finally:
-        os.close(release_w)
+        for _, write_end in releases:
+            os.close(write_end)
         supervisor.stop(0.0)
     assert [(w.rank, w.exit_code) for w in result.workers] == [(10, 0), (11, 3)]
     assert result.first_failure is not None and result.first_failure.rank == 11
