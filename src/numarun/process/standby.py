@@ -32,7 +32,7 @@ from __future__ import annotations
 import signal
 from contextlib import contextmanager
 
-from numarun.process.supervisor import _RUNNING, Supervisor
+from numarun.process.supervisor import _RUNNING, Supervisor, serve_started
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -129,15 +129,7 @@ class StandbySupervisor(Supervisor):
         if not self._started_ahead():
             return super().run(on_started)
         with self._signal_scope():
-            if on_started is not None:
-                try:
-                    on_started()
-                except BaseException:
-                    self._emergency_stop()
-                    raise
-            result = self.wait()
-        assert result is not None
-        return result
+            return serve_started(self, on_started)
 
     def _started_ahead(self) -> bool:
         return self._phase == _RUNNING and self._result is None

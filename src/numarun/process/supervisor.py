@@ -306,15 +306,7 @@ class Supervisor:
         self._open_loop()
         with self._signal_scope():
             self.start()
-            if on_started is not None:
-                try:
-                    on_started()
-                except BaseException:
-                    self._emergency_stop()
-                    raise
-            result = self.wait()
-        assert result is not None
-        return result
+            return serve_started(self, on_started)
 
     def pids(self) -> list[int]:
         """The started workers' pids, by local rank (empty before :meth:`start`); 0 for a
@@ -656,6 +648,21 @@ class Supervisor:
         if self._loop.is_open:
             self._streams.watch_consoles(watch=False)
         self._loop.close()
+
+
+def serve_started(supervisor: Supervisor, on_started: Callable[[], None] | None) -> RunResult:
+    """The rest of :meth:`Supervisor.run` once every worker started, inside the caller's signal
+    scope: ``on_started()`` (an exception from it stops every worker at once and propagates),
+    then :meth:`Supervisor.wait`."""
+    if on_started is not None:
+        try:
+            on_started()
+        except BaseException:
+            supervisor._emergency_stop()
+            raise
+    result = supervisor.wait()
+    assert result is not None
+    return result
 
 
 def _starter(run: Supervisor) -> Starter:
