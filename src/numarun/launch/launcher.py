@@ -306,7 +306,7 @@ def _dry_run_text(
     threads = workers.unbound_omp_threads(config, base)
     from_rendezvous: tuple[str, ...] = ()
     if config.elastic:
-        from_rendezvous = _RENDEZVOUS_VARIABLES
+        from_rendezvous = workers.ROUND_VARIABLES  # the dry run cannot know them
         lines.append(
             f"rendezvous: {config.rdzv_backend} at {config.rdzv_endpoint or '(default endpoint)'}"
             f", run id {config.run_id}, {config.min_nodes}:{config.max_nodes} nodes; "
@@ -340,20 +340,6 @@ def _dry_run_text(
             if base.get(key) != env[key] and key not in from_rendezvous:
                 lines.append(f"  env:  {key}={shlex.quote(env[key])}")
     return "\n".join(lines) + "\n"
-
-
-# What a torch rendezvous decides per round (the dry run cannot know it).
-_RENDEZVOUS_VARIABLES = (
-    "RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_USE_AGENT_STORE",
-)
 
 
 def _cpus_text(cpus: Sequence[int]) -> str:

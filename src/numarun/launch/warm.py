@@ -46,6 +46,7 @@ from collections.abc import Callable, Mapping, Sequence
 from numarun.errors import NumarunError
 from numarun.launch.preload import PRELOAD_ENV, READY, STANDBY_FD_ENV
 from numarun.launch.workersetup import (
+    ROUND_VARIABLES,
     rank_binding,
     rank_env,
     unbound_omp_threads,
@@ -64,16 +65,8 @@ if TYPE_CHECKING:
     from numarun.process.supervisor import Supervisor
 
 HAND_OVER = (
-    "RANK",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "WORLD_SIZE",
-    "GROUP_WORLD_SIZE",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
+    *ROUND_VARIABLES,
     "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_USE_AGENT_STORE",
     "TORCHELASTIC_ERROR_FILE",
     STACKS_FILE_ENV,
 )

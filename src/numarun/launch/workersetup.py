@@ -79,6 +79,20 @@ def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
     return [_LOCAL_RANK_MACRO.sub(expand, arg) if "$" in arg else arg for arg in args]
 
 
+ROUND_VARIABLES = (
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_USE_AGENT_STORE",
+)
+"""The worker variables of :func:`rank_env` that a torch rendezvous decides for each round."""
+
+
 def rank_env(
     config: LaunchConfig,
     local_rank: int,
