@@ -7,10 +7,10 @@ Contenders, started one after the other in interleaved rounds (so that load from
 hits all alike), each to completion (a script of one ``pass``):
 
 * anchor: ``python -u script.py``;
-* numarun: ``python -u -c "from numarun.launch.bootstrap import main; main()" -- script.py``
+* numarun: ``python -u -c "from numarun.worker.bootstrap import main; main()" -- script.py``
   with the stack dump armed (``NUMARUN_STACKS_FILE`` set, as every launched worker has it);
 * for reference, the same bootstrap started as numarun started it before: ``python -u -m
-  numarun.launch.bootstrap -- script.py`` (``-m`` adds :mod:`runpy` and the package's ``__main__``
+  numarun.worker.bootstrap -- script.py`` (``-m`` adds :mod:`runpy` and the package's ``__main__``
   lookup).
 
 Twice: with ``site`` as installed here, and with ``-S`` (no ``site``: what a bare
@@ -63,7 +63,7 @@ def measure(folder: Path, flags: list[str], runs: int) -> dict[str, float]:
     contenders = {
         "anchor": [*python, str(script)],
         "numarun": [*python, "-c", SCRIPT_BOOTSTRAP, "--", str(script)],
-        "-m (before)": [*python, "-m", "numarun.launch.bootstrap", "--", str(script)],
+        "-m (before)": [*python, "-m", "numarun.worker.bootstrap", "--", str(script)],
     }
     samples: dict[str, list[float]] = {name: [] for name in contenders}
     for _ in range(3):  # warm caches, fill the bytecode cache
@@ -84,7 +84,7 @@ def main() -> int:
     print(f"## worker bootstrap ({len(os.sched_getaffinity(0))} CPUs, Python "
           f"{sys.version.split()[0]}, {args.runs} interleaved rounds, medians)\n")  # fmt: skip
     print("| interpreter | `python -u script.py` | numarun's bootstrap | cost | ratio "
-          "| `-m numarun.launch.bootstrap` | target |")  # fmt: skip
+          "| `-m numarun.worker.bootstrap` | target |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory(prefix="bench_bootstrap_") as tmp:
         for label, flags in (("site as installed", []), ("-S (no site)", ["-S"])):

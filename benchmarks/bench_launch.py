@@ -14,8 +14,8 @@ torchrun runs twice: with its static rendezvous (``--rdzv-backend static --maste
 numarun's default path on one node) and ``--standalone`` (c10d on ``localhost:0``, torchrun's
 own default on one node), so that each ratio can name the same backend on both sides.
 
-Also prints what the ``numarun.launch.bootstrap`` bootstrap costs a worker, started as the launcher
-starts it (``python -u -c "from numarun.launch.bootstrap import main; main()" -- worker.py``)
+Also prints what the ``numarun.worker.bootstrap`` bootstrap costs a worker, started as the launcher
+starts it (``python -u -c "from numarun.worker.bootstrap import main; main()" -- worker.py``)
 against ``python -u worker.py``, one at a time (``benchmarks/bench_bootstrap.py`` measures it
 closely).
 
@@ -145,7 +145,7 @@ def failure_latency(command: Sequence[str], folder: Path) -> float:
 
 
 def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
-    """Median wall time of one ``python -u script`` and of one through numarun.launch.bootstrap."""
+    """Median wall time of one ``python -u script`` and of one through numarun.worker.bootstrap."""
 
     def timed(command: list[str]) -> float:
         t0 = time.perf_counter()
@@ -251,7 +251,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(_row(name, failure[name], fail_anchor))
     print()
     print(
-        f"numarun.launch.bootstrap bootstrap, one worker alone: {plain * 1e3:.1f} ms bare, "
+        f"numarun.worker.bootstrap bootstrap, one worker alone: {plain * 1e3:.1f} ms bare, "
         f"{through * 1e3:.1f} ms through the bootstrap (+{(through - plain) * 1e3:.1f} ms)"
     )
     return 0

@@ -329,7 +329,7 @@ def _is_python_child(pid: int) -> bool:
     """A standby (exec'd: its command line is the bootstrap's), not a forked watchdog."""
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-            return b"numarun.launch.bootstrap" in cmdline.read()
+            return b"numarun.worker.bootstrap" in cmdline.read()
     except OSError:
         return False
 

@@ -5,7 +5,7 @@
 With this checkout's numarun (``src/`` first on the path, installed or not) and the
 interpreter's torch (with CUDA), three checks, each one line, ``ok`` or ``FAILED``:
 
-1. :func:`numarun.launch.preload.cuda_initialised` in one process: False after ``import torch``
+1. :func:`numarun.worker.preload.cuda_initialised` in one process: False after ``import torch``
    and after ``torch.cuda.is_available()``; True after ``torch.cuda.init()`` and after a tensor
    on the GPU;
 2. ``numarun --preload torch``: the worker's first line finds torch imported and CUDA not
@@ -30,7 +30,7 @@ ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.en
 
 IN_PROCESS = """\
 import torch
-from numarun.launch.preload import cuda_initialised
+from numarun.worker.preload import cuda_initialised
 seen = [cuda_initialised()]
 torch.cuda.is_available()
 seen.append(cuda_initialised())

@@ -14,7 +14,7 @@ The same stand-ins drive the protocol of ``main`` before this change (``--protoc
 ``bench_jobwide_scale.py``: numarun imported from a checkout of that commit), through the names
 both versions share, with a branch where their interfaces differ.
 
-Used by ``benchmarks/bench_jobwide_scale.py`` and by ``tests/launch/test_jobwide_protocol.py``.
+Used by ``benchmarks/bench_jobwide_scale.py`` and by ``tests/jobwide/test_protocol.py``.
 """
 
 from __future__ import annotations
@@ -28,12 +28,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from numarun.launch.config import parse_args
-from numarun.launch.round import Round, WorkerPlace
-from numarun.launch.storeresults import Result
-from numarun.launch.torchrdzv import ElasticNode
+from numarun.cmdline.config import parse_args
+from numarun.jobwide.notices import JobNotices
 from numarun.process.loop import Loop
 from numarun.process.spec import WorkerExit
+from numarun.rendezvous.round import Round, WorkerPlace
+from numarun.rendezvous.storeresults import Result
+from numarun.rendezvous.torchrdzv import ElasticNode
 from numarun.stacks.jobstacks import JobStacks
 from numarun.stacks.parse import rank_stacks
 
@@ -339,9 +340,10 @@ class StandIn:
         places = tuple(WorkerPlace(index * ranks + r, index * ranks + r, world, world)
                        for r in range(ranks))  # fmt: skip
         node.round = Round(index, nodes, "127.0.0.1", 1, places)
-        node._watched = (index + 1) % nodes if nodes > 1 else None
-        node._watched_since = time.monotonic()
+        node.heartbeats.watch_neighbour(index, nodes, time.monotonic())
         self.node = node
+        self.view = JobNotices(node)
+        node.diagnostics = self.view
         self.texts = [
             (index * ranks + r, r, 10000 + r,
              synthetic_dump(behaviour(index * ranks + r, r, index, nodes, pattern),
@@ -364,7 +366,7 @@ class StandIn:
         self.stacks = Stacks(
             [(r, index * ranks + r) for r in range(ranks)], python=False,
             describe={"run_id": "bench", "host": node.host, "entrypoint": "train.py"},
-            hang_timeout=hang_timeout, hang_job=node.hang_job(), scope="job",
+            hang_timeout=hang_timeout, hang_job=self.view.hang_job(), scope="job",
         )  # fmt: skip
         self.stacks.at_failure = None
         original = node._on_result
@@ -379,11 +381,11 @@ class StandIn:
 
     def register(self) -> None:
         """What a node does once the round formed: say it is a numarun node (ALIVE, NODES)."""
-        from numarun.launch.storewatch import ALIVE_KEY, NODES_KEY
+        from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY
 
         store = self.node._store
         if NEW:
-            from numarun.launch.storeops import Conn
+            from numarun.rendezvous.storeops import Conn
 
             conn = Conn(store, clone=False)
             conn.add(ALIVE_KEY.format(self.index), 1)
@@ -397,9 +399,10 @@ class StandIn:
         """Begin the round's watch; wait (at most ``settle`` seconds) until its thread has its
         connections: torch's client, connecting many at once from one process, waits 5 s per
         16 or so (launchers on many machines do not share that process)."""
-        self.node.watch(self.supervisor, self.stacks)  # type: ignore[arg-type]
+        self.node.begin_watch(self.supervisor)  # type: ignore[arg-type]
+        self.view.attach(self.stacks)
         self.stacks.attach(self.supervisor)  # type: ignore[arg-type]
-        round_ = self.node._watched_round
+        round_ = self.node.watched_round
         deadline = time.monotonic() + settle
         while time.monotonic() < deadline:
             if NEW and round_.conn is not None and (round_.poster or not round_.conn.own):
@@ -434,13 +437,13 @@ class StandIn:
         assert hang is not None
         hang.still = True
         dumps = self.raw() if NEW else self.rank_stacks()
-        self.node.hang_job().still(dumps, hang.timeout)
+        self.view.hang_job().still(dumps, hang.timeout)
 
     def fail(self) -> None:
         """Its rank 0 fails: the stacks of the others, then the notice (``on_failure``)."""
         ended = WorkerExit(0, self.index * 8, 4242, 1, None, "failed", time.time())
         self.stacks.at_failure = (ended, self.rank_stacks()[1:])
-        self.node.on_worker_failure(ended)
+        self.view.on_worker_failure(ended)
 
     def verdict_at(self) -> float | None:
         """When the loop stopped the run on the job's hang verdict (None: not, or not so)."""
@@ -452,6 +455,6 @@ class StandIn:
 
     def close(self) -> None:
         self.node.unwatch()
-        self.node._watch.close(self.node._watched_round or self.node._last_round, limit=0.1)
+        self.node.watch.close(self.node.watched_round or self.node._last_round, limit=0.1)
         self.stacks.close()
 

@@ -11,8 +11,8 @@ import time
 from pathlib import Path
 
 from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
-from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete
+from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
 # A worker that parks its main thread in a function named on its command line, with a helper
 # thread parked elsewhere; it prints what it sees of numarun's variable and its dump fd.

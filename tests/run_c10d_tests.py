@@ -31,7 +31,7 @@ FILES = [
     "e2e/test_torchrdzv_jobs.py",
     "e2e/test_jobwide_jobs.py",
     "e2e/test_logdir_shared_nodes.py",
-    "launch/test_torchcompat.py",
+    "rendezvous/test_torchcompat.py",
 ]
 
 # Stands in for hypothesis where it is not installed: its tests skip, saying why.

@@ -1,7 +1,7 @@
 """N node stand-ins running the launcher's own classes on one real torch TCPStore
 (``benchmarks/jobwide_standins.py``), for the tests of the whole-job protocol
-(``tests/launch/test_jobwide_protocol.py``) and of the store thread
-(``tests/launch/test_storewatch.py``). Needs torch: import it after ``pytest.importorskip``."""
+(``tests/jobwide/test_protocol.py``) and of the store thread
+(``tests/rendezvous/test_storewatch.py``). Needs torch: import it after ``pytest.importorskip``."""
 
 from __future__ import annotations
 

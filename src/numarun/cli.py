@@ -14,6 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from numarun.cmdline.usage import OneLineParser
 from numarun.errors import NumarunError, UsageError
 
 SUBCOMMANDS = ("topo", "plan", "check", "snapshot", "stacks")
@@ -37,16 +38,6 @@ def commands_help() -> str:
     lines += [f"  numarun {name:<{width}}  {SUMMARIES.get(name, '')}".rstrip() for name in names]
     lines.append("  numarun [options] train.py ...  a launch, as torchrun (the options above)")
     return "\n".join(lines)
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage as one line (exit 2) instead of usage + error, with a
-    "did you mean" for an unknown option, as the launcher's parser."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        from numarun.launch.options import usage_error
-
-        raise usage_error(self, message, f"{self.prog} --help")
 
 
 def _topology_args(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +64,7 @@ def _read(args: argparse.Namespace):  # -> Topology
 
 
 def _cmd_topo(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="numarun topo", description="Show the machine as numarun sees it.")
+    parser = OneLineParser(prog="numarun topo", description="Show the machine as numarun sees it.")
     _topology_args(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument(
@@ -100,10 +91,10 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     return 0
 
 
-def _plan_parser() -> _Parser:
+def _plan_parser() -> OneLineParser:
     from numarun.placement.plan import MODES
 
-    parser = _Parser(
+    parser = OneLineParser(
         prog="numarun plan",
         description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing. "
         "Without --numa-binding or --nproc-per-node, both are chosen for this machine "
@@ -196,10 +187,10 @@ def _cmd_plan(argv: Sequence[str]) -> int:
 
 def _write_text(path: str, text: str, what: str = "--svg") -> None:
     """Write ``text`` (UTF-8) to ``path`` by
-    :func:`numarun.launch.safedir.replace_file`'s rules: another user's link or directory on
+    :func:`numarun.files.safedir.replace_file`'s rules: another user's link or directory on
     the way refused, a new file renamed into place, so a failed write never truncates ``path``.
     Every refusal or failure is one line (exit 2)."""
-    from numarun.launch.safedir import replace_file
+    from numarun.files.safedir import replace_file
 
     try:
         data = text.encode("utf-8")
@@ -220,7 +211,7 @@ def _json_one_rank_per_line(document: dict) -> str:
 
 
 def _cmd_snapshot(argv: Sequence[str]) -> int:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="numarun snapshot",
         description="Save exactly the sysfs files numarun reads, to attach to a bug report. "
         "Replay with --sysfs-root after extracting it.",
@@ -234,7 +225,7 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
         help="snapshot a tree under DIR instead of this machine",
     )
     args = parser.parse_args(argv)
-    from numarun.launch.safedir import replace_file
+    from numarun.files.safedir import replace_file
     from numarun.machine.snapshot import snapshot
 
     counted: list[int] = []
@@ -247,7 +238,7 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
 
 
 def _cmd_stacks(argv: Sequence[str]) -> int:
-    parser = _Parser(
+    parser = OneLineParser(
         prog="numarun stacks",
         description="Print the Python stacks of every thread of every rank of a running numarun "
         "job of yours on this host; ranks with identical stacks are grouped, the odd ones out "
@@ -280,7 +271,7 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
 def _cmd_check(argv: Sequence[str]) -> int:
     from numarun.check.command import DEFAULT_BUFFER_MIB, DEFAULT_SECONDS
 
-    parser = _Parser(
+    parser = OneLineParser(
         prog="numarun check",
         description="Start the planned ranks exactly as a job's (bound at birth by numarun's "
         "supervisor), each running a built-in probe: it reads the CPUs it really has in its first "

@@ -1,6 +1,6 @@
 """The whole job from any node: stacks, the hang verdict and failures across nodes through the
 rendezvous store; the store off the supervisor's loop; launches without torch's private names
-(the names read one by one: ``tests/launch/test_torchcompat.py``).
+(the names read one by one: ``tests/rendezvous/test_torchcompat.py``).
 
 Each "node" is one launcher on this machine with its own ``NUMARUN_RUNTIME_DIR`` (as two hosts
 have); the nodes meet in a c10d rendezvous on 127.0.0.1. Workers:
@@ -484,26 +484,27 @@ def _deep_dump(threads: int, frames: int) -> str:
 
 
 def test_a_class_posts_its_frames_bounded_only_stacks_and_reads_back_checked() -> None:
-    from numarun.stacks import parse, remote
+    from numarun.stacks import digest as codec
+    from numarun.stacks import parse
     from numarun.stacks.dumps import Raw
 
     dumps = [Raw(rank, rank, 1000 + rank, _deep_dump(40, 100), None) for rank in range(64)]
-    digest, posts = remote.node_digest(dumps, node=1, host="host-b", pid=77, state="answer",
-                                       known=remote.Classes())  # fmt: skip
+    digest, posts = codec.node_digest(dumps, node=1, host="host-b", pid=77, state="answer",
+                                       known=codec.Classes())  # fmt: skip
     assert len(posts) == 1  # 64 ranks, one class
     ((ident, post),) = posts.items()
-    assert len(post) <= remote.FRAMES_LIMIT
-    threads, _ = remote.read_frames(post, ident)
+    assert len(post) <= codec.FRAMES_LIMIT
+    threads, _ = codec.read_frames(post, ident)
     # The main thread's innermost frames survive the cut.
     assert threads[-1].frames[0].function == "function_0"
     document = json.loads(post)
     assert set(document) == {"v", "threads", "more"}
     assert set(document["threads"][0]) == {"id", "frames", "cut"}
-    back = remote.read_digest(digest.encode())
+    back = codec.read_digest(digest.encode())
     assert (back.node, back.host, back.pid) == (1, "host-b", 77)
     assert back.classes[0][1] == list(range(64))
     assert len(parse.group_ranks([parse.rank_stacks(0, 0, 1, _deep_dump(2, 3), None)])) == 1
-    assert remote.printable("rank\x1b[2J\u202eok") == "rank\\x1b[2J\\u202eok"
+    assert codec.printable("rank\x1b[2J\u202eok") == "rank\\x1b[2J\\u202eok"
 
 
 # --- at scale: the uneven-data hang, four nodes, what the store holds is untrusted ---------------

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_run_id
-from numarun.launch.logdir import host_label
+from numarun.files.logdir import host_label
 from numarun.placement.workerenv import free_port
 from torch_python import TORCH_PYTHON, torch_version
 

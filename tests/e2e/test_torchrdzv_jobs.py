@@ -25,8 +25,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from job_processes import processes_with_run_id
+from numarun.cmdline import nodes as launch_nodes
 from numarun.errors import UsageError
-from numarun.launch import nodes as launch_nodes
 from numarun.placement.workerenv import free_port
 from torch_python import TORCH_PYTHON, require_torch, torch_release
 

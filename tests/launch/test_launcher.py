@@ -303,7 +303,7 @@ def test_dry_run_prints_plan_env_and_argv_and_starts_nothing(tmp_path: Path) -> 
     assert done.returncode == 0, done.stderr
     assert "explicit" in done.stdout
     assert "local rank 1 (rank 1, cpus 0):" in done.stdout
-    bootstrap = "-c 'from numarun.launch.bootstrap import main; main()'"
+    bootstrap = "-c 'from numarun.worker.bootstrap import main; main()'"
     assert f"{bootstrap} -- {REPORT} --lr 'a b'" in done.stdout
     assert "env:  RANK=1" in done.stdout and "env:  WORLD_SIZE=2" in done.stdout
     assert list(tmp_path.glob("*.json")) == []

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_env
-from numarun.launch import errorfile
+from numarun.worker import errorfile
 
 PY = sys.executable
 ENV = {key: value for key, value in os.environ.items() if key != "NUMARUN_RUN_ID"}
@@ -218,7 +218,7 @@ def test_group_write_is_refused_unless_the_group_is_the_callers_own(
     group (root's is "root", with no other member): harmless. Group write for another group
     (its members could swap directories) is refused."""
     from numarun.errors import UsageError
-    from numarun.launch.safedir import open_directory
+    from numarun.files.safedir import open_directory
 
     logs = tmp_path / "logs"
     logs.mkdir()
@@ -311,9 +311,9 @@ def test_directories_made_relative_to_descriptors_never_follow_a_swapped_link(
     links to a root-only directory, at two pause points. The attempt is made and its files are
     opened relative to the descriptors of the directories numarun made, so the output lands in
     the real (moved) directory, and nothing reaches the victim."""
-    from numarun.launch import logdir
+    from numarun.files import logdir
+    from numarun.files.safedir import Directory
     from numarun.launch.output import sinks_for
-    from numarun.launch.safedir import Directory
 
     logs = tmp_path / "logs"
     logs.mkdir()

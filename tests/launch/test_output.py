@@ -1,5 +1,6 @@
-"""numarun.launch.output: torchrun's ``--redirects``/``--tee`` specs and ``--local-ranks-filter``,
-the line prefixes, and the sinks each rank's streams get (``sinks_for``)."""
+"""numarun.cmdline.stdspec (torchrun's ``--redirects``/``--tee`` specs and
+``--local-ranks-filter``) and numarun.launch.output (the line prefixes, and the sinks each rank's
+streams get: ``sinks_for``)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from numarun.cmdline.stdspec import Std, parse_ranks_filter, parse_std_spec, ranks_filter_warning
 from numarun.errors import UsageError
-from numarun.launch.output import (
-    PREFIX_TEMPLATE_ENV,
-    Std,
-    make_prefix,
-    parse_ranks_filter,
-    parse_std_spec,
-    ranks_filter_warning,
-    sinks_for,
-)
+from numarun.launch.output import PREFIX_TEMPLATE_ENV, make_prefix, sinks_for
 from numarun.process.sinks import FileSink, NullSink, TeeSink
 
 # ---------------------------------------------------------------- --redirects / --tee specs

@@ -10,7 +10,6 @@ import sys
 import textwrap
 from pathlib import Path
 
-from numarun.launch.errorfile import WorkerError
 from numarun.launch.summary import (
     RankReport,
     describe_exit,
@@ -18,6 +17,7 @@ from numarun.launch.summary import (
     rank_report,
     root_cause,
 )
+from numarun.worker.errorfile import WorkerError
 
 # ---------------------------------------------------------------- root cause and summary
 
@@ -252,7 +252,7 @@ _RANKED_WORKER = textwrap.dedent(
 
 
 def test_tee_error_file_and_summary_through_the_supervisor(tmp_path: Path) -> None:
-    from numarun.launch.logdir import error_file_path, make_log_dirs
+    from numarun.files.logdir import error_file_path, make_log_dirs
     from numarun.launch.output import sinks_for
     from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
     from numarun.process.spec import WorkerSpec

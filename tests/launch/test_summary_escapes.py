@@ -7,8 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from numarun.launch.errorfile import WorkerError
 from numarun.launch.summary import RankReport, format_summary
+from numarun.worker.errorfile import WorkerError
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 # Retitle the window, clear the screen, hide text, a C1 CSI, a bidi override, a bell.

@@ -27,8 +27,8 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_run_id
+from numarun.cmdline.config import parse_args
 from numarun.errors import UsageError
-from numarun.launch.config import parse_args
 from numarun.placement.workerenv import free_port
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
@@ -400,9 +400,10 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
 REFORM = textwrap.dedent(
     """\
     import dataclasses, os, sys
-    from numarun.launch import attempts as job_module, launcher, torchrdzv as elastic
+    from numarun.launch import attempts as job_module, launcher
     from numarun.launch import workersetup as workers
-    from numarun.launch.round import Round, WorkerPlace
+    from numarun.rendezvous import torchrdzv as elastic
+    from numarun.rendezvous.round import Round, WorkerPlace
     from numarun.placement.workerenv import free_port
 
     out = sys.argv[1]
@@ -421,6 +422,7 @@ REFORM = textwrap.dedent(
         # stands for a launch whose standbys were born for another local world size).
         where = "a stand-in rendezvous"
         verdict = None  # no hang verdict ever reaches this node
+        watch = diagnostics = None
 
         def __init__(self, config):
             self.change, self.rounds = None, 0
@@ -440,7 +442,7 @@ REFORM = textwrap.dedent(
             places = tuple(WorkerPlace(rank, rank, n, n) for rank in range(n))
             return Round(0, 1, "127.0.0.1", free_port(), places)
 
-        def watch(self, supervisor, stacks):
+        def begin_watch(self, supervisor):
             if self.rounds != 1:
                 return
 
@@ -455,10 +457,10 @@ REFORM = textwrap.dedent(
         def unwatch(self):
             pass
 
-        def hang_job(self):
-            return None
+        def guarded(self, what, call, *args):
+            return call(*args)
 
-        def on_worker_failure(self, ended):
+        def on_worker_failure(self, ended, dumps=None):
             pass
 
         def finish(self, succeeded):

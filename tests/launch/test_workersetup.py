@@ -19,7 +19,7 @@ def parse(*argv: str, **environ: str) -> LaunchConfig:
 
 
 def test_worker_argv_for_each_kind() -> None:
-    bootstrap = "from numarun.launch.bootstrap import main; main()"
+    bootstrap = "from numarun.worker.bootstrap import main; main()"
     script = parse("t.py", "a")
     assert worker_argv(script) == [sys.executable, "-u", "-c", bootstrap, "--", "t.py", "a"]
     module = parse("-m", "pkg.mod", "a")

@@ -19,15 +19,22 @@ PACKAGE = Path(__file__).resolve().parents[2] / "src" / "numarun"
 
 # What each wing may import besides itself, lowest first. ``base`` is imported by everyone.
 BASE = {"numarun.errors", "numarun._version"}
-WINGS = ["machine", "placement", "process", "stacks", "spawning", "launch", "check"]
+WINGS = ["worker", "machine", "placement", "process", "stacks", "spawning", "cmdline", "files",
+         "rendezvous", "jobwide", "launch", "check"]
+_LOW = {"machine", "placement", "process", "stacks", "worker"}
 MAY_IMPORT = {
+    "worker": set(),
     "machine": set(),
     "placement": {"machine"},
     "process": {"placement", "machine"},
-    "stacks": {"process", "placement", "machine"},
-    "spawning": {"stacks", "process", "placement", "machine"},
-    "launch": {"stacks", "process", "placement", "machine"},
-    "check": {"launch", "stacks", "process", "placement", "machine"},
+    "stacks": {"process", "placement", "machine", "worker"},
+    "spawning": {"stacks", "process", "placement", "machine", "worker"},
+    "cmdline": {"process", "placement", "machine"},
+    "files": {"cmdline"},
+    "rendezvous": {"cmdline"} | _LOW,
+    "jobwide": {"rendezvous", "cmdline"} | _LOW,
+    "launch": {"jobwide", "rendezvous", "files", "cmdline"} | _LOW,
+    "check": {"launch", "jobwide", "rendezvous", "files", "cmdline"} | _LOW,
 }
 MAX_MODULE_LINES = 800
 MAX_CLASS_LINES = 500
@@ -189,7 +196,7 @@ def test_the_checks_above_can_fail() -> None:
     source = (
         "import numarun.process.supervisor\n"
         "from numarun.stacks import channel\n"
-        "def f():\n    from numarun.launch.config import LaunchConfig\n"
+        "def f():\n    from numarun.cmdline.config import LaunchConfig\n"
         "if TYPE_CHECKING:\n    from numarun.spawning.api import spawn\n"
         "importlib.import_module('numarun.machine.nvml')\n"
     )
@@ -204,7 +211,7 @@ def test_the_checks_above_can_fail() -> None:
     assert found == {
         "numarun.process.supervisor",
         "numarun.stacks.channel",
-        "numarun.launch.config",
+        "numarun.cmdline.config",
         "numarun.spawning.api",
         "numarun.machine.nvml",
     }
@@ -249,3 +256,59 @@ def test_public_api() -> None:
     assert done.returncode == 0, done.stderr
     lazy, version = done.stdout.split()
     assert lazy == "False" and version.count(".") >= 1
+
+
+# --- issue 33: wings a newcomer can hold in their head ----------------------------------------
+
+MAX_WING_SHARE = 0.20  # of the package's lines
+MAX_WING_MODULES = 16
+
+
+def test_no_wing_outgrows_the_picture() -> None:
+    lines = {module: MODULES[module].read_text().count("\n") for module in MODULES}
+    total = sum(lines.values())
+    too_big = []
+    for wing in WINGS:
+        members = [m for m in MODULES if wing_of(m) == wing]
+        share = sum(lines[m] for m in members) / total
+        if share > MAX_WING_SHARE or len(members) > MAX_WING_MODULES:
+            too_big.append(f"{wing}: {len(members)} modules, {share:.0%} of the lines")
+    assert too_big == []
+
+
+def _classes() -> Iterator[tuple[str, ast.ClassDef]]:
+    for module, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef):
+                yield module, node
+
+
+def test_every_class_has_a_name_of_its_own() -> None:
+    seen: dict[str, str] = {}
+    clashes = []
+    for module, node in _classes():
+        if node.name in seen:
+            clashes.append(f"{node.name}: {seen[node.name]} and {module}")
+        seen.setdefault(node.name, module)
+    assert clashes == []
+
+
+def numarun_bases(node: ast.ClassDef, ours: set[str]) -> list[str]:
+    """The bases of ``node`` that are numarun classes (named bare or as ``module.Name``)."""
+    names = [base.attr if isinstance(base, ast.Attribute) else getattr(base, "id", "")
+             for base in node.bases]  # fmt: skip
+    return [name for name in names if name in ours]
+
+
+def test_no_class_is_assembled_from_numarun_classes() -> None:
+    # Composition, not mixins: a class has at most one numarun class among its bases.
+    ours = {node.name for _, node in _classes()}
+    mixed = [f"{module}.{node.name}" for module, node in _classes()
+             if len(numarun_bases(node, ours)) > 1]  # fmt: skip
+    assert mixed == []
+
+
+def test_the_class_checks_above_can_fail() -> None:
+    tree = ast.parse("class A(B, jobwide.C, Exception): pass\n")
+    node = next(n for n in ast.walk(tree) if isinstance(n, ast.ClassDef))
+    assert numarun_bases(node, {"B", "C", "A"}) == ["B", "C"]

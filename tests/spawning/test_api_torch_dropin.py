@@ -698,7 +698,7 @@ def test_run_path_wins_over_no_python_and_module_as_in_torchrun() -> None:
     still refused by both."""
     from torch.distributed import run as torchrun
 
-    from numarun.launch.config import parse_args
+    from numarun.cmdline.config import parse_args
 
     for flags in (
         ["--run-path", "--no-python"],

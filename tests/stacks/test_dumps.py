@@ -9,8 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from numarun.stacks.dumphandler import STACKS_SIGNAL
 from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
+from numarun.worker.dumphandler import STACKS_SIGNAL
 
 
 def test_complete_only_at_the_end_of_a_real_dump(dumps: dict[str, tuple[str, bytes]]) -> None:

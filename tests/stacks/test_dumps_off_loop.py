@@ -18,9 +18,9 @@ import pytest
 
 from numarun.process.loop import Loop
 from numarun.stacks import channel
-from numarun.stacks.dumphandler import STACKS_FILE_ENV
 from numarun.stacks.dumps import PENDING, RankDumps, _signal_state
 from numarun.stacks.hang import HangWatch
+from numarun.worker.dumphandler import STACKS_FILE_ENV
 
 # A rank: faulthandler on signal 42 into its file, then parked; with "block", signal 42 stays
 # blocked from then on (its dumps never come: as a rank starved of CPU, or in D state).

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from numarun.stacks import merge, parse, remote
+from numarun.stacks import digest as codec
+from numarun.stacks import merge, parse
 from numarun.stacks.dumps import Raw
 
 LIB = "/usr/lib/python3.11/site-packages/torch"
@@ -40,7 +41,7 @@ def dump(kind: str, seed: int, threads: int = 4) -> str:
     return "\n\n".join(blocks) + "\n"
 
 
-def job_digests(nodes: int, ranks: int = 8) -> tuple[list[remote.Digest], dict[str, bytes]]:
+def job_digests(nodes: int, ranks: int = 8) -> tuple[list[codec.Digest], dict[str, bytes]]:
     """Every node's digest of a job where rank nodes*ranks//2 - 1 is odd, the last eighth of the
     nodes is in backward and the rest waits in all_reduce."""
     digests, frames = [], {}
@@ -53,21 +54,21 @@ def job_digests(nodes: int, ranks: int = 8) -> tuple[list[remote.Digest], dict[s
                 "backward" if node >= nodes - max(1, nodes // 8) else "allreduce"
             )
             dumps.append(Raw(rank, local, 1000 + rank, dump(kind, rank), None))
-        digest, posts = remote.node_digest(dumps, node=node, host=f"gpu{node + 1:04d}", pid=7,
-                                           state="answer", known=remote.Classes())  # fmt: skip
-        digests.append(remote.read_digest(digest.encode()))
+        digest, posts = codec.node_digest(dumps, node=node, host=f"gpu{node + 1:04d}", pid=7,
+                                           state="answer", known=codec.Classes())  # fmt: skip
+        digests.append(codec.read_digest(digest.encode()))
         frames.update(posts)
     return digests, frames
 
 
 def test_frames_that_are_not_their_class_are_refused() -> None:
     stacks = parse.rank_stacks(0, 0, 1, dump("odd", 1), None)
-    ident, post = remote.frames_post(stacks)
-    threads, more = remote.read_frames(post, ident)
+    ident, post = codec.frames_post(stacks)
+    threads, more = codec.read_frames(post, ident)
     assert threads[-1].frames[0].function == "load_batch" and not more
     forged = post.replace(b"load_batch", b"rm_rf_home")
-    with pytest.raises(remote.PostError, match="not those of class"):
-        remote.read_frames(forged, ident)
+    with pytest.raises(codec.PostError, match="not those of class"):
+        codec.read_frames(forged, ident)
 
 
 # --- digests and the merge -----------------------------------------------------------------------
@@ -76,12 +77,12 @@ def test_frames_that_are_not_their_class_are_refused() -> None:
 def test_a_node_digest_is_its_classes_a_few_hundred_bytes() -> None:
     dumps = [Raw(r, r, 100 + r, dump("allreduce", r), None) for r in range(7)]
     dumps.append(Raw(7, 7, None, "", "exited"))
-    known = remote.Classes()
-    digest, frames = remote.node_digest(dumps, node=3, host="gpu0004", pid=9, state="answer",
+    known = codec.Classes()
+    digest, frames = codec.node_digest(dumps, node=3, host="gpu0004", pid=9, state="answer",
                                         known=known)  # fmt: skip
     data = digest.encode()
     assert len(data) < 400 and len(frames) == 1
-    back = remote.read_digest(data)
+    back = codec.read_digest(data)
     assert [(ranks, pids) for _, ranks, pids in back.classes] == [
         (list(range(7)), {r: 100 + r for r in range(7)})
     ]
@@ -114,11 +115,11 @@ def test_8192_ranks_merge_into_three_classes_on_one_screen() -> None:
 
 def test_a_rank_claimed_twice_and_a_second_digest_of_a_node_are_named() -> None:
     digests, _ = job_digests(2)
-    forged = remote.Digest(1, "evil", 1, "answer", [], [("exited", [0, 1])])
+    forged = codec.Digest(1, "evil", 1, "answer", [], [("exited", [0, 1])])
     view = merge.merge([*digests, forged], kind="stacks", by="x", size=2)
     assert view.rank_count == 16
     assert view.notes == ["a second digest of node 1 was ignored"]
-    other = remote.Digest(5, "evil", 1, "answer", [], [("exited", [3])])
+    other = codec.Digest(5, "evil", 1, "answer", [], [("exited", [3])])
     view = merge.merge([*digests, other], kind="stacks", by="x", size=8)
     assert "rank 3 claimed by node 5 and node 0: kept on node 0" in view.notes
 
@@ -138,9 +139,9 @@ def test_the_call_tree_says_where_each_class_leaves_the_others() -> None:
 
 
 def test_control_characters_from_the_store_are_shown_escaped() -> None:
-    digest = remote.Digest(0, "host\x1b]0;owned\x07", 1, "answer", [],
+    digest = codec.Digest(0, "host\x1b]0;owned\x07", 1, "answer", [],
                            [("exited \x1b[2J\u202eevil", [0, 1])])  # fmt: skip
-    view = merge.merge([remote.read_digest(digest.encode())], kind="stacks", by="x", size=1)
+    view = merge.merge([codec.read_digest(digest.encode())], kind="stacks", by="x", size=1)
     text = "\n".join(merge.format_view(view))
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
     assert "\\x1b[2J\\u202eevil" in text and "host\\x1b]0;owned\\x07" in text
@@ -196,7 +197,7 @@ def test_a_job_of_thousands_of_classes_keeps_the_odd_and_the_largest_on_one_scre
     digests = []
     for node in range(512):
         classes = [(f"{node * 8 + local:016x}", [node * 8 + local], {}) for local in range(8)]
-        digests.append(remote.Digest(node, f"n{node}", 1, "answer", classes, []))
+        digests.append(codec.Digest(node, f"n{node}", 1, "answer", classes, []))
     view = merge.merge(digests, kind="stacks", by="x", size=512)
     assert view.rank_count == 4096
     assert len(view.classes) == merge.MAX_CLASSES + 1

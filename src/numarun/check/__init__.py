@@ -1,7 +1,7 @@
 """``numarun check``: a launch whose workers prove their binding and measure what it is worth.
 
 The check is a real launch: :mod:`numarun.check.command` turns the binding flags into a
-:class:`numarun.launch.config.LaunchConfig` whose entry point is the built-in probe, plans with the
+:class:`numarun.cmdline.config.LaunchConfig` whose entry point is the built-in probe, plans with the
 launcher's own :func:`numarun.launch.launcher.make_plan`, and runs the job through
 :func:`numarun.launch.launcher.run` (supervisor, birth-time binding, everything a job gets).
 

@@ -2,7 +2,7 @@
 
 :func:`run_check` turns the binding flags into the argv of a job whose entry point is
 ``-m numarun.check.probe`` and parses it with the launcher's own
-:func:`numarun.launch.config.parse_args` (same checks, same ``PET_*`` defaults for the binding
+:func:`numarun.cmdline.config.parse_args` (same checks, same ``PET_*`` defaults for the binding
 flags, same one-line errors), plans with :func:`numarun.launch.launcher.make_plan`, writes the
 probe's instructions (:func:`instructions`) into a private temporary directory, and runs the job
 with :func:`numarun.launch.launcher.run`: the supervisor starts every rank bound at birth,
@@ -28,7 +28,7 @@ from numarun.errors import NumarunError, UsageError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.config import LaunchConfig
+    from numarun.cmdline.config import LaunchConfig
     from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 
@@ -141,8 +141,8 @@ def run_check(
     teardown signal ended the probes' job (its exit status 128+N, no document).
     """
     from numarun.check import verdict
+    from numarun.cmdline.config import parse_args
     from numarun.launch import launcher
-    from numarun.launch.config import parse_args
     from numarun.machine.topology import read_topology
 
     if not 0 < seconds < 86400:

@@ -1,6 +1,6 @@
 """The probe each rank of ``numarun check`` runs: ``python -m numarun.check.probe``.
 
-Started by the launcher like any job's worker (through :mod:`numarun.launch.bootstrap`, bound at
+Started by the launcher like any job's worker (through :mod:`numarun.worker.bootstrap`, bound at
 birth by the supervisor), so it sees what a training script would see. Its first statement reads
 the CPUs it may run on (``os.sched_getaffinity``), before any other import: nothing of numarun's
 or the user's can have changed them since the process began, except what ran before Python

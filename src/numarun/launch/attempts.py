@@ -36,25 +36,24 @@ from numarun.launch.workersetup import (
     close_sinks,
     has_log_files,
     line_filters,
-    rank_binding,
-    rank_envs,
+    rank_setups,
     setup_error,
-    worker_argv,
     worker_sinks,
 )
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.config import LaunchConfig
-    from numarun.launch.round import Round
-    from numarun.launch.rundirs import RunDirs
-    from numarun.launch.safedir import Directory
-    from numarun.launch.torchrdzv import ElasticNode
+    from numarun.cmdline.config import LaunchConfig
+    from numarun.files.rundirs import RunDirs
+    from numarun.files.safedir import Directory
+    from numarun.jobwide.notices import JobNotices
     from numarun.launch.warm import Standbys, Warm
     from numarun.placement.plan import Plan
     from numarun.process.spec import RunResult, WorkerExit, WorkerSpec
     from numarun.process.supervisor import Supervisor
+    from numarun.rendezvous.round import Round
+    from numarun.rendezvous.torchrdzv import ElasticNode
     from numarun.stacks.jobstacks import JobStacks
 
 
@@ -74,7 +73,7 @@ class SignalGuard:
     """While no supervisor runs (the workers' files being set up, a rendezvous, the exit
     barrier, the gap between attempts), a teardown signal ends the launch at once: its handler
     raises :class:`Interrupted` in the main thread, wherever it waits
-    (:func:`numarun.launch.storeops.run_blocking` keeps torch's blocking calls off that thread).
+    (:func:`numarun.rendezvous.storeops.run_blocking` keeps torch's blocking calls off that thread).
     The supervisor's own handling replaces this while workers run. A signal the caller ignores
     stays ignored when it is in ``keep_ignored`` (SIGHUP under ``nohup``). Main thread only;
     elsewhere it does nothing. Restores the previous handlers."""
@@ -188,6 +187,7 @@ class Job:
         self.earlier = _Bounded("earlier attempts")  # the root causes of those before it
         self.lost = _Bounded("log files")  # log files that lost bytes, all attempts'
         self.node: ElasticNode | None = None
+        self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
 
@@ -233,9 +233,12 @@ class Job:
     def _loop(self, first: Directory, port: int) -> int:
         config = self.config
         if config.elastic:
-            from numarun.launch.torchrdzv import ElasticNode, NotAdmitted
+            from numarun.jobwide.notices import JobNotices
+            from numarun.rendezvous.torchrdzv import ElasticNode, NotAdmitted
 
             self.node = ElasticNode(config)
+            self.job_view = JobNotices(self.node)
+            self.node.diagnostics = self.job_view
             self.waiting_for = f"waiting for the {self.node.where}"
             self.node.connect()
         restart_count = 0
@@ -317,7 +320,7 @@ class Job:
     ) -> _Attempt:
         """Start this node's workers for ``group`` (a round of a torch rendezvous; None: the
         static rendezvous with the store on ``port``) with their files under ``directory``
-        (made by :func:`numarun.launch.logdir.make_attempt`, without the ranks' own: those
+        (made by :func:`numarun.files.logdir.make_attempt`, without the ranks' own: those
         are made as their log files are opened, or by each rank's process as it starts;
         closed here once the files are open), wait for the supervisor's end, return the
         attempt. Raises :class:`UsageError` (one line, nothing started) when the workers'
@@ -367,17 +370,18 @@ class Job:
         specs: list[WorkerSpec] = []
         try:
             duplicates = line_filters(config, directory)
-            envs = rank_envs(config, plan, base, directory.path, port, group, restart_count)
+            setups = rank_setups(
+                config, plan, base, self.binary_path, attempt_dir=directory.path, port=port,
+                group=group, restart_count=restart_count, mem_policies=self.mem_policies,
+            )  # fmt: skip
             # This attempt's ranks (under a torch rendezvous they come from the round).
-            ranks = [(local_rank, int(env["RANK"])) for local_rank, env in enumerate(envs)]
-            stacks = _job_stacks(config, ranks, self.node)
-            for local_rank, env in enumerate(envs):
-                binding = rank_binding(plan, local_rank)
+            stacks = _job_stacks(config, [(s.local_rank, s.rank) for s in setups], self.job_view)
+            for setup in setups:
+                local_rank, env = setup.local_rank, setup.env
                 if stacks is not None:
                     env.update(stacks.worker_env(local_rank))
-                rank = int(env["RANK"])
                 stdout, stderr = worker_sinks(
-                    config, self.outputs, local_rank, directory, base, duplicates, rank=rank
+                    config, self.outputs, local_rank, directory, base, duplicates, rank=setup.rank
                 )
                 if stacks is not None:
                     stacks.count_output((stdout, stderr))
@@ -385,10 +389,8 @@ class Job:
                 # process as it starts: none for a rank never started.
                 made = has_log_files(self.outputs, local_rank)
                 specs.append(WorkerSpec(
-                    local_rank=local_rank, rank=rank, env=env,
-                    argv=worker_argv(config, self.binary_path, local_rank),
-                    cpus=binding.cpus if binding is not None else None,
-                    mem=self.mem_policies[local_rank], stdout=stdout, stderr=stderr,
+                    local_rank=local_rank, rank=setup.rank, env=env, argv=setup.argv,
+                    cpus=setup.cpus, mem=setup.mem, stdout=stdout, stderr=stderr,  # type: ignore[arg-type]
                     make_dir=None if made else os.path.join(directory.path, str(local_rank)),
                 ))  # fmt: skip
         except BaseException as error:  # nothing started
@@ -421,7 +423,9 @@ class Job:
                 specs, on_failure=on_failure, on_exit=on_exit, **self._supervisor_options()
             )
         if self.node is not None:
-            self.node.watch(supervisor, stacks)  # the store thread; whole-job stacks
+            self.node.begin_watch(supervisor)  # the store thread
+        if self.job_view is not None:
+            self.job_view.attach(stacks)  # the whole job's stacks and hang verdict
         if stacks is not None:
             stacks.attach(supervisor)  # stacks on demand, at a failure, and --hang-timeout
         return supervisor
@@ -534,8 +538,8 @@ class Job:
         restarts = self.node is None and restart_count < self.config.max_restarts
         if stacks is not None and not restarts:
             calls.append(stacks.on_failure)  # type: ignore[attr-defined]
-        if self.node is not None:
-            calls.append(self.node.on_worker_failure)
+        if self.job_view is not None:
+            calls.append(self.job_view.on_worker_failure)
         if not calls:
             return None
 
@@ -614,11 +618,11 @@ def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
 
 
 def _job_stacks(
-    config: LaunchConfig, ranks: Sequence[tuple[int, int]], node: ElasticNode | None
+    config: LaunchConfig, ranks: Sequence[tuple[int, int]], job_view: JobNotices | None
 ) -> JobStacks | None:
     """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.jobstacks`)
-    for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``node``) the whole
-    job's stacks and hang verdict.
+    for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``job_view``) the
+    whole job's stacks and hang verdict.
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
@@ -633,8 +637,8 @@ def _job_stacks(
                       "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
                       "backend": config.rdzv_backend},
             hang_timeout=config.hang_timeout,
-            hang_job=node.hang_job() if node is not None else None,
-            scope="job" if node is not None else ("node" if config.max_nodes > 1 else "all"),
+            hang_job=job_view.hang_job() if job_view is not None else None,
+            scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
         )  # fmt: skip
     except (NumarunError, OSError) as error:
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
@@ -679,4 +683,4 @@ def _import_failure_path(elastic: bool) -> None:
     import numarun.launch.summary  # with launch.errorfile and stacks.parse
 
     if elastic:
-        import numarun.stacks.remote  # noqa: F401  (ElasticNode.on_worker_failure's post)
+        import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)

@@ -2,18 +2,18 @@
 
 Three kinds of entry point, as in torchrun: a Python script (``train.py``), a module
 (``-m pkg.module``) and a binary (``--no-python ./binary``). Python workers run
-``$PYTHON_EXEC or sys.executable -u -c "from numarun.launch.bootstrap import main; main()" ...``
-(cheaper than ``-m numarun.launch.bootstrap``, which imports :mod:`runpy` first) so that a worker
+``$PYTHON_EXEC or sys.executable -u -c "from numarun.worker.bootstrap import main; main()" ...``
+(cheaper than ``-m numarun.worker.bootstrap``, which imports :mod:`runpy` first) so that a worker
 without ``@record`` still leaves an error file with its traceback, and its stacks can be taken
 (:mod:`numarun.stacks.dumps`). Each worker gets torchrun's environment (RANK,
 LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, ... TORCHELASTIC_ERROR_FILE) and meets the others through
 ``env://``. With the static rendezvous (the default) numarun runs no rendezvous service and
 global rank 0's worker hosts the ``TCPStore``; with a PyTorch backend (``--rdzv-backend
-c10d``) :mod:`numarun.launch.torchrdzv` joins torch's rendezvous and the launcher hosts the
+c10d``) :mod:`numarun.rendezvous.torchrdzv` joins torch's rendezvous and the launcher hosts the
 store, as torchrun's does.
 
 Flow: :func:`parse_args` (argv -> :class:`LaunchConfig`, no effects; defined in
-:mod:`numarun.launch.config`, re-exported here) -> :func:`run` (entry point checked, plan
+:mod:`numarun.cmdline.config`, re-exported here) -> :func:`run` (entry point checked, plan
 made, memory policy proven; then :class:`numarun.launch.attempts.Job`: one attempt after another,
 each started and watched by a supervisor, until one succeeds, ``--max-restarts`` is used up, a
 signal or the rendezvous ends the job; summary printed, exit code returned). :func:`main` joins
@@ -33,10 +33,9 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 
+from numarun.cmdline.config import LaunchConfig, parse_args
 from numarun.errors import NumarunError, UsageError
-from numarun.launch import logdir
 from numarun.launch import workersetup as workers
-from numarun.launch.config import LaunchConfig, parse_args
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False
@@ -142,7 +141,7 @@ def _endpoint_host(config: LaunchConfig) -> str | None:
     """The host of ``--rdzv-endpoint`` (None for a file store, whose endpoint is a path)."""
     if dict(config.rdzv_conf).get("store_type", "tcp").strip().lower() == "file":
         return None
-    from numarun.launch.nodes import split_endpoint
+    from numarun.cmdline.nodes import split_endpoint
 
     return split_endpoint(config.rdzv_endpoint)[0]
 
@@ -303,7 +302,6 @@ def _dry_run_text(
         lines.append(format_plan_table(plan))
         lines.append("")
     attempt_dir = os.path.join(config.log_dir or "<temporary dir>", config.run_id, "attempt_0")
-    threads = workers.unbound_omp_threads(config, base)
     from_rendezvous: tuple[str, ...] = ()
     if config.elastic:
         from_rendezvous = workers.ROUND_VARIABLES  # the dry run cannot know them
@@ -318,27 +316,15 @@ def _dry_run_text(
             "worker below, imports them ahead of each attempt and is handed the variables "
             "known only then (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, ...)"
         )
-    for local_rank in range(config.nproc_per_node):
-        env = workers.rank_env(
-            config,
-            local_rank,
-            base=base,
-            master_port=port,
-            error_file=logdir.error_file(attempt_dir, local_rank),
-            binding=workers.rank_binding(plan, local_rank),
-            plan_env=plan.env if plan is not None else (),
-            unbound_threads=threads,
-        )
-        binding = workers.rank_binding(plan, local_rank)
-        where = "unbound" if binding is None else f"cpus {_cpus_text(binding.cpus)}"
-        rank = f"rank {config.global_rank(local_rank)}"
-        if config.elastic:
-            rank = "rank from the rendezvous"
-        lines.append(f"local rank {local_rank} ({rank}, {where}):")
-        lines.append(f"  argv: {shlex.join(workers.worker_argv(config, binary_path, local_rank))}")
-        for key in sorted(env):
-            if base.get(key) != env[key] and key not in from_rendezvous:
-                lines.append(f"  env:  {key}={shlex.quote(env[key])}")
+    for setup in workers.rank_setups(config, plan, base, binary_path, attempt_dir=attempt_dir,
+                                     port=port):  # fmt: skip
+        where = "unbound" if setup.cpus is None else f"cpus {_cpus_text(setup.cpus)}"
+        rank = "rank from the rendezvous" if config.elastic else f"rank {setup.rank}"
+        lines.append(f"local rank {setup.local_rank} ({rank}, {where}):")
+        lines.append(f"  argv: {shlex.join(setup.argv)}")
+        for key in sorted(setup.env):
+            if base.get(key) != setup.env[key] and key not in from_rendezvous:
+                lines.append(f"  env:  {key}={shlex.quote(setup.env[key])}")
     return "\n".join(lines) + "\n"
 
 
@@ -357,10 +343,10 @@ def _launch(
 ) -> int:
     """Set up the log directory, run the job, return its exit status. A temporary log
     directory is removed at the end unless it keeps what is nowhere else: log files after a
-    failure, or output shown nowhere (:class:`numarun.launch.rundirs.RunDirs`)."""
+    failure, or output shown nowhere (:class:`numarun.files.rundirs.RunDirs`)."""
+    from numarun.files.rundirs import RunDirs
     from numarun.launch.attempts import Interrupted, Job, SignalGuard
     from numarun.launch.outcome import signal_text
-    from numarun.launch.rundirs import RunDirs
 
     outputs = workers.output_levels(config)
     dirs = RunDirs(config, outputs)

@@ -14,11 +14,11 @@ import os
 import signal
 from collections.abc import Sequence
 
-from numarun.launch.logdir import error_file
+from numarun.files.logdir import error_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.config import LaunchConfig
+    from numarun.cmdline.config import LaunchConfig
     from numarun.process.spec import RunResult, WorkerSpec
 
 

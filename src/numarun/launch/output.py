@@ -1,151 +1,31 @@
-"""Where a launched worker's output goes: torchrun's ``--redirects``/``--tee`` and its rules.
+"""Where a launched worker's output goes: torchrun's rules for ``--redirects``/``--tee``.
 
-:func:`parse_std_spec` and :func:`parse_ranks_filter` read ``-r/--redirects``, ``-t/--tee`` and
-``--local-ranks-filter`` (:class:`Std` values follow torchrun: 0 none, 1 stdout, 2 stderr, 3
-both); :func:`make_prefix` is the console prefix of a rank's tee'd lines (torchrun's
-``[<role><local rank>]:`` or ``$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); :func:`sinks_for`
-picks one worker's two sinks (:mod:`numarun.process.sinks`) from its values, in the log layout
-of :mod:`numarun.launch.logdir`. Imported only when output is redirected, tee'd or filtered.
+The values are read by :mod:`numarun.cmdline.stdspec`; :func:`make_prefix` is the console
+prefix of a rank's tee'd lines (torchrun's ``[<role><local rank>]:`` or
+``$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``); :func:`sinks_for` picks one worker's two sinks
+(:mod:`numarun.process.sinks`) from its values, in the log layout of
+:mod:`numarun.files.logdir`. Imported only when output is redirected, tee'd or filtered.
 """
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Mapping
 
+from numarun.cmdline.stdspec import Std
 from numarun.errors import UsageError
-from numarun.launch.logdir import STDERR_LOG, STDOUT_LOG
-from numarun.launch.safedir import Directory, open_directory
+from numarun.files.logdir import STDERR_LOG, STDOUT_LOG
+from numarun.files.safedir import Directory, open_directory
 from numarun.process.sinks import DEFAULT_MAX_HELD, FileSink, LineFilter, NullSink, TeeSink
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.process.spec import OutputSink
 
-__all__ = [
-    "PREFIX_TEMPLATE_ENV",
-    "Std",
-    "make_prefix",
-    "parse_ranks_filter",
-    "parse_std_spec",
-    "ranks_filter_warning",
-    "sinks_for",
-]
+__all__ = ["PREFIX_TEMPLATE_ENV", "make_prefix", "sinks_for"]
 
 
 PREFIX_TEMPLATE_ENV = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"
-
-
-class Std(enum.IntFlag):
-    """Which standard streams a ``--redirects`` / ``--tee`` value covers (torchrun's values)."""
-
-    NONE = 0
-    OUT = 1
-    ERR = 2
-    ALL = 3
-
-
-_STD_FORMS = (
-    "use 0 (none), 1 (stdout), 2 (stderr) or 3 (both) for every rank, "
-    "or LOCAL_RANK:VALUE pairs such as 0:3,1:0"
-)
-
-
-def parse_std_spec(text: str, nprocs: int, *, flag: str = "--redirects/--tee") -> dict[int, int]:
-    """Parse a ``--redirects`` / ``--tee`` value into ``{local_rank: Std value}`` for every rank.
-
-    ``"0"``..``"3"`` apply to all ``nprocs`` local ranks; ``"0:3,1:0"`` names local ranks one by
-    one and ranks not named get 0. Whitespace around the whole value and around items is
-    ignored. Anything else -- another number (``"4"``), a non-number, an empty item or value
-    (``"0:"``, ``""``), a local rank outside ``0..nprocs-1``, a rank named twice -- raises
-    :class:`UsageError` with one line naming ``flag``, the value, and the valid forms.
-    """
-    value = text.strip()
-
-    def bad(why: str) -> UsageError:
-        return UsageError(f"{flag} {text!r} is not valid ({why}): {_STD_FORMS}")
-
-    if ":" not in value:
-        level = _std_value(value)
-        if level is None:
-            raise bad("not a value 0-3")
-        return dict.fromkeys(range(nprocs), level)
-    spec = dict.fromkeys(range(nprocs), 0)
-    named: set[int] = set()
-    for item in value.split(","):
-        rank_text, sep, level_text = item.strip().partition(":")
-        rank_text = rank_text.strip()
-        if not sep or not rank_text.isdigit() or not rank_text.isascii():
-            raise bad(f"item {item.strip()!r} is not LOCAL_RANK:VALUE")
-        rank = int(rank_text)
-        level = _std_value(level_text.strip())
-        if level is None:
-            raise bad(f"item {item.strip()!r} needs a value 0-3 after the colon")
-        if rank >= nprocs:
-            raise bad(f"local rank {rank} does not exist with {nprocs} processes per node")
-        if rank in named:
-            raise bad(f"local rank {rank} is given twice")
-        named.add(rank)
-        spec[rank] = level
-    return spec
-
-
-def _std_value(text: str) -> int | None:
-    if len(text) == 1 and text in "0123":
-        return int(text)
-    return None
-
-
-def parse_ranks_filter(text: str, nprocs: int) -> set[int]:
-    """Parse ``--local-ranks-filter`` (``"0,2"``): the local ranks whose output is shown.
-
-    An empty (or all-blank) value means no filter: every rank ``0..nprocs-1`` is returned. Items
-    are comma-separated non-negative integers; spaces around items are ignored, repeats are
-    harmless. A rank at or above ``nprocs`` is accepted and left out of the result, as torchrun
-    does (scripts pass ``0,1,2,3`` on machines with fewer GPUs): :func:`ranks_filter_warning`
-    says so. Anything else raises :class:`UsageError` (one line).
-    """
-    if not text.strip():
-        return set(range(nprocs))
-    return {rank for rank in _filter_ranks(text, nprocs) if rank < nprocs}
-
-
-def ranks_filter_warning(text: str, nprocs: int) -> str | None:
-    """The one warning for a ``--local-ranks-filter`` that names local ranks beyond
-    ``0..nprocs-1`` (which ranks, and what is shown instead); None when every named rank
-    exists. Raises :class:`UsageError` as :func:`parse_ranks_filter` does."""
-    if not text.strip():
-        return None
-    named = _filter_ranks(text, nprocs)
-    missing = sorted(rank for rank in named if rank >= nprocs)
-    if not missing:
-        return None
-    shown = sorted(rank for rank in named if rank < nprocs)
-    what = (
-        f"only local rank{'s' if len(shown) > 1 else ''} {', '.join(map(str, shown))} "
-        "will be shown"
-        if shown
-        else "no rank's output will be shown on the console"
-    )
-    return (
-        f"--local-ranks-filter {text!r} names local rank{'s' if len(missing) > 1 else ''} "
-        f"{', '.join(map(str, missing))}, which do{'es' if len(missing) == 1 else ''} not exist "
-        f"with {nprocs} process{'es' if nprocs > 1 else ''} per node: {what}"
-    )
-
-
-def _filter_ranks(text: str, nprocs: int) -> set[int]:
-    named: set[int] = set()
-    for item in text.split(","):
-        word = item.strip()
-        if not (word.isdigit() and word.isascii()):
-            raise UsageError(
-                f"--local-ranks-filter {text!r} is not valid: give comma-separated local ranks "
-                f"such as 0,2 (0-{nprocs - 1})"
-            )
-        named.add(int(word))
-    return named
 
 
 def make_prefix(
@@ -205,8 +85,8 @@ def sinks_for(
 
     The files are new (``O_EXCL | O_NOFOLLOW``: ``FileExistsError`` when anything is there),
     made relative to ``log_dir_for_rank``'s descriptor: a
-    :class:`numarun.launch.safedir.Directory`, or a path, which is reached under
-    :func:`numarun.launch.safedir.open_directory`'s rules first. ``prefix`` defaults to
+    :class:`numarun.files.safedir.Directory`, or a path, which is reached under
+    :func:`numarun.files.safedir.open_directory`'s rules first. ``prefix`` defaults to
     :func:`make_prefix` ``(rank, local_rank)``. ``duplicates``: the (stdout, stderr)
     :class:`LineFilter` that shown tee'd lines also go to. A redirect with ``log_dir_for_rank``
     None raises :class:`UsageError` (there is nowhere to put the file).

@@ -28,9 +28,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-    from numarun.launch.config import LaunchConfig
-    from numarun.launch.round import Round
+    from numarun.cmdline.config import LaunchConfig
     from numarun.placement.plan import Plan
+    from numarun.rendezvous.round import Round
 
 RESOLVE_LIMIT = 10.0  # seconds; a resolver slower than this is left to the workers
 
@@ -51,7 +51,7 @@ def start_line(
     address), None for the static rendezvous (``config``'s, the store on ``port``). The
     meeting point is named when the job spans several nodes. CPUs: ``unbound`` when no rank
     is bound, else each rank's in the kernel's compact form (``rank 0: 0-3,8``), the mode in
-    brackets. ``logs`` is :func:`numarun.launch.logdir.log_dir_note`'s text. Under a torch
+    brackets. ``logs`` is :func:`numarun.files.logdir.log_dir_note`'s text. Under a torch
     rendezvous without ``--rdzv-id`` the id is torchrun's default ``none``, and the line says
     that it is the default. ``preload``
     (``--preload``: ``preload: torch (on standbys)``, or ``(cold: why)``) comes last.

@@ -1,5 +1,5 @@
 """The summary printed when a run fails, from each rank's end and error file
-(:mod:`numarun.launch.errorfile`).
+(:mod:`numarun.worker.errorfile`).
 
 Root cause (torchrun's rule, ``ChildFailedError.get_first_failure``): of the workers that failed
 on their own, the one whose failure time is smallest -- the error file's timestamp when it has
@@ -22,9 +22,9 @@ import os
 import time
 from collections.abc import Iterable, Sequence
 
-from numarun.launch.errorfile import WorkerError, read_error_file
 from numarun.machine.model import Value
 from numarun.stacks.parse import format_ranks
+from numarun.worker.errorfile import WorkerError, read_error_file
 
 TYPE_CHECKING = False  # typing and pathlib are not imported at run time (module docstring)
 if TYPE_CHECKING:

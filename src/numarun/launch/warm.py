@@ -3,7 +3,7 @@
 For each local rank a *standby* waits: a worker started exactly as that rank's cold worker
 would be (the same argv, CPUs, memory policy, working directory, limits, signal dispositions,
 and its environment less :data:`HAND_OVER`), which imports the modules and then waits
-(:mod:`numarun.launch.preload`, inside it). When an attempt starts, each standby is handed the
+(:mod:`numarun.worker.preload`, inside it). When an attempt starts, each standby is handed the
 attempt's complete environment and runs the user's script or module as a cold worker would.
 :class:`Warm` keeps one set of standbys (:class:`Standbys`) for the launch's next attempt:
 
@@ -44,22 +44,19 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError
-from numarun.launch.preload import PRELOAD_ENV, READY, STANDBY_FD_ENV
 from numarun.launch.workersetup import (
     ROUND_VARIABLES,
-    rank_binding,
-    rank_env,
-    unbound_omp_threads,
-    worker_argv,
+    rank_setups,
 )
 from numarun.process import forkexec
 from numarun.process.spec import RUN_ID_ENV, WorkerSpec
 from numarun.process.standby import LateSink, StandbySupervisor, signals_blocked
-from numarun.stacks.dumphandler import STACKS_FILE_ENV
+from numarun.worker.dumphandler import STACKS_FILE_ENV
+from numarun.worker.preload import PRELOAD_ENV, READY, STANDBY_FD_ENV
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.config import LaunchConfig
+    from numarun.cmdline.config import LaunchConfig
     from numarun.placement.plan import Plan
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
@@ -387,7 +384,7 @@ class Warm:
         return waiting
 
     def on_status(self, local_rank: int, line: bytes) -> None:
-        """A standby's status line (:mod:`numarun.launch.preload`): anything but ``ready``
+        """A standby's status line (:mod:`numarun.worker.preload`): anything but ``ready``
         turns the launch cold, with one warning line the first time."""
         if line == READY or self.off is not None:
             return
@@ -472,34 +469,20 @@ def birth_specs(
     """One standby per local rank, as :meth:`numarun.launch.attempts.Job.run_attempt` would start
     its cold worker, less :data:`HAND_OVER`, plus ``NUMARUN_PRELOAD``; its output streams are
     :class:`LateSink` where the cold worker's would have a sink, with that sink's console."""
-    threads = unbound_omp_threads(config, base)
     specs = []
-    for local_rank in range(config.nproc_per_node):
-        binding = rank_binding(plan, local_rank)
-        env = {
-            **base,
-            **rank_env(
-                config,
-                local_rank,
-                base=base,
-                error_file="",
-                binding=binding,
-                plan_env=plan.env if plan is not None else (),
-                unbound_threads=threads,
-                master_port=0,
-            ),
-        }
-        env = birth_env(env)
+    for setup in rank_setups(config, plan, base, binary_path, attempt_dir=None, port=0,
+                             mem_policies=mem_policies):  # fmt: skip
+        env = birth_env(setup.env)
         env[PRELOAD_ENV] = ",".join(config.preload)
-        stdout, stderr = late_sinks(outputs, local_rank)
+        stdout, stderr = late_sinks(outputs, setup.local_rank)
         specs.append(
             WorkerSpec(
-                local_rank=local_rank,
-                rank=config.global_rank(local_rank),
+                local_rank=setup.local_rank,
+                rank=setup.rank,
                 env=env,
-                argv=worker_argv(config, binary_path, local_rank),
-                cpus=binding.cpus if binding is not None else None,
-                mem=mem_policies[local_rank],  # type: ignore[arg-type]
+                argv=setup.argv,
+                cpus=setup.cpus,
+                mem=setup.mem,  # type: ignore[arg-type]
                 stdout=stdout,
                 stderr=stderr,
             )

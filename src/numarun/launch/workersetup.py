@@ -1,11 +1,13 @@
 """What each worker of a launch gets: its argv, environment, CPUs, memory policy and output.
 
 - :func:`worker_argv`: the argv exec'd (no shell): Python entry points through
-  :data:`SCRIPT_BOOTSTRAP` (:mod:`numarun.launch.bootstrap`), binaries as they are, with
+  :data:`SCRIPT_BOOTSTRAP` (:mod:`numarun.worker.bootstrap`), binaries as they are, with
   torchrun's ``${local_rank}`` macro substituted (:func:`substitute_local_rank`).
+- :func:`rank_setups`: what every local rank gets in one attempt (:class:`RankSetup`: argv,
+  whole environment, CPUs, memory policy), computed once in this one place, which the cold
+  start, the standbys (``--preload``) and the dry run all read.
 - :func:`rank_env`: torchrun's variables for one local rank, from the static rendezvous or from
-  a round of a torch one (:func:`rank_envs`: every rank's whole environment for an attempt);
-  :func:`virtual_device` for ``--virtual-local-rank``.
+  a round of a torch one; :func:`virtual_device` for ``--virtual-local-rank``.
 - :func:`rank_binding`, :func:`unbound_threads`, :func:`mem_policies`: a rank's CPUs in the
   plan, the ``OMP_NUM_THREADS`` of an unbound rank, each rank's memory policy proven applicable.
 - :func:`output_levels`, :func:`worker_sinks`, :func:`line_filters`, :func:`close_sinks`: where
@@ -24,20 +26,21 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from numarun.errors import UsageError
+from numarun.machine.model import Value
 from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from numarun.launch.config import LaunchConfig
-    from numarun.launch.round import Round
-    from numarun.launch.safedir import Directory
+    from numarun.cmdline.config import LaunchConfig
+    from numarun.files.safedir import Directory
     from numarun.placement.plan import Plan, RankBinding
     from numarun.process.spec import WorkerSpec
+    from numarun.rendezvous.round import Round
 
 
-# -c, not -m numarun.launch.bootstrap: -m makes every worker import runpy first (see
-# numarun.launch.bootstrap).
-SCRIPT_BOOTSTRAP = "from numarun.launch.bootstrap import main; main()"
+# -c, not -m numarun.worker.bootstrap: -m makes every worker import runpy first (see
+# numarun.worker.bootstrap).
+SCRIPT_BOOTSTRAP = "from numarun.worker.bootstrap import main; main()"
 
 
 def worker_argv(
@@ -46,7 +49,7 @@ def worker_argv(
     """The argv exec'd for a worker (no shell anywhere).
 
     Scripts: ``PYTHON -u -c BOOTSTRAP -- SCRIPT ARGS``; modules: ``PYTHON -u -c BOOTSTRAP -m
-    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun.launch.bootstrap`);
+    MODULE ARGS`` (BOOTSTRAP: :data:`SCRIPT_BOOTSTRAP`, which runs :mod:`numarun.worker.bootstrap`);
     binaries: ``BINARY ARGS`` with ``binary_path`` (the
     resolved path, when given) in place of the name. With ``local_rank``, ``${local_rank}`` in
     ARGS becomes that rank (:func:`substitute_local_rank`).
@@ -174,30 +177,59 @@ def virtual_device(base: Mapping[str, str], local_rank: int) -> str:
     return entries[local_rank].strip()
 
 
-def rank_envs(
+class RankSetup(Value):
+    """What one local rank gets in an attempt: its ``argv`` (exec'd as is), its whole ``env``
+    (the launcher's and torchrun's variables), its ``cpus`` (None: unbound) and memory policy
+    ``mem``, its global ``rank``. Output sinks are not here: a cold worker gets its files, a
+    standby sinks that wait for them, the dry run none."""
+
+    _fields = ("local_rank", "rank", "argv", "env", "cpus", "mem")
+    __slots__ = _fields
+    local_rank: int
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    cpus: Sequence[int] | None
+    mem: object
+
+    def __init__(self, local_rank: int, rank: int, argv: list[str], env: dict[str, str],
+                 cpus: Sequence[int] | None, mem: object) -> None:  # fmt: skip
+        for name, value in zip(self._fields, (local_rank, rank, argv, env, cpus, mem),
+                               strict=True):  # fmt: skip
+            object.__setattr__(self, name, value)
+
+
+def rank_setups(
     config: LaunchConfig,
     plan: Plan | None,
     base: Mapping[str, str],
-    attempt_dir: str,
+    binary_path: str | None,
+    *,
+    attempt_dir: str | None,
     port: int,
-    group: Round | None,
-    restart_count: int,
-) -> list[dict[str, str]]:
-    """Every local rank's whole environment for one attempt: ``base`` and :func:`rank_env`
-    (its error file in ``attempt_dir``, its CPUs in ``plan``)."""
-    from numarun.launch.logdir import error_file
+    group: Round | None = None,
+    restart_count: int = 0,
+    mem_policies: Sequence[object] | None = None,
+) -> list[RankSetup]:
+    """Every local rank's :class:`RankSetup` for one attempt: ``base`` and :func:`rank_env`
+    (its error file in ``attempt_dir``, none when None: a standby learns it at the hand-over;
+    its CPUs in ``plan``; ranks from ``group`` or the static rendezvous on ``port``), the argv of
+    :func:`worker_argv`, the memory policy of ``mem_policies`` (None: none)."""
+    from numarun.files.logdir import error_file
 
     threads = unbound_omp_threads(config, base)
     plan_env = plan.env if plan is not None else ()
-    return [
-        {
+    setups = []
+    for local_rank in range(config.nproc_per_node):
+        binding = rank_binding(plan, local_rank)
+        env = {
             **base,
             **rank_env(
                 config,
                 local_rank,
                 base=base,
-                error_file=error_file(attempt_dir, local_rank),
-                binding=rank_binding(plan, local_rank),
+                error_file=error_file(attempt_dir, local_rank) if attempt_dir else "",
+                binding=binding,
                 plan_env=plan_env,
                 unbound_threads=threads,
                 master_port=port,
@@ -205,8 +237,12 @@ def rank_envs(
                 restart_count=restart_count,
             ),
         }
-        for local_rank in range(config.nproc_per_node)
-    ]
+        setups.append(RankSetup(
+            local_rank, int(env["RANK"]), worker_argv(config, binary_path, local_rank), env,
+            binding.cpus if binding is not None else None,
+            mem_policies[local_rank] if mem_policies is not None else None,
+        ))  # fmt: skip
+    return setups
 
 
 def rank_binding(plan: Plan | None, local_rank: int) -> RankBinding | None:
@@ -243,12 +279,12 @@ def output_levels(config: LaunchConfig) -> tuple[dict[int, int], dict[int, int],
     n = config.nproc_per_node
     if config.redirects == "0" and config.tee == "0" and not config.local_ranks_filter:
         return dict.fromkeys(range(n), 0), dict.fromkeys(range(n), 0), set(range(n))
-    from numarun.launch import output
+    from numarun.cmdline import stdspec
 
     return (
-        output.parse_std_spec(config.redirects, n, flag="--redirects"),
-        output.parse_std_spec(config.tee, n, flag="--tee"),
-        output.parse_ranks_filter(config.local_ranks_filter, n),
+        stdspec.parse_std_spec(config.redirects, n, flag="--redirects"),
+        stdspec.parse_std_spec(config.tee, n, flag="--tee"),
+        stdspec.parse_ranks_filter(config.local_ranks_filter, n),
     )
 
 

@@ -51,7 +51,7 @@ class WorkerSpec:
     ``make_dir`` (``"exec"`` workers): a directory the child makes (``mkdir``, mode 0o755; one
     already there is fine) before its program runs, so that a worker never started costs no
     directory (the launcher's per-rank log directories, where its error file goes); its
-    parent must be one no other user can change (:mod:`numarun.launch.safedir`).
+    parent must be one no other user can change (:mod:`numarun.files.safedir`).
     """
 
     local_rank: int

@@ -41,7 +41,7 @@ run, so a dup of the worker's end is multiprocessing's parent sentinel. One fram
 ...)``, ``n`` for ``SystemExit(n)`` (then no frame is sent; ``BaseProcess._bootstrap`` maps the
 code as Python does).
 
-Each entry point first arms numarun's stack dumps (:func:`numarun.stacks.dumphandler.arm`), before
+Each entry point first arms numarun's stack dumps (:func:`numarun.worker.dumphandler.arm`), before
 anything of the caller's is unpickled, so ``numarun stacks`` sees ``fn`` under every start
 method.
 
@@ -61,7 +61,7 @@ import sys
 import threading
 from multiprocessing import context, process, reduction
 
-from numarun.stacks.dumphandler import arm as arm_stacks
+from numarun.worker.dumphandler import arm as arm_stacks
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -1,20 +1,21 @@
 """Stack dumps: where every rank of a job is, on request, at a failure, and when it hangs.
 
-    worker bootstrap: dumphandler.arm()  --faulthandler on signal 42-->  <runtime>/<job>.d/rank<N>
+    rank: worker.dumphandler.arm() --faulthandler on signal 42--> <runtime>/<job>.d/rank<N>
     launcher: jobstacks.JobStacks -> RankDumps.ask() / take()  -> parse.RankStacks -> groups
     `numarun stacks` --(0600 Unix socket, SO_PEERCRED)--> channel.JobServer (supervisor loop)
 
-- ``dumphandler``: inside a worker, before the user's code: ``faulthandler.register`` on signal 42
-  writing to this rank's file. Imports only ``os`` and ``faulthandler``.
 - ``parse``: faulthandler text -> ``RankStacks`` / ``Thread`` / ``Frame``; grouping identical
   stacks, the odd ones out (likely culprits), text and JSON. Pure.
 - ``dumps``: the launcher's side: ``RankDumps`` (ask and take every rank's dump).
 - ``hang``: ``HangWatch`` (the hang verdict, this node's or with the launcher the whole job's).
 - ``jobstacks``: ``JobStacks`` (all of it wired into one supervisor), ``for_spawn``.
-- ``remote``: one node's stacks as posted for the other nodes of a job, and read back. Pure.
+- ``digest``: one node's stacks as posted for the other nodes of a job (a digest of classes,
+  each class's frames), and read back as untrusted data. Pure.
+- ``merge``: every node's digest merged into the job's classes, the call-path tree, the merged
+  result as one bounded document and back, one screen at 8,192 ranks. Pure.
 - ``channel``: the per-user runtime directory, ``JobServer`` (serving ``numarun stacks`` from
   the supervisor's loop, never blocking it) and the client side of ``numarun stacks``.
 
-May import: ``numarun.process``, ``numarun.placement``, ``numarun.machine``, ``numarun.errors``
-and this package.
+May import: ``numarun.process``, ``numarun.placement``, ``numarun.machine``, ``numarun.worker``,
+``numarun.errors`` and this package.
 """

@@ -309,7 +309,7 @@ class JobServer:
 # --- the client's side ---------------------------------------------------------------------------
 
 
-class Job:
+class FoundJob:
     """A job found in a runtime directory: its socket and what it said about itself (empty
     ``info`` and an ``error`` when it did not answer)."""
 
@@ -365,11 +365,11 @@ def _remove_stale(directory: str, name: str) -> None:
         pass
 
 
-def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[Job]:
+def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[FoundJob]:
     """The calling user's running jobs on this host, oldest first; stale sockets removed.
 
     Directories that fail the checks of :func:`runtime_dir` are skipped."""
-    jobs: list[Job] = []
+    jobs: list[FoundJob] = []
     for directory in dict.fromkeys(runtime_dirs()):
         try:
             _check_private(directory)
@@ -381,11 +381,11 @@ def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[Job]:
                 continue
             path = os.path.join(directory, entry)
             try:
-                jobs.append(Job(path, ask(path, "info", timeout)))
+                jobs.append(FoundJob(path, ask(path, "info", timeout)))
             except (ConnectionRefusedError, FileNotFoundError):
                 _remove_stale(directory, entry[: -len(".sock")])
             except (OSError, ValueError) as error:
-                jobs.append(Job(path, {}, f"did not answer ({error or type(error).__name__})"))
+                jobs.append(FoundJob(path, {}, f"did not answer ({error or type(error).__name__})"))
     return sorted(jobs, key=lambda job: (job.info.get("started") or 0, job.path))
 
 
@@ -408,7 +408,7 @@ def _lineage(pid: int) -> list[int]:
     return chain
 
 
-def _matches(job: Job, wanted: str) -> bool:
+def _matches(job: FoundJob, wanted: str) -> bool:
     """``wanted`` names the job: its run id, its socket's name, or a pid -- the launcher's, any
     process of the job (a worker, a worker's child), or an ancestor of the launcher (the pid
     ``$!`` gives after ``timeout 600 numarun ... &``)."""
@@ -424,7 +424,7 @@ def _matches(job: Job, wanted: str) -> bool:
     )
 
 
-def format_job_list(jobs: Sequence[Job]) -> str:
+def format_job_list(jobs: Sequence[FoundJob]) -> str:
     """One line per job: run id, launcher pid, ranks on this host, start time, command."""
     lines = [f"  {'RUN_ID':<14} {'PID':>8} {'RANKS':>5}  {'STARTED':<8}  COMMAND"]
     for job in jobs:
@@ -440,7 +440,7 @@ def format_job_list(jobs: Sequence[Job]) -> str:
     return "\n".join(lines)
 
 
-def choose_job(jobs: Sequence[Job], wanted: str | None) -> Job:
+def choose_job(jobs: Sequence[FoundJob], wanted: str | None) -> FoundJob:
     """The job ``wanted`` names (run id, launcher pid or socket name), or the only one.
 
     Raises JobsError (exit 1) when there is none, UsageError (exit 2) listing them when the
@@ -522,14 +522,15 @@ def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
     through the rendezvous store is read back checked and shown escaped."""
     import json
 
-    from numarun.stacks import merge, remote
+    from numarun.stacks import digest as codec
+    from numarun.stacks import merge
 
     view_doc = reply.get("view")
     if not isinstance(view_doc, str):
         raise JobsError(f"job {fields['run_id']}: the job's stacks did not come back")
     try:
         view, inline = merge.read_view(view_doc.encode(), limit=64 << 20)
-    except remote.PostError as error:
+    except codec.PostError as error:
         raise JobsError(
             f"job {fields['run_id']}: the job's stacks are unreadable: {error}"
         ) from None
@@ -539,7 +540,7 @@ def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
         return 0
     count = view.rank_count
     lines = [
-        remote.printable(
+        codec.printable(
             f"numarun stacks: job {fields['run_id']} ({count:,} rank{'s' if count != 1 else ''} "
             f"on {len(view.answered):,} of {view.size:,} nodes): {fields['entrypoint']}"
         ),

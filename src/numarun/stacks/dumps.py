@@ -2,7 +2,7 @@
 on a hang, through one :class:`numarun.process.supervisor.Supervisor` and without threads
 (:class:`RankDumps`).
 
-Mechanism. Each rank's bootstrap (:mod:`numarun.stacks.dumphandler`) registers :mod:`faulthandler`
+Mechanism. Each rank's bootstrap (:mod:`numarun.worker.dumphandler`) registers :mod:`faulthandler`
 on signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
 launcher's (``<runtime dir>/<job>.d/rank<local rank>``, 0700, in the per-user directory of
 :mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file, sends signal 42
@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from numarun.process import forkexec
-from numarun.stacks.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

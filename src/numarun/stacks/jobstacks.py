@@ -32,11 +32,11 @@ if TYPE_CHECKING:
 
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
+    from numarun.stacks.digest import Digest
     from numarun.stacks.dumps import Raw
     from numarun.stacks.hang import HangWatch, JobHang
     from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
-    from numarun.stacks.remote import Digest
 
 Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
 
@@ -162,8 +162,8 @@ class JobStacks:
         node's (``node``, ``host``) merged into classes; None without a notice."""
         if self.at_notice is None:
             return None
+        from numarun.stacks.digest import Classes, node_digest
         from numarun.stacks.merge import merge
-        from numarun.stacks.remote import Classes, node_digest
 
         _, digest, frames, own = self.at_notice
         mine, posts = node_digest(own, node=node, host=host, pid=os.getpid(), state="notice",

@@ -1,4 +1,4 @@
-"""The whole job's stacks: every node's digest (:mod:`numarun.stacks.remote`) merged into the job's
+"""The whole job's stacks: every node's digest (:mod:`numarun.stacks.digest`) merged into the job's
 classes, posted once, read by every node, shown on one screen. Pure: no effects.
 
 One node merges (the one asked, or the one that found the job hung): the classes of every
@@ -22,16 +22,7 @@ import json
 import re
 from collections.abc import Iterable, Sequence
 
-from numarun.stacks.parse import (
-    IMPORTING,
-    RankStacks,
-    Thread,
-    format_ranks,
-    frame_lines,
-    is_library,
-    where,
-)
-from numarun.stacks.remote import (
+from numarun.stacks.digest import (
     FORMAT,
     FRAMES_LIMIT,
     MAX_TEXT,
@@ -48,6 +39,15 @@ from numarun.stacks.remote import (
     read_frames,
     text,
     whole,
+)
+from numarun.stacks.parse import (
+    IMPORTING,
+    RankStacks,
+    Thread,
+    format_ranks,
+    frame_lines,
+    is_library,
+    where,
 )
 
 VIEW_LIMIT = 256 * 1024  # bytes of a merged result (frames by id, not in it)
@@ -155,7 +155,7 @@ class JobView:
 
     def resolve(self) -> None:
         """Decode the frames posts of the classes that have none yet, each checked against its
-        class (:func:`numarun.stacks.remote.read_frames`); a post that is not its class's is
+        class (:func:`numarun.stacks.digest.read_frames`); a post that is not its class's is
         named in :attr:`notes` and left out. Idempotent; done by every function that shows
         the view, so the thread that reads the store never pays for it."""
         if self._resolved:

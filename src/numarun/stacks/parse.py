@@ -15,7 +15,7 @@ at most 100 frames per thread (then ``  ...``) and 100 threads (then ``...``). "
 thread" only names the thread that happened to run the signal handler.
 
 :func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
-(``numarun/launch/bootstrap.py``, ``spawning/childmain.py``, ``process/forkexec.py``, everything
+(``numarun/worker/bootstrap.py``, ``spawning/childmain.py``, ``process/forkexec.py``, everything
 outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
 the user's program; and each run of import machinery frames (``<frozen importlib._bootstrap>``,
 ``<frozen importlib._bootstrap_external>``: about 35 per nested import) collapsed into one
@@ -60,7 +60,7 @@ _HEADER = re.compile(r"^(Current thread|Thread) (0x[0-9a-fA-F]+) \(most recent c
 _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<function>.*)$')
 _BOOTSTRAP_FILES = tuple(
     os.sep + os.path.join("numarun", *name.split("/"))
-    for name in ("launch/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
+    for name in ("worker/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
 )
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -132,7 +132,7 @@ class RankStacks(Value):
     why there are no stacks (``"not a Python process"``, ``"exited"``, ...). ``more_threads``:
     faulthandler stopped at 100 threads. ``text`` is the dump exactly as written. ``node``:
     which node of a multi-node job the rank runs on (``node 1 (host-b)``), set for the stacks of
-    a whole job (:mod:`numarun.stacks.remote`); None for one node's own view.
+    a whole job (:mod:`numarun.stacks.digest`); None for one node's own view.
     """
 
     _fields = (

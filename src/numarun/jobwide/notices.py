@@ -1,0 +1,207 @@
+"""The whole-job view of one node of a torch rendezvous, as its :class:`ElasticNode
+<numarun.rendezvous.torchrdzv.ElasticNode>` calls it (its ``diagnostics``): where this node's
+ranks were with each failure notice, the whole job's ``numarun stacks``, and the bridge from
+``--hang-timeout`` to the job-wide verdict.
+
+The protocol is :mod:`numarun.jobwide.protocol`'s (docs/protocol.md lists the keys); the store
+thread's findings come back as :mod:`numarun.jobwide.results` records acted on in the supervisor's
+loop. The node guards every call into this module: what fails here is one line, never the
+training's outcome.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from numarun.jobwide import protocol
+from numarun.jobwide.results import Ask, Hang, Merged
+from numarun.rendezvous.storewatch import StoreWatch, post_event
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from numarun.process.spec import WorkerExit
+    from numarun.rendezvous.storeops import Conn
+    from numarun.rendezvous.storeresults import Notice
+    from numarun.rendezvous.storewatch import WatchedRound
+    from numarun.rendezvous.torchrdzv import ElasticNode
+    from numarun.stacks.digest import Raw
+    from numarun.stacks.jobstacks import JobStacks
+    from numarun.stacks.merge import JobView
+
+
+class JobNotices:
+    """The whole-job view of ``node``'s job: set as ``node.diagnostics``; per attempt,
+    :meth:`attach` the attempt's stacks (``None``: this node's ranks are not shown)."""
+
+    def __init__(self, node: ElasticNode) -> None:
+        self._node = node
+        self._watch = node.watch
+        self._stacks: JobStacks | None = None
+        self._asks: dict[str, Callable[[dict], None]] = {}
+
+    def attach(self, stacks: JobStacks | None) -> None:
+        """This attempt's stacks: the whole job's served through them (``numarun stacks``),
+        and ``--hang-timeout`` judged over every node."""
+        self._stacks = stacks
+        self._asks.clear()
+        if stacks is not None:
+            stacks.job_wide = self._ask_job_stacks
+
+    # --- the node's calls (ElasticNode.Diagnostics) --------------------------------------------
+
+    def on_event(self, round_: WatchedRound, number: int, kind: str, sender: int,
+                 fields: list[str], body: bytes) -> None:  # fmt: skip
+        protocol.on_event(self._watch, round_, number, kind, sender, fields, body)
+
+    def read_notice(self, round_: WatchedRound, sender: int, post: bytes) -> Notice:
+        return protocol.read_notice(round_, sender, post)
+
+    def notice_post(self, round_: WatchedRound, dumps: list, conn: Conn) -> bytes:
+        return protocol.notice_post(round_, dumps, conn)
+
+    def before_stop(self, notice: Notice, stop: Callable[[], None]) -> bool:
+        """Another node stopped: this node's ranks' stacks noted with its notice, then
+        ``stop``; False (stop now) without stacks."""
+        stacks = self._stacks
+        if stacks is None:
+            return False
+
+        def taken(dumps: list[Raw]) -> None:  # this node's ranks, before the teardown
+            try:
+                stacks.note_notice(notice.text, notice.digest, notice.frames, dumps)
+            finally:
+                stop()
+
+        stacks.take_async(taken)
+        return True
+
+    def on_result(self, result: object) -> None:
+        if isinstance(result, Ask):
+            number = result.number
+            if self._stacks is None:
+                self._watch.answer(number, [])
+            else:
+                self._stacks.take_async(lambda dumps: self._watch.answer(number, dumps))
+        elif isinstance(result, Merged):
+            reply = self._asks.pop(result.token, None) if result.token else None
+            if reply is not None:
+                reply(_job_fields(result.view, result.frames))
+        elif isinstance(result, Hang):
+            hang = self._stacks.hang if self._stacks is not None else None
+            if hang is not None:
+                hang.declare_job(result.view, self._declared_by(result.sender))
+
+    def while_waiting(self) -> _BarrierHang:
+        return _BarrierHang(self._node, self._watch, self._declared_by)
+
+    def unwatched(self) -> None:
+        for reply in self._asks.values():
+            reply({"error": "the attempt ended before every node answered"})
+        self._asks.clear()
+
+    # --- the launcher's calls --------------------------------------------------------------------
+
+    def hang_job(self) -> _HangJob:
+        """What ``--hang-timeout`` calls to judge over every node (:mod:`numarun.stacks.hang`)."""
+        return _HangJob(self._watch)
+
+    def on_worker_failure(self, ended: WorkerExit) -> None:
+        """The supervisor's ``on_failure``: the node tells the other nodes at once, with where
+        this node's other ranks were (the stacks taken at the failure, when there are)."""
+        # The notice goes with or without where the ranks were.
+        dumps = self._node.guarded("where this node's ranks were at the failure",
+                                   self._failure_dumps)  # fmt: skip
+        self._node.on_worker_failure(ended, dumps or [])
+
+    def _failure_dumps(self) -> list[Raw]:
+        at_failure = self._stacks.at_failure if self._stacks is not None else None
+        if at_failure is None:
+            return []
+        from numarun.stacks.dumps import Raw
+
+        return [Raw.of(item) for item in at_failure[1]]
+
+    def _declared_by(self, sender: int) -> str:
+        node_round = self._node.round
+        if node_round is not None and sender == node_round.group_rank:
+            return "this node"
+        return f"node {sender}, through the rendezvous store"
+
+    def _ask_job_stacks(self, reply: Callable[[dict], None]) -> None:
+        """A ``numarun stacks`` request for the whole job, from the loop: posted
+        fire-and-forget; every node (this one too) answers through its thread; this node's
+        merges the answers and the merged result comes back through it to ``reply``."""
+        round_ = self._node.watched_round
+        if round_ is None:
+            reply({"error": "the job is between attempts; ask again"})
+            return
+        token = os.urandom(6).hex()
+        self._asks[token] = reply
+        me, after, watch = round_.me, round_.seen, self._watch
+
+        def noted(line: str) -> None:
+            watch.note(round_, "events", line)
+
+        def ask(conn: Conn) -> None:
+            key = post_event(conn, f"stacks {me} {token}", after=after, note=noted)
+            if key is not None:
+                round_.shared.append(key)
+
+        StoreWatch.post(round_, ask)
+
+
+class _HangJob:
+    """``--hang-timeout`` over every node: this node's still/moving marks go to the store
+    thread (:mod:`numarun.jobwide.protocol`)."""
+
+    def __init__(self, watch: StoreWatch) -> None:
+        self._watch = watch
+
+    def still(self, dumps: list[Raw], idle: float) -> None:
+        protocol.mark_still(self._watch, dumps)
+
+    def moving(self) -> None:
+        protocol.mark_moving(self._watch)
+
+
+class _BarrierHang:
+    """While this node waits in the exit barrier (its ranks all ended) it counts as still, and
+    the others' hang verdict ends the wait (:class:`numarun.rendezvous.exitbarrier.ExitBarrier`)."""
+
+    def __init__(
+        self, node: ElasticNode, watch: StoreWatch, declared_by: Callable[[int], str]
+    ) -> None:
+        self._node = node
+        self._watch = watch
+        self._declared_by = declared_by
+
+    def enter(self) -> None:
+        node_round = self._node.round
+        assert node_round is not None
+        ended = "ended with exit code 0; its node waits in the exit barrier"
+        protocol.mark_done(self._watch, [
+            _raw(place.rank, local_rank, ended)
+            for local_rank, place in enumerate(node_round.workers)
+        ])  # fmt: skip
+
+    def verdict(self, result: object) -> tuple[JobView, str] | None:
+        if isinstance(result, Hang):
+            return result.view, self._declared_by(result.sender)
+        return None
+
+
+def _raw(rank: int, local_rank: int, problem: str) -> Raw:
+    from numarun.stacks.dumps import Raw
+
+    return Raw(rank, local_rank, None, "", problem)
+
+
+def _job_fields(view: JobView | None, frames: dict[str, bytes]) -> dict:
+    """The reply fields of a whole-job ``numarun stacks`` request: the merged classes with
+    their frames, as one JSON text the client reads back checked."""
+    if view is None:
+        return {"error": "the merged stacks that came back through the store are unreadable"}
+    from numarun.stacks.merge import encode_view
+
+    return {"job_wide": True, "view": encode_view(view, frames).decode()}

@@ -1,0 +1,60 @@
+"""What the store thread reports to the supervisor's loop for the whole-job view: :class:`Ask`,
+:class:`Merged`, :class:`Hang` (:class:`numarun.machine.model.Value` records, as the rendezvous's
+own in :mod:`numarun.rendezvous.storeresults`).
+
+:mod:`numarun.jobwide.protocol` makes them in the store thread; :class:`numarun.jobwide.notices.
+JobNotices` acts on them in the loop.
+"""
+
+from __future__ import annotations
+
+from numarun.machine.model import Value
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from numarun.stacks.merge import JobView
+
+
+class Ask(Value):
+    """A whole-job ``numarun stacks`` request (event ``number``): this node's ranks answer."""
+
+    kind = "ask"
+    _fields = ("number",)
+    __slots__ = _fields
+    number: int
+
+    def __init__(self, number: int) -> None:
+        object.__setattr__(self, "number", number)
+
+
+class Merged(Value):
+    """The merged answer to this node's request ``token`` (empty: another node's): the job's
+    classes (``view``, None when unreadable) and their ``frames``."""
+
+    kind = "merged"
+    _fields = ("token", "view", "frames")
+    __slots__ = _fields
+    token: str
+    view: JobView | None
+    frames: dict[str, bytes]
+
+    def __init__(self, token: str, view: JobView | None, frames: dict[str, bytes]) -> None:
+        object.__setattr__(self, "token", token)
+        object.__setattr__(self, "view", view)
+        object.__setattr__(self, "frames", frames)
+
+
+class Hang(Value):
+    """The job's hang verdict: the merged classes (``view``), declared by node ``sender``."""
+
+    kind = "hang"
+    _fields = ("view", "sender")
+    __slots__ = _fields
+    view: JobView
+    sender: int
+
+    def __init__(self, view: JobView, sender: int) -> None:
+        object.__setattr__(self, "view", view)
+        object.__setattr__(self, "sender", sender)
+
+

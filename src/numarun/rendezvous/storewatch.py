@@ -1,0 +1,527 @@
+"""The one thread that talks to the rendezvous store while workers run, and its way back into the
+supervisor's loop.
+
+torch's store calls block in C++ for as long as the store does (a ``TCPStore.get`` on a store
+whose host is stopped blocks for its whole timeout, and no Python signal handler runs in that
+thread meanwhile), so none is made on the supervisor's loop, the thread that handles signals.
+Instead one daemon thread per launcher, ``numarun-store``, makes every store call of numarun's
+while workers run, on a connection of its own per round (:class:`numarun.rendezvous.storeops.Conn`,
+closed when the round's watch ends), and reports through a pipe the loop watches
+(:meth:`Supervisor.add_reader`): the loop never waits for the store, a signal is acted on within
+the usual bound whatever the store does, and a frozen store costs at most this thread.
+
+The thread sleeps blocked in the store, in ``wait`` for the next event key of the round, so
+another node's event wakes it the moment it is posted (no polling); the wait times out every look
+interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
+agent does (:mod:`numarun.rendezvous.torchrdzv`) and runs the work the loop queued (this node's
+hang marks).
+
+Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
+thread waits for the key after the last one it read. The counter is checked like any value read
+from the store: one that is not a number is named and set back to the last event there, one that
+jumped is named and the events after the jump are read, one that went back is named and followed
+(:meth:`StoreWatch._check_count`). An event key is never deleted while another node may not have
+read it: its poster deletes it once the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
+
+What happens at each event is not this module's: the round's events are handed to the
+``on_event`` callable its :class:`StoreWatch` was made with (the rendezvous's own, which passes
+the whole-job view's on to :mod:`numarun.jobwide`); docs/protocol.md lists every key and event.
+A diagnostic that fails there, or in queued work, is one line (:meth:`StoreWatch.note`), never a
+lost rendezvous: only the look (the rendezvous's own health) and the event wait end a round's
+watch with :class:`numarun.rendezvous.storeresults.Lost`.
+
+Local news that cannot wait for the thread's next wake-up (this node's failure notice, a
+``numarun stacks`` request) is posted by a short-lived thread that nobody waits for
+(fire-and-forget; with a frozen store it is abandoned), on the round's second connection of
+numarun's own (made by the store thread when the round's watch begins, one post at a time):
+connecting to the store is slow when many connections are made at once (torch's client waits 5 s
+before it tries again), so numarun connects twice per node and round, never per post.
+
+Degraded mode: a torch that cannot clone a store: calls go through torch's connection (every
+counter read before it is added to) and the thread sleeps on a local condition, reading events at
+each look. A store without torch's extended API (etcd's): digests are keys of their own.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import os
+import sys
+import threading
+import time
+
+from numarun.process import forkexec
+from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line
+from numarun.rendezvous.storeresults import Lost
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
+
+    from numarun.process.supervisor import Supervisor
+    from numarun.rendezvous.storeresults import Result
+
+EVENTS_KEY = "numarun/events"
+EVENT_KEY = "numarun/event/{}"
+ALIVE_KEY = "numarun/alive/{}"
+NODES_KEY = "numarun/nodes"
+_HOLE_LOOKS = 5  # on its own connection, the event count is read every this many looks
+_SCAN = 64  # event numbers looked at around a hole or a jump
+
+
+class WatchedRound:
+    """What the thread needs of one round: the store (torch's per-round ``PrefixStore``), torch's
+    handler, this node's group rank, the group's size, the loop's handler; ``world``: the job's
+    rank count (a bound on ranks read back), ``host`` and ``pid`` for this node's posts.
+    ``job`` is the whole-job view's own state for the round (:mod:`numarun.jobwide.protocol`
+    makes it at its first use; nothing here reads it)."""
+
+    def __init__(
+        self, store: Any, handler: Any, me: int, size: int, on_result: Callable[[Result], None],
+        *, world: int = 1 << 22, host: str = "", pid: int = 0,
+    ) -> None:  # fmt: skip
+        self.store = store
+        self.handler = handler
+        self.me = me
+        self.size = size
+        self.on_result = on_result
+        self.world = world
+        self.host = host
+        self.pid = pid or os.getpid()
+        self.active = True
+        self.conn: Conn | None = None  # opened by the thread, closed when the watch ends
+        self.poster: Conn | None = None  # the posting threads' connection, one at a time
+        self.post_lock = threading.Lock()
+        self.seen = 0  # the last event read
+        self.read: dict[int, int] = {}  # the last events read: number -> hash of the value
+        self.hole_since = 0.0  # an event counted but not set (its poster died in between)
+        self.local: list[str] = []  # keys only this node reads: deleted when the watch ends
+        self.shared: list[str] = []  # keys others read: deleted once the next round formed
+        self.noted: set[str] = set()
+        self.job: Any = None
+
+
+class StoreWatch:
+    """The ``numarun-store`` thread of one launcher (module docstring) and the pipe back.
+
+    Loop side: :meth:`begin` (a round's watch, with the supervisor whose loop reads the
+    results), :meth:`detach` (results wait instead, for a thread that waits
+    for them: the exit barrier), :meth:`end`, :meth:`post` (fire-and-forget), :meth:`queue`
+    (work for the thread's next wake-up), :meth:`on_delivery` and :meth:`take_delivered`
+    (results while detached), :meth:`answer` (the loop's answer to a request the
+    thread made with :meth:`ask_loop`). ``look(round)`` is called in the thread every
+    ``interval`` seconds and returns results for the loop;
+    ``on_result(result)`` is called in the loop for each result, in order;
+    ``on_event(round, number, value)`` in the thread for each event read (what it means is the
+    caller's: :class:`numarun.rendezvous.torchrdzv.ElasticNode` and the whole-job view).
+    """
+
+    def __init__(
+        self,
+        interval: float,
+        look: Callable[[WatchedRound], list[Result]],
+        on_event: Callable[[WatchedRound, int, bytes], None] | None = None,
+    ) -> None:
+        self.interval = interval
+        self._look = look
+        self._on_event = on_event
+        self._cond = threading.Condition()
+        self._round: WatchedRound | None = None
+        self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
+        self._work: collections.deque[Callable[[WatchedRound], None]] = collections.deque()
+        self._answers: dict[int, object] = {}
+        self._thread: threading.Thread | None = None
+        self._supervisor: Supervisor | None = None
+        self._delivered = threading.Event()  # set when a result waits and no loop reads them
+        self._read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        forkexec.track(self._read_fd)
+        forkexec.track(self._write_fd)
+
+    # --- the loop's side -------------------------------------------------------------------------
+
+    def begin(self, supervisor: Supervisor, round_: WatchedRound) -> None:
+        """Watch ``round_`` from now on; its results reach ``round_.on_result`` in
+        ``supervisor``'s loop."""
+        self._supervisor = supervisor
+        supervisor.add_reader(self._read_fd, self._drain)
+        with self._cond:
+            self._round = round_
+            self._answers.clear()
+            self._cond.notify_all()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="numarun-store", daemon=True)
+            self._thread.start()
+
+    def detach(self) -> None:
+        """The loop stops reading results (its run ended); the round stays watched and later
+        results wait for :meth:`take_delivered`, with :attr:`delivered` set."""
+        if self._supervisor is not None:
+            self._supervisor.remove_reader(self._read_fd)
+            self._supervisor = None
+
+    @property
+    def watching(self) -> bool:
+        """Whether a round is watched (from :meth:`begin` to :meth:`end`)."""
+        return self._round is not None
+
+    def on_delivery(self, event: threading.Event) -> None:
+        """Set ``event`` when a result arrives while detached (at once if one waits): the
+        exit barrier's wait wakes on it."""
+        with self._cond:
+            self._delivered = event
+            if self._results:
+                event.set()
+
+    def take_delivered(self) -> list[Result]:
+        """The results that arrived while detached, in order (of the round still watched)."""
+        taken = []
+        with self._cond:
+            self._delivered.clear()
+            while self._results:
+                round_, result = self._results.popleft()
+                if round_.active and round_ is self._round:
+                    taken.append(result)
+        return taken
+
+    def end(self) -> WatchedRound | None:
+        """The round's watch is over: results are no longer delivered; the thread deletes the
+        keys only this node reads, closes the round's connection and waits for the next round.
+        Returns the round that was watched."""
+        with self._cond:
+            round_, self._round = self._round, None
+            if round_ is not None:
+                round_.active = False
+            self._results.clear()
+            self._cond.notify_all()
+        self.detach()
+        return round_
+
+    def queue(self, work: Callable[[WatchedRound], None]) -> None:
+        """``work(round)`` in the thread at its next wake-up (within one look interval)."""
+        with self._cond:
+            self._work.append(work)
+            self._cond.notify_all()
+
+    @property
+    def attached(self) -> bool:
+        """Whether a supervisor's loop reads the results (not detached: see :meth:`detach`)."""
+        return self._supervisor is not None
+
+    def answer(self, request: int, value: object) -> None:
+        """The loop's answer to request ``request`` (:meth:`ask_loop` waits for it)."""
+        with self._cond:
+            self._answers[request] = value
+            self._cond.notify_all()
+
+    @staticmethod
+    def post(round_: WatchedRound, calls: Callable[[Conn], None]) -> None:
+        """``calls(conn)`` (store calls on the round's posting connection, or one of their
+        own, closed after, before the watch made it) in a short-lived daemon thread nobody
+        waits for."""
+
+        def run() -> None:
+            with round_.post_lock:
+                conn = round_.poster
+                fresh = conn is None
+                try:
+                    if conn is None:
+                        conn = Conn(round_.store, clone=False)
+                    calls(conn)
+                except Exception:  # fire-and-forget: the store may be gone
+                    pass
+                finally:
+                    if fresh and conn is not None:
+                        conn.close()
+
+        threading.Thread(target=run, name="numarun-post", daemon=True).start()
+
+    def _drain(self) -> None:
+        with contextlib.suppress(OSError):
+            os.read(self._read_fd, 4096)  # non-blocking; the results are in the deque
+        while True:
+            with self._cond:
+                if not self._results:
+                    return
+                round_, result = self._results.popleft()
+            if round_.active and round_ is self._round:
+                round_.on_result(result)
+
+    def _report(self, round_: WatchedRound, result: Result) -> None:
+        with self._cond:  # never a byte to a closed pipe's number, which may be reused
+            if self._write_fd < 0 or not round_.active:
+                return
+            self._results.append((round_, result))
+            if self._supervisor is None:
+                self._delivered.set()
+            with contextlib.suppress(OSError):  # full: a wake-up byte is waiting already
+                os.write(self._write_fd, b"!")
+
+    def close(self, last: WatchedRound | None = None, limit: float = 0.5) -> None:
+        """Stop delivering and end the thread: woken through ``last`` (the round it may sleep
+        in), waited for at most ``limit`` seconds (with a frozen store it is abandoned: a
+        daemon). Closes the pipe."""
+        self.end()
+        thread = self._thread
+        with self._cond:
+            self._thread = None
+            self._cond.notify_all()
+        if thread is not None and thread.is_alive():
+            if last is not None:
+                self.post(last, lambda conn: wake(conn, last.me))
+            thread.join(limit)
+        with self._cond:
+            for fd in (self._read_fd, self._write_fd):
+                forkexec.close(fd)
+            self._read_fd = self._write_fd = -1
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def _serve(self) -> None:
+        me = threading.current_thread()
+        while True:
+            with self._cond:
+                while self._round is None and self._thread is me:
+                    self._cond.wait()
+                if self._thread is not me:
+                    return
+                round_ = self._round
+            assert round_ is not None
+            try:
+                self._watch(round_)
+            except Exception as error:  # the store is gone or broken: the loop decides
+                if round_.active:
+                    self._report(round_, Lost(error))
+                    with self._cond:  # nothing more to do in this round
+                        while round_.active and self._thread is me:
+                            self._cond.wait()
+            finally:
+                self._let_go(round_)
+
+    def _let_go(self, round_: WatchedRound) -> None:
+        round_.poster = None  # closed with the last posting thread's reference
+        conn, round_.conn = round_.conn, None
+        if conn is not None:
+            while round_.local:
+                conn.delete(round_.local.pop())
+            conn.close()
+
+    def _watch(self, round_: WatchedRound) -> None:
+        round_.conn = conn = Conn(round_.store)
+        if conn.own:
+            round_.poster = Conn(round_.store)
+        next_look = time.monotonic()
+        looks = 0
+        while round_.active:
+            self._run_work(round_)
+            now = time.monotonic()
+            if now >= next_look:
+                looks += 1
+                # On its own connection events wake the watch; the count is read now and then
+                # only, for an event whose poster died between its two calls, or a counter
+                # moved. Events are also read before a look's results are reported: a node that
+                # posts its failure and then closes the rendezvous (its last restart failed) is
+                # read as its notice, not as a bare "closed" (torch 2.4's handler sees it first).
+                results = list(self._look(round_))
+                if results or not conn.own or looks % _HOLE_LOOKS == 0:
+                    self._take_events(round_)
+                    self._check_count(round_)
+                for result in results:
+                    self._report(round_, result)
+                next_look = time.monotonic() + self.interval
+                continue
+            if not conn.own:
+                with self._cond:
+                    if round_.active and not self._work:
+                        self._cond.wait(next_look - now)
+                continue
+            key = EVENT_KEY.format(round_.seen + 1)
+            if conn.wait([key], next_look - now):
+                value = conn.get_after_wait(key)
+                if value is not None:
+                    self._took(round_, value)
+
+    def _run_work(self, round_: WatchedRound) -> None:
+        while True:
+            with self._cond:
+                if not self._work:
+                    return
+                work = self._work.popleft()
+            self.guarded(round_, "queued work", work, round_)
+
+    def note(self, round_: WatchedRound, topic: str, line: str) -> None:
+        """Say once per round and topic, on stderr, what in the store is not numarun's."""
+        if topic in round_.noted or len(round_.noted) > 64:
+            return
+        round_.noted.add(topic)
+        from numarun.stacks.digest import printable
+
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(f"numarun: warning: the rendezvous store: {printable(line)}\n")
+            sys.stderr.flush()
+
+    # --- events ----------------------------------------------------------------------------------
+
+    def _take_events(self, round_: WatchedRound) -> None:
+        """Read the events there are after the last one read (a wait that returned for
+        nothing reads none)."""
+        conn = round_.conn
+        assert conn is not None
+        while round_.active:
+            value = conn.get_now(EVENT_KEY.format(round_.seen + 1))
+            if value is None:
+                return
+            self._took(round_, value)
+
+    def _took(self, round_: WatchedRound, value: bytes) -> None:
+        """The next event read: counted, remembered (to tell a moved counter), handled."""
+        round_.seen += 1
+        round_.hole_since = 0.0
+        round_.read[round_.seen] = hash(value)
+        if len(round_.read) > 2 * _SCAN:
+            round_.read.pop(next(iter(round_.read)))
+        self._event(round_, round_.seen, value)
+
+    def _check_count(self, round_: WatchedRound) -> None:
+        """The event counter against what this node read: a hole (an event counted, never
+        set: its poster died between its two calls) skipped after an interval; a counter
+        that is not a number, or that another client moved (by more than a few events, or
+        back), named, and the events posted since read (module docstring)."""
+        conn = round_.conn
+        assert conn is not None
+        try:
+            count = conn.count(EVENTS_KEY)
+        except Forged as forged:
+            self.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
+            return
+        seen = round_.seen
+        if count == seen:
+            round_.hole_since = 0.0
+            return
+        # Events posted after holes are holes, however many: at a thousand nodes a failure
+        # cascade posts hundreds of notices while a few posters are between their two calls.
+        if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
+            now = time.monotonic()
+            if not round_.hole_since:
+                round_.hole_since = now
+            elif now - round_.hole_since >= self.interval:
+                round_.hole_since = 0.0
+                for number in range(seen + 2, count + 1):
+                    if conn.get_now(EVENT_KEY.format(number)) is not None:
+                        round_.seen = number - 1
+                        return
+                round_.seen = count
+            return
+        low = count
+        while count - low < _SCAN:
+            value = conn.get_now(EVENT_KEY.format(low))
+            if value is None or round_.read.get(low) == hash(value):
+                break  # before the events posted since the counter moved
+            low -= 1
+        self.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
+                  f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
+        round_.seen = low
+        round_.hole_since = 0.0
+
+    def _event(self, round_: WatchedRound, number: int, value: bytes) -> None:
+        if self._on_event is not None:
+            self.guarded(round_, f"event {number}", self._on_event, round_, number, value)
+
+    def guarded(self, round_: WatchedRound, what: str, call: Callable[..., object],
+                *args: object) -> None:  # fmt: skip
+        """``call(*args)`` in the thread, for a diagnostic: whatever it raises is one line
+        (:meth:`note`), never a lost rendezvous (DESIGN.md, "Diagnostics never end training")."""
+        try:
+            call(*args)
+        except Forged as forged:
+            self.note(round_, forged.key, str(forged))
+        except Exception as error:
+            self.note(round_, f"failed: {type(error).__name__}", f"{what} failed "
+                      f"({type(error).__name__}: {first_line(error)}); it is skipped, the "
+                      "training goes on")  # fmt: skip
+
+    def ask_loop(self, round_: WatchedRound, number: int, ask: Result,
+                 limit: float) -> object | None:  # fmt: skip
+        """Report ``ask`` to the loop and wait at most ``limit`` seconds for its
+        :meth:`answer` to request ``number``; None when none came (or no loop reads)."""
+        if self._supervisor is None:
+            return None
+        with self._cond:
+            self._answers.pop(number, None)
+        self._report(round_, ask)
+        deadline = time.monotonic() + limit
+        with self._cond:
+            while number not in self._answers and round_.active:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            return self._answers.pop(number, None)
+
+    def report(self, round_: WatchedRound, result: Result) -> None:
+        """``result`` for the loop (or, detached, for :meth:`take_delivered`)."""
+        self._report(round_, result)
+
+
+def _posted_soon_after(conn: Conn, seen: int) -> bool:
+    """Whether an event is there within :data:`_SCAN` numbers after the hole at ``seen + 1``
+    (posters between their two calls), as there never is after a counter another client moved
+    far ahead."""
+    return any(
+        conn.get_now(EVENT_KEY.format(number)) is not None
+        for number in range(seen + 2, seen + _SCAN + 1)
+    )
+
+
+def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,
+               note: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
+    """Post one event (``header`` line, then ``body``) as the round's next; returns its key.
+    A counter that is not a number, or that went back below events already there, is set to
+    the last event found from ``after`` on (and named through ``note``) first."""
+    value = header.encode() + (b"\n" + body if body else b"")
+    for _ in range(3):
+        try:
+            number = conn.add(EVENTS_KEY, 1)
+        except Forged as forged:
+            top = _last_event(conn, after)
+            if note is not None:
+                note(f"{forged}; set back to {top}")
+            conn.repair(EVENTS_KEY, forged.value, top)
+            continue
+        key = EVENT_KEY.format(number)
+        if conn.get_now(key) is None:
+            conn.set(key, value)
+            return key
+        top = _last_event(conn, number)
+        if note is not None:
+            note(f"{EVENTS_KEY} went back to {number - 1}, below events already posted "
+                 f"(another client of the store?); set to {top}")  # fmt: skip
+        conn.repair(EVENTS_KEY, str(number).encode(), top)
+    return None
+
+
+def _last_event(conn: Conn, after: int) -> int:
+    number = max(0, after)
+    for _ in range(_SCAN * 4):
+        if conn.get_now(EVENT_KEY.format(number + 1)) is None:
+            break
+        number += 1
+    return number
+
+
+def wake(conn: Conn, me: int) -> None:
+    """Post a wake-up event (the round's thread, blocked in the store, moves on at once)."""
+    post_event(conn, f"wake {me}")
+
+
+def notice_body(text: str) -> bytes:
+    """A ``stop`` notice's first line (newlines would end it)."""
+    return text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
+
+
+def read_count(conn: Conn, key: str, low: int, high: int) -> int | None:
+    """A counter within ``[low, high]``, or None (absent, not a number, out of range)."""
+    value = as_count(conn.get_now(key))
+    return value if value is not None and low <= value <= high else None
+

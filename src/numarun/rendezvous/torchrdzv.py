@@ -1,0 +1,625 @@
+"""This node's side of a PyTorch rendezvous: c10d, etcd, etcd-v2 or a ``torchrun.handlers`` plugin.
+
+Imported only when ``--rdzv-backend`` names a torch backend; the static path never loads this
+module or torch. The rendezvous is torch's own, used as a library: the handler comes from
+``torch.distributed.elastic.rendezvous.registry.get_rendezvous_handler(RendezvousParameters(...))``
+with the parameters torchrun's ``launch_agent`` builds; each round is
+``handler.next_rendezvous()``; ranks are assigned by torch's ``SimpleElasticAgent
+._assign_worker_ranks`` (the same keys in the same store, so a torchrun node in the same
+rendezvous agrees on every rank). So a numarun node and a torchrun node form one job.
+
+While workers run, :meth:`ElasticNode.watch` hands the store to the ``numarun-store`` thread
+(:mod:`numarun.rendezvous.storewatch`), which looks every ``--monitor-interval`` seconds (default
+:data:`DEFAULT_POLL_INTERVAL`) and wakes at another node's event; its results
+(:mod:`numarun.rendezvous.storeresults`) ask the supervisor to stop the local group when:
+
+* ``num_nodes_waiting() > 0``: a node waits to join; the group re-forms without using a restart
+  (torchrun's rule);
+* another numarun node's notice arrives (a ``stop`` event): its worker failed, or it stopped on
+  a signal or a hang;
+* the next numarun node (by group rank) stops beating (:mod:`numarun.rendezvous.liveness`): its
+  launcher is gone, which this node announces to all;
+* ``is_closed()``: a node ended the job (its last restart failed): this node ends too;
+* the store cannot be reached: the node that hosted it is gone; this node ends.
+
+The end is :mod:`numarun.rendezvous.exitbarrier`'s. Keys under ``numarun/`` are scoped to the round
+(torch's per-round ``PrefixStore``) and never read by torch; torchrun nodes ignore them
+(docs/protocol.md lists them).
+
+The whole-job view (stacks, hang verdicts, where a failed node's ranks were) is not this module's:
+it plugs in as :attr:`ElasticNode.diagnostics` (:class:`numarun.jobwide.notices.JobNotices`), and
+every call into it is guarded: what it raises is one line, and the rendezvous goes on.
+
+Every call that may block in torch runs through :func:`numarun.rendezvous.storeops.run_blocking`, so
+the launcher's signal handlers stay responsive; while this node waits in the rendezvous, a line
+every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how many are awaited and
+where. torch's noise stays off stderr and its private names are checked before use
+(:mod:`numarun.rendezvous.torchcompat`).
+"""
+from __future__ import annotations
+
+import contextlib
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Protocol
+
+from numarun.errors import NumarunError, UsageError
+from numarun.rendezvous import storewatch, torchcompat
+from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
+from numarun.rendezvous.liveness import Heartbeats
+from numarun.rendezvous.round import Round, WorkerPlace
+from numarun.rendezvous.storeops import Conn, Forged, first_line, root_cause, run_blocking
+from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
+from numarun.rendezvous.storewatch import (
+    ALIVE_KEY,
+    NODES_KEY,
+    StoreWatch,
+    WatchedRound,
+    notice_body,
+    post_event,
+)
+
+if TYPE_CHECKING:
+    from numarun.cmdline.config import LaunchConfig
+    from numarun.process.supervisor import Supervisor
+    from numarun.rendezvous.exitbarrier import WhileWaiting
+    from numarun.rendezvous.storeresults import Result
+
+    class Diagnostics(Protocol):
+        """The whole-job view as the node calls it (:class:`numarun.jobwide.notices.JobNotices`);
+        every call is guarded (:meth:`ElasticNode.guarded`)."""
+
+        def on_event(self, round_: WatchedRound, number: int, kind: str, sender: int,
+                     fields: list[str], body: bytes) -> None:  # fmt: skip
+            """In the store thread: an event of a kind that is not the rendezvous's own."""
+
+        def read_notice(self, round_: WatchedRound, sender: int, post: bytes) -> Notice:
+            """In the store thread: the notice of node ``sender`` with where its ranks were
+            (``post``: what followed its line)."""
+
+        def notice_post(self, round_: WatchedRound, dumps: list, conn: Conn) -> bytes:
+            """In a posting thread: what follows this node's notice line (its ranks)."""
+
+        def before_stop(self, notice: Notice, stop: Callable[[], None]) -> bool:
+            """In the loop: another node stopped; True when ``stop`` will be called once
+            this node's ranks' stacks are noted with the notice (False: stop now)."""
+
+        def on_result(self, result: object) -> None:
+            """In the loop: a result of the whole-job view's own."""
+
+        def while_waiting(self) -> WhileWaiting | None:
+            """What may end this node's wait in the exit barrier (a hang verdict)."""
+
+        def unwatched(self) -> None:
+            """The attempt's run is over (requests still open are answered)."""
+
+
+DEFAULT_POLL_INTERVAL = 2.0
+"""Seconds between looks at the rendezvous while workers run, unless ``--monitor-interval``.
+
+A look costs about 0.3 ms of CPU on a busy 2-core machine (torch's state fetched and
+unpickled, a store round trip; measured in place, caches cold), and torch's own keep-alive
+thread already spends about 0.45 ms per second (one heartbeat every 5 s). Two seconds keeps
+the launcher's total well under 1 ms of CPU per second of wall time while a joining node or
+another node's failure is still seen within two seconds (torchrun: 0.1 s polls, and its state
+cache makes joins visible after up to 1 s)."""
+
+WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous waits for
+__all__ = ["END", "EXIT_BARRIER_TIMEOUT", "REJOIN", "Change", "ElasticNode", "NotAdmitted",
+           "RendezvousFailed"]  # fmt: skip
+_SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
+
+
+class RendezvousFailed(NumarunError):
+    """The rendezvous could not form or went away; one line, exit status 1."""
+
+    exit_code = 1
+
+
+class NotAdmitted(NumarunError):
+    """torch's graceful exit: the rendezvous closed while this node waited as a spare."""
+
+    exit_code = 0
+
+
+class ElasticNode:
+    """This node in a torch rendezvous: rounds, the watch while workers run, the end.
+
+    :meth:`connect` once, then per attempt :meth:`next_round` -> :meth:`begin_watch` (with the
+    supervisor of that attempt) -> the launcher runs the workers -> :meth:`unwatch` -> ... ->
+    :meth:`finish` at the end of the job. Errors are one line: :class:`UsageError` (exit 2) for
+    parameters torch refuses or a torch without what numarun needs, :class:`RendezvousFailed`
+    (exit 1) for a rendezvous that cannot form (the store unreachable, ``join_timeout``
+    passed, closed by another node), :class:`NotAdmitted` (exit 0) when torch lets a spare node
+    go.
+
+    Composed of :attr:`watch` (the ``numarun-store`` thread), :attr:`heartbeats` and, at the
+    end, an :class:`ExitBarrier`; :attr:`diagnostics`, when set, is the whole-job view, which
+    never decides the rendezvous's outcome (a failure in it is one line).
+    """
+
+    def __init__(self, config: LaunchConfig) -> None:
+        self.config = config
+        self.change: Change | None = None
+        self.round: Round | None = None
+        self.last_notice: str | None = None  # the last other node's notice seen
+        self.poll_interval = config.monitor_interval or DEFAULT_POLL_INTERVAL
+        self.host = socket.gethostname()
+        self.diagnostics: Diagnostics | None = None
+        self.verdict: object = None  # what ended the exit barrier's wait (a hang verdict)
+        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event)
+        self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
+        self._handler: Any = None
+        self._store: Any = None
+        self._announced = False
+        self._announcing = threading.Event()  # set once this node's last notice left
+        self._announcing.set()
+        self._supervisor: Supervisor | None = None
+        self._said: set[str] = set()  # the lines of failed diagnostics said so far
+        # Keys this node posted that other nodes read (events, frames, its hang post), and the
+        # rounds whose watch ended: deleted once the next round formed, when every node has
+        # left the round they were posted in.
+        self._posted: list[tuple[Any, str]] = []
+        self._ended: list[WatchedRound] = []
+        self._in_barrier = False
+        self.watched_round: WatchedRound | None = None  # the round the thread watches now
+        self._last_round: WatchedRound | None = None
+        self._round_started = 0.0
+        self._waiting_since = 0.0
+        default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
+        self.where = (
+            f"{config.rdzv_backend} rendezvous {config.run_id!r} at "
+            f"{config.rdzv_endpoint or default}"
+        )
+
+    # --- joining -------------------------------------------------------------------------------
+
+    def connect(self) -> None:
+        """Create torch's handler with torchrun's parameters (the c10d backend connects to
+        the TCPStore at the endpoint, or hosts it when the endpoint is this machine)."""
+        torchcompat.quiet_torch()
+        config = self.config
+        conf: dict[str, Any] = dict(config.rdzv_conf)
+        conf.setdefault("timeout", 900)  # torchrun's LaunchConfig adds it for every backend
+
+        def create() -> Any:
+            torchcompat.check_torch()  # first: an older torch's parameters differ too
+            from torch.distributed.elastic.rendezvous import RendezvousParameters
+            from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+            parameters = RendezvousParameters(
+                backend=config.rdzv_backend,
+                endpoint=config.rdzv_endpoint,
+                run_id=config.run_id,
+                min_nodes=config.min_nodes,
+                max_nodes=config.max_nodes,
+                local_addr=config.local_addr,
+                **conf,
+            )
+            return get_rendezvous_handler(parameters)
+
+        self._waiting_since = time.monotonic()
+        try:
+            self._handler = run_blocking(create, every=WAIT_LINE_EVERY, tick=self._waiting_line)
+        except UsageError:
+            raise
+        except (ValueError, TypeError) as error:
+            raise UsageError(f"{self.where}: {first_line(error)}") from None
+        except Exception as error:
+            raise RendezvousFailed(self._failure_text(error)) from None
+
+    def _waiting_line(self) -> None:
+        """One line on stderr: how long this node waits, how many nodes are there, how many
+        are awaited (read from the state torch's thread last synced; no store call)."""
+        waited = time.monotonic() - self._waiting_since
+        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
+        config = self.config
+        wanted = f"{config.min_nodes}" + (
+            f" to {config.max_nodes}" if config.max_nodes != config.min_nodes else ""
+        )
+        count = ""
+        participants = getattr(state, "participants", None)
+        if isinstance(participants, dict):
+            here = len(participants)
+            awaited = max(0, config.min_nodes - here)
+            count = f": {here} of {wanted} node(s) there, {awaited} more awaited"
+            if getattr(state, "complete", False) and self.round is None:
+                count = f": the round is complete with {here} node(s); this node waits as a spare"
+        else:
+            count = f": waiting for {wanted} node(s)"
+        sys.stderr.write(f"numarun: waiting {waited:.0f} s for the {self.where}{count}\n")
+        sys.stderr.flush()
+
+    def next_round(self) -> Round:
+        """Join the next round (torch's ``next_rendezvous``) and assign ranks (torch's
+        ``_assign_worker_ranks``); returns what the workers need. Forgets the last change."""
+        handler = self._handler
+        config = self.config
+        previous = self.round
+        self._end_watch()
+        last_watched, self._last_round = self._last_round, None
+        def join() -> tuple[Any, tuple[str, int, bool], list[Any]]:
+            from types import SimpleNamespace
+
+            from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
+
+            if last_watched is not None:  # its thread may sleep in the old round's store
+                with contextlib.suppress(Exception):
+                    conn = Conn(last_watched.store, clone=False)
+                    storewatch.wake(conn, last_watched.me)
+                    conn.close()
+            if previous is None:
+                info = torchcompat.first_join(handler, config.max_nodes)
+            else:
+                if previous.group_rank == 0 and previous.use_agent_store:
+                    torchcompat.clear_worker_store(previous)
+                info = torchcompat.rejoin(handler)
+            self._delete_posted()
+            # The workers' store as torch's handler gives it, published again every round
+            # (torchcompat.workers_store says how, for each torch).
+            store_info = torchcompat.workers_store(
+                handler, info, first_round=previous is None, local_addr=config.local_addr
+            )
+            spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
+            workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
+            # Read before added to: a forged value must not make the store close torch's
+            # connection (a connection of numarun's own would cost a connection per round).
+            conn = Conn(info.store, clone=False)
+            try:
+                for key in (ALIVE_KEY.format(info.rank), NODES_KEY):  # "a numarun node", at once
+                    with contextlib.suppress(Forged):  # named by the watch when it matters
+                        conn.add(key, 1)
+            finally:
+                conn.close()
+            return info, store_info, workers
+
+        self._waiting_since = time.monotonic()
+        try:
+            info, store_info, workers = run_blocking(
+                join, every=WAIT_LINE_EVERY, tick=self._waiting_line
+            )
+        except UsageError:
+            raise
+        except Exception as error:
+            name = type(error).__name__
+            if name == "RendezvousGracefulExitError":
+                raise NotAdmitted(
+                    f"numarun: {self.where} closed while this node waited as a spare "
+                    "(every place was taken); nothing to run"
+                ) from None
+            raise RendezvousFailed(self._failure_text(error)) from None
+        self._store = info.store
+        master_addr, master_port, shared = store_info
+        self.round = Round(
+            group_rank=info.rank,
+            group_world_size=info.world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            workers=tuple(
+                WorkerPlace(w.global_rank, w.role_rank, w.world_size, w.role_world_size)
+                for w in workers
+            ),
+            use_agent_store=shared,
+        )
+        self.change = None
+        self._announced = False
+        self._in_barrier = False
+        self._round_started = time.monotonic()
+        self.heartbeats.watch_neighbour(info.rank, info.world_size, self._round_started)
+        return self.round
+
+    def _failure_text(self, error: BaseException) -> str:
+        name = type(error).__name__
+        cause = root_cause(error)
+        conf = dict(self.config.rdzv_conf)
+        if name == "RendezvousTimeoutError":
+            join = conf.get("join_timeout", "600")
+            return (
+                f"{self.where} did not complete within join_timeout={join} s: fewer than "
+                f"{self.config.min_nodes} node(s) joined"
+            )
+        if name == "RendezvousClosedError":
+            return f"{self.where} was closed by another node" + _because(self.last_notice)
+        if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
+            if self.last_notice:
+                # The node that posted it ended, and its store with it (it hosted it).
+                return (
+                    f"{self.where} went away after another node ended"
+                    f"{_because(self.last_notice)}: {first_line(cause)}"
+                )
+            return f"cannot reach the {self.where}: {first_line(cause)}"
+        return f"{self.where}: {name}: {first_line(cause)}"
+
+    # --- while workers run ---------------------------------------------------------------------
+
+    def begin_watch(self, supervisor: Supervisor) -> None:
+        """Hand this round to the ``numarun-store`` thread; on a change, :attr:`change` is set
+        and the supervisor asked to stop with ``change.reason``."""
+        assert self.round is not None
+        self._supervisor = supervisor
+        workers = self.round.workers
+        round_ = WatchedRound(
+            self._store, self._handler, self.round.group_rank, self.round.group_world_size,
+            self._on_result, world=workers[0].world_size if workers else 1 << 22,
+            host=self.host,
+        )  # fmt: skip
+        self.watched_round = round_
+        self.watch.begin(supervisor, round_)
+
+    def unwatch(self) -> None:
+        """The attempt's run is over: its results no longer go to the supervisor's loop; the
+        round stays watched until the next round or :meth:`finish` (a verdict may still come
+        while this node waits in the exit barrier)."""
+        self.watch.detach()
+        self._supervisor = None
+        if self.diagnostics is not None:
+            self.guarded("the end of the whole-job view's requests", self.diagnostics.unwatched)
+
+    def _end_watch(self) -> None:
+        """The thread lets the round go (deleting the keys only this node reads)."""
+        ended = self.watch.end()
+        if ended is not None:
+            self._last_round = ended
+            self._ended.append(ended)
+        self.watched_round = None
+
+    def _look(self, round_: WatchedRound) -> list[Result]:
+        """In the store thread, every look interval: results for :meth:`_on_result`. In the
+        exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
+        which torch's handler would wait behind."""
+        heartbeats = self.heartbeats
+        if self._in_barrier:
+            if heartbeats.due():
+                heartbeats.beat(round_)
+            return []
+        if self.change is not None:
+            return []
+        waiting = self._handler.num_nodes_waiting()
+        closed = self._handler.is_closed()  # served from the state just synced
+        silent = None
+        if heartbeats.due():
+            heartbeats.beat(round_)
+            silent = heartbeats.silent_neighbour(round_)
+        if closed:
+            message = f"{self.where} was closed by another node" + _because(self.last_notice)
+            return [Change(END, message)]
+        if waiting > 0:
+            return [Change(REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
+        if silent is not None:
+            message = (
+                f"node {silent} stopped answering (no heartbeat for "
+                f"{heartbeats.silence_limit:g} s: its launcher is gone)"
+            )
+            assert round_.conn is not None
+            body = notice_body(self._notice_text(message))
+            key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
+            if key is not None:
+                round_.shared.append(key)
+            self._announced = True
+            return [Change(REJOIN, message)]
+        return []
+
+    def _on_event(self, round_: WatchedRound, number: int, value: bytes) -> None:
+        """In the store thread, event ``number`` of the round: ``stop`` (another node's
+        notice) and ``wake`` are the rendezvous's; any other kind goes to the whole-job view
+        (guarded by the caller, :meth:`StoreWatch.guarded`); one that is not numarun's is
+        named and ignored."""
+        head, _, rest = value.partition(b"\n")
+        fields = head[:200].decode("ascii", "replace").split()
+        watch = self.watch
+        if len(fields) < 2 or not fields[1].isdigit() or len(fields[1]) > 9:
+            watch.note(round_, f"event {number}", f"event {number} is not numarun's: ignored")
+            return
+        kind, sender = fields[0], int(fields[1])
+        if sender >= round_.size:
+            watch.note(round_, f"event {number}", f"event {number} names node {sender}, not "
+                       f"one of the {round_.size} nodes: ignored")  # fmt: skip
+            return
+        if kind == "wake" or (kind == "stop" and sender == round_.me):
+            return
+        if kind == "stop":
+            watch.report(round_, self._read_notice(round_, sender, rest))
+        elif self.diagnostics is not None:
+            self.diagnostics.on_event(round_, number, kind, sender, fields, rest)
+
+    def _read_notice(self, round_: WatchedRound, sender: int, body: bytes) -> Notice:
+        """Another node's ``stop`` notice: its line (escaped, cut), and where its ranks were
+        when the whole-job view can read it (else the line alone, its failure named)."""
+        from numarun.stacks.digest import printable
+
+        text, _, post = body.partition(b"\n")
+        notice = Notice(printable(text[:2000].decode("utf-8", "replace").strip())[:500])
+        if post and self.diagnostics is not None:
+            read = self.diagnostics.read_notice
+            try:
+                return read(round_, sender, post).replace(text=notice.text)
+            except Exception as error:  # a post that is not one (PostError), or a failure
+                why = first_line(error)
+                if type(error).__name__ != "PostError":
+                    why = f"{type(error).__name__}: {why}"
+                self.watch.note(round_, f"notice {sender}", f"the notice of node {sender}: "
+                                f"{why}: its ranks not shown")  # fmt: skip
+        return notice
+
+    def _on_result(self, result: Result) -> None:
+        """In the supervisor's loop: what the store thread found."""
+        if isinstance(result, Change):
+            self.stop(result.kind, result.message)
+        elif isinstance(result, Lost):
+            self.stop(END, f"lost the {self.where}: {first_line(root_cause(result.error))}")
+        elif isinstance(result, Notice):
+            self.last_notice = result.text
+
+            def stop() -> None:
+                self.stop(REJOIN, result.text)
+
+            # The whole-job view notes this node's ranks first and stops after; when it
+            # cannot (absent, or failing), the stop is not delayed.
+            if self.change is not None or self.diagnostics is None or not self.guarded(
+                "noting where this node's ranks were", self.diagnostics.before_stop, result, stop
+            ):
+                stop()
+        elif self.diagnostics is not None:
+            self.guarded("the whole-job view", self.diagnostics.on_result, result)
+
+    def stop(self, kind: str, message: str) -> None:
+        """Stop this node's workers for the rendezvous (:attr:`change`; the first one wins)."""
+        if self.change is not None:
+            return
+        self.change = Change(kind, message)
+        if self._supervisor is not None:
+            self._supervisor.request_stop(self.change.reason)
+
+    def guarded(self, what: str, call: Callable[..., Any], *args: object) -> Any:
+        """``call(*args)`` of the whole-job view, in the loop: what it raises is one line on
+        stderr (once per kind of failure) and None is returned; the rendezvous goes on."""
+        try:
+            return call(*args)
+        except Exception as error:
+            line = f"{what} failed ({type(error).__name__}: {first_line(error)})"
+            if line not in self._said:
+                self._said.add(line)
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(f"numarun: warning: {line}; the training goes on\n")
+                    sys.stderr.flush()
+            return None
+
+    # --- notices -------------------------------------------------------------------------------
+
+    def on_worker_failure(self, ended: object, dumps: list | None = None) -> None:
+        """A local worker failed: tell the other nodes at once (``dumps``: where this node's
+        other ranks were, for the whole-job view's post)."""
+        code = getattr(ended, "exit_code", None)
+        signal_name = getattr(ended, "signal_name", None)
+        what = f"signal {signal_name}" if signal_name else f"exit code {code}"
+        rank, local_rank = getattr(ended, "rank", "?"), getattr(ended, "local_rank", "?")
+        self.announce(f"rank {rank} (local_rank {local_rank}) failed with {what}", dumps)
+
+    def _notice_text(self, message: str) -> str:
+        assert self.round is not None
+        me = self.round.group_rank
+        if message.startswith(f"node {me} "):
+            return message
+        return f"node {me} ({self.host}): {message}"
+
+    def announce(self, message: str, dumps: list | None = None) -> threading.Event:
+        """Post ``message`` (prefixed with this node) for the other numarun nodes of the round,
+        with where ``dumps`` (this node's ranks) were when the whole-job view can say it, from a
+        short-lived thread nobody waits for; once per round, best effort (a store that is gone
+        loses nothing here). Returns an event set once it was posted (or failed)."""
+        posted = threading.Event()
+        if self._announced or self.round is None or self._store is None:
+            posted.set()
+            return posted
+        self._announced = True
+        self._announcing = posted
+        text = self._notice_text(message)
+        round_ = self.watched_round or self._last_round
+        if round_ is None:  # not watched yet: the round's store all the same
+            round_ = WatchedRound(self._store, self._handler, self.round.group_rank,
+                                  self.round.group_world_size, lambda result: None)  # fmt: skip
+        store, me, watch = self._store, self.round.group_rank, self.watch
+        diagnostics = self.diagnostics
+
+        def noted(line: str) -> None:
+            watch.note(round_, "events", line)
+
+        def send(conn: Conn) -> None:
+            try:
+                body = notice_body(text)
+                if dumps and diagnostics is not None:
+                    try:
+                        body += diagnostics.notice_post(round_, dumps, conn)
+                    except Exception as error:
+                        noted(f"this node's notice goes without its ranks ({first_line(error)})")
+                key = post_event(conn, f"stop {me}", body, after=round_.seen, note=noted)
+                if key is not None:
+                    self._posted.append((store, key))
+            finally:
+                posted.set()
+
+        StoreWatch.post(round_, send)
+        return posted
+
+    def announce_and_linger(self, message: str) -> None:
+        """:meth:`announce`, then wait at most :data:`ANNOUNCE_WAIT` seconds for it to leave
+        (the launcher is about to exit or re-join; a frozen store costs no more)."""
+        self.announce(message).wait(ANNOUNCE_WAIT)
+
+    def _delete_posted(self) -> None:
+        """Delete what this node posted for the others in rounds every node has left (store
+        calls: not from the loop)."""
+        for ended in self._ended:
+            self._posted += [(ended.store, key) for key in ended.shared]
+            ended.shared = []
+        self._ended.clear()
+        while self._posted:
+            store, key = self._posted.pop()
+            with contextlib.suppress(Exception):
+                store.delete_key(key)
+
+    # --- the end -------------------------------------------------------------------------------
+
+    def finish(self, *, succeeded: bool) -> str | None:
+        """The end of this node's job, as torchrun ends it: after success, wait in torch's
+        exit barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
+        the rendezvous); after a final failure, ``shutdown()`` once the others could read this
+        node's notice. Returns a warning line when the barrier or the shutdown failed (torchrun
+        logs and goes on), else None. Not called after a signal: torchrun leaves the
+        rendezvous open then, for the others.
+
+        With ``--hang-timeout`` and the whole-job view, this node counts as still while it
+        waits in the barrier (its ranks all ended) and keeps watching the round: a hang verdict
+        of the other nodes ends the wait; it is left in :attr:`verdict`."""
+        warning = None
+        # This node's failure notice leaves before the rendezvous closes: the others then
+        # read why it ended, not a bare "closed by another node".
+        self._announcing.wait(ANNOUNCE_WAIT)
+        if self.round is not None and self._store is not None:
+            barrier = ExitBarrier(self._store, self.round.group_world_size, self._handler,
+                                  self.watch)  # fmt: skip
+            if not succeeded and self._announced:
+                barrier.await_readers(self.poll_interval)
+            if succeeded:
+                warning = self._wait_in_barrier(barrier)
+        self._end_watch()
+        try:
+            # Bounded: a store that stopped answering must not hold the summary for the
+            # store's own timeout.
+            run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
+        except Exception as error:
+            warning = warning or f"closing the {self.where} failed: {first_line(error)}"
+        return warning
+
+    def _wait_in_barrier(self, barrier: ExitBarrier) -> str | None:
+        while_waiting = None
+        if self.config.hang_timeout and self.watch.watching and self.diagnostics is not None:
+            while_waiting = self.guarded("the hang watch in the exit barrier",
+                                         self.diagnostics.while_waiting)  # fmt: skip
+        self._in_barrier = True
+        try:
+            self.verdict = barrier.wait(while_waiting)  # type: ignore[arg-type]
+        except Exception as error:
+            return (
+                f"not every node of the {self.where} finished within "
+                f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {first_line(root_cause(error))}"
+            )
+        return None
+
+    def close(self) -> None:
+        """The job is over: the store thread ends (at most half a second). What this node
+        posted in its last round stays in the round's store (it goes with it): a node that looks
+        only every few seconds must still read why this one ended (deleted here, it read a bare
+        "closed by another node"). What it posted in earlier rounds, which every node has left,
+        is deleted, best effort, waited for at most half a second."""
+        self.watch.close(self._last_round or self.watched_round)
+        if self._posted or self._ended:
+            with contextlib.suppress(Exception):
+                run_blocking(self._delete_posted, limit=0.5)
+
+
+def _because(notice: str | None) -> str:
+    return f" ({notice})" if notice else ""

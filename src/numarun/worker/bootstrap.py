@@ -1,0 +1,240 @@
+"""Worker bootstrap: run a Python script or module exactly as ``python`` would, recording failures.
+
+Command line (what the launcher puts in a worker's argv)::
+
+    python -u -c "from numarun.worker.bootstrap import main; main()" [--] SCRIPT [ARG...]
+    python -u -c "from numarun.worker.bootstrap import main; main()" -m MODULE [ARG...]
+
+like ``python -u SCRIPT ARG...`` and ``python -u -m MODULE ARG...``. ``-c`` rather than ``-m``:
+``-m`` makes every worker import :mod:`runpy` first (3 to 4 ms on a bare interpreter), and running
+this file by its path would compile it at every start (no bytecode cache for ``__main__``). ``python
+-m numarun.worker.bootstrap ...`` works the same way. ``--`` is needed only when SCRIPT starts with
+``-``. The user's program sees what it would see under plain ``python``: ``sys.argv`` (``[SCRIPT,
+ARG...]``; for ``-m`` the module's file path first), ``sys.path[0]`` (the script's directory with
+symlinks resolved; the current directory for ``-m``; nothing added under ``-P``/``-I``), a fresh
+``__main__`` module with an absolute ``__file__``, and the same exit status: 0 at the end, ``n`` for
+``SystemExit(n)``, 1 for an uncaught exception (traceback on stderr through ``sys.excepthook``,
+without this bootstrap's frames), death by SIGINT for an uncaught ``KeyboardInterrupt``, 2 with
+Python's message when SCRIPT cannot be opened, 1 with Python's message when MODULE is not found. A
+directory or zip archive as SCRIPT runs its ``__main__`` module, as python does. Bad bootstrap usage
+(no SCRIPT or MODULE) prints a usage line and exits 2.
+
+What it adds, as torchrun's ``@record`` does: ``faulthandler`` is enabled for all threads (a
+SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other than
+``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
+that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
+user's code, numarun's stack dumps are armed (:mod:`numarun.worker.dumphandler`). A ``--preload``
+standby (``NUMARUN_STANDBY_FD`` set) first imports its modules and waits for its attempt
+(:mod:`numarun.worker.preload`); from its hand-over on, everything here is as in a cold worker.
+
+Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
+holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
+interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun.worker.dumphandler`;
+``runpy`` only for ``-m``, a directory or a zip archive (as ``python`` itself), and
+``json``/``traceback`` only on the failure path.
+"""
+
+import faulthandler
+import os
+import sys
+
+# typing is not imported at run time: this module is on every worker's start-up path.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from types import TracebackType
+
+USAGE = "usage: python -m numarun.worker.bootstrap [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+STANDBY_FD_ENV = "NUMARUN_STANDBY_FD"  # numarun.worker.preload's, not imported on the cold path
+
+
+def main(argv: "list[str] | None" = None) -> None:
+    """Run ``argv`` (this module's arguments; default ``sys.argv[1:]``); never returns normally
+    from a failure."""
+    if argv is None:
+        argv = sys.argv[1:]
+    # No usable stderr (closed, or an object without a fileno): run anyway. Not
+    # contextlib.suppress: importing contextlib costs a bare interpreter about 3 ms.
+    try:  # noqa: SIM105
+        faulthandler.enable(all_threads=True)
+    except (AttributeError, OSError, RuntimeError, ValueError):
+        pass
+    if STANDBY_FD_ENV in os.environ:  # a --preload standby: imports, then its attempt
+        _standby()
+    _arm_stacks()
+    if argv[:1] == ["-m"]:
+        if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
+            _usage()
+        target, args, as_module = argv[1], argv[2:], True
+    else:
+        if argv[:1] == ["--"]:
+            argv = argv[1:]
+        elif argv[:1] and argv[0].startswith("-"):
+            _usage()
+        if not argv:
+            _usage()
+        target, args, as_module = argv[0], argv[1:], False
+    try:
+        if as_module:
+            _run_module(target, args)
+        else:
+            _run_script(target, args)
+    except SystemExit:
+        raise
+    except BaseException as exc:
+        _fail(exc)
+
+
+def _usage() -> None:
+    sys.stderr.write(USAGE + "\n")
+    sys.exit(2)
+
+
+def _fresh_main() -> dict[str, object]:
+    # A new __main__ so the user's globals never mix with this bootstrap's.
+    module = type(sys)("__main__")
+    module.__dict__["__builtins__"] = sys.modules["builtins"]
+    sys.modules["__main__"] = module
+    return module.__dict__
+
+
+def _standby() -> None:
+    from numarun.worker.preload import standby
+
+    standby()
+    sys.modules.pop("numarun.worker.preload", None)  # the launcher's, not the user's
+
+
+def _arm_stacks() -> None:
+    try:
+        from numarun.worker.dumphandler import arm
+    except ImportError:  # a copy of this file run outside its package: run unarmed
+        return
+    arm()
+
+
+def _run_module(name: str, args: list[str]) -> None:
+    import runpy  # `python -m MODULE` imports it too
+
+    sys.argv = ["-m", *args]
+    if not _safe_path():
+        _set_path0(os.getcwd())  # what `python -m` puts first
+    _fresh_main()
+    # The same entry point `python -m` uses: argv[0] becomes the module's file, the code runs
+    # in sys.modules["__main__"], "No module named x" exits 1 with python's message.
+    runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
+
+
+def _run_script(path: str, args: list[str]) -> None:
+    sys.argv = [path, *args]
+    if os.path.isdir(path) or not _is_plain_file(path):
+        _run_path(path)
+        return
+    absolute = os.path.abspath(path)
+    try:
+        with open(path, "rb") as file:
+            source = file.read()
+    except OSError as err:
+        sys.stderr.write(
+            f"{sys.executable}: can't open file {absolute!r}: [Errno {err.errno}] {err.strerror}\n"
+        )
+        sys.exit(2)
+    if not _safe_path():
+        _set_path0(os.path.dirname(os.path.realpath(path)))
+    namespace = _fresh_main()
+    namespace.update(__file__=absolute, __cached__=None, __package__=None, __spec__=None)
+    namespace["__loader__"] = _source_loader(absolute)
+    code = compile(source, absolute, "exec", dont_inherit=True)
+    exec(code, namespace)
+
+
+def _is_plain_file(path: str) -> bool:
+    # A zip archive runs through runpy like `python app.zip`; a missing path reports below.
+    if not os.path.exists(path):
+        return True
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) != b"PK\x03\x04"
+    except OSError:
+        return True
+
+
+def _run_path(path: str) -> None:
+    import runpy
+
+    # What python does for a directory or zip archive: the path itself, absolute, becomes
+    # sys.path[0] (even under -P) and its __main__ module runs; sys.argv[0] stays as given.
+    if _safe_path():
+        sys.path.insert(0, os.path.abspath(path))
+    else:
+        _set_path0(os.path.abspath(path))
+    _fresh_main()
+    runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
+
+
+def _safe_path() -> bool:
+    return bool(getattr(sys.flags, "safe_path", False) or sys.flags.isolated)
+
+
+def _set_path0(directory: str) -> None:
+    # sys.path[0] is '' (under -c) or the current directory (under `python -m
+    # numarun.worker.bootstrap`); python SCRIPT would have put the script's directory there.
+    if sys.path:
+        sys.path[0] = directory
+    else:
+        sys.path.insert(0, directory)
+
+
+def _source_loader(path: str) -> object:
+    # importlib.machinery's class, from the frozen module every interpreter has loaded
+    # (importing importlib.machinery would cost a worker about a millisecond).
+    from _frozen_importlib_external import SourceFileLoader
+
+    return SourceFileLoader("__main__", path)
+
+
+def _own_frame(filename: str) -> bool:
+    return filename in (__file__, "<frozen runpy>") or filename.endswith(f"{os.sep}runpy.py")
+
+
+def _user_traceback(tb: "TracebackType | None") -> "TracebackType | None":
+    while tb is not None and _own_frame(tb.tb_frame.f_code.co_filename):
+        tb = tb.tb_next
+    return tb
+
+
+def _fail(exc: BaseException) -> None:
+    exc = exc.with_traceback(_user_traceback(exc.__traceback__))
+    if not isinstance(exc, KeyboardInterrupt):
+        _record(exc)
+    hook = sys.excepthook
+    try:
+        hook(type(exc), exc, exc.__traceback__)
+    except BaseException:
+        sys.__excepthook__(type(exc), exc, exc.__traceback__)
+    if type(exc) is KeyboardInterrupt:
+        # Re-raise with a silent hook: the interpreter itself then exits the way it does for
+        # an uncaught Ctrl-C (full shutdown, then death by SIGINT), which we cannot fake.
+        sys.excepthook = _silent_hook
+        raise exc
+    sys.exit(1)
+
+
+def _silent_hook(*_: object) -> None:
+    pass
+
+
+def _record(exc: BaseException) -> None:
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path or os.path.exists(path):
+        return  # no error file wanted, or the user's @record wrote it first
+    try:
+        from numarun.worker.errorfile import write_error_file
+
+        write_error_file(path, exc)
+    except Exception as err:  # a full disk must not hide the user's traceback
+        sys.stderr.write(f"numarun: could not write error file {path}: {err}\n")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,177 @@
+"""numarun.rendezvous.storewatch: the one thread that talks to the rendezvous store while workers
+run.
+
+Node stand-ins (``tests/standin_job.py``) run the launcher's own classes against one real torch
+TCPStore: the event counter checked like any value read from the store (not a number, moved by
+another client), and each round's connections closed with the round. What the events carry (the
+whole job's stacks, the hang verdict) is ``tests/jobwide/test_protocol.py``'s.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable
+from datetime import timedelta
+
+import pytest
+
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+# torch's client looks up the name of the address it connects to at each connection (a reverse
+# lookup of 127.0.0.1 in DNS): a resolver that drops some of them costs 5 s each.
+os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+dist = pytest.importorskip("torch.distributed")
+
+from numarun.jobwide import protocol  # noqa: E402
+from numarun.rendezvous import storewatch  # noqa: E402
+from numarun.rendezvous.storeops import Conn  # noqa: E402
+from standin_job import INTERVAL, LIMIT, Job, ask_and_read, lost  # noqa: E402
+
+
+def test_a_counter_that_is_not_a_number_is_named_and_repaired_never_lost(
+    make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
+) -> None:
+    job = make_job(3)
+    for key in (storewatch.EVENTS_KEY, protocol.STILLS_KEY, storewatch.NODES_KEY,
+                storewatch.ALIVE_KEY.format(1)):  # fmt: skip
+        job.raw.set(key, b"not a number \x1b[2J")
+    view = ask_and_read(job)  # the request's poster finds the counter and sets it back
+    assert view.rank_count == 24
+    for node in job.nodes:
+        node.go_still()
+    job.until(lambda: all(node.verdict_at() for node in job.nodes))
+    job.run_for(3.5 * INTERVAL * 5)  # beats and counts read
+    assert lost(job) == []
+    err = capfd.readouterr().err
+    assert "numarun/events holds 'not a number \\x1b[2J', not a number" in err
+    assert "numarun/stills held b'not a number" in err
+    assert "\x1b" not in err
+    assert "Traceback" not in err
+
+
+def test_a_counter_moved_by_a_trillion_loses_no_later_event(
+    make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
+) -> None:
+    job = make_job(3)
+    ask_and_read(job)
+    job.raw.add(storewatch.EVENTS_KEY, 10**12)
+    view = ask_and_read(job, asker=1)
+    assert view.rank_count == 24
+    job.raw.add(storewatch.EVENTS_KEY, -2 * 10**12)
+    view = ask_and_read(job, asker=2)
+    assert view.rank_count == 24
+    assert lost(job) == []
+    err = capfd.readouterr().err
+    assert "numarun/events moved from 2 to 1000000000003 (another client of the store?); " \
+           "reading on from event 1000000000003" in err  # fmt: skip
+    assert "numarun/events moved from 100000000000" in err and " to -99999999999" in err
+    assert "Traceback" not in err
+
+
+def test_many_events_behind_a_hole_are_a_hole_not_a_moved_counter(
+    make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
+) -> None:
+    # Six posters counted their events and have not set them yet; 100 more were posted after
+    # them (a failure cascade at a thousand nodes): the node skips the holes after an interval
+    # and reads all 100, and names nothing (before: "moved ... another client of the store?",
+    # and every event but the last 64 skipped).
+    job = make_job(2)
+    ask_and_read(job)
+    poster = Conn(job.raw)
+    hole = int(poster.add(storewatch.EVENTS_KEY, 6)) - 5
+    keys = [storewatch.post_event(poster, f"wake {n % 2}") for n in range(100)]
+    assert keys[-1] == storewatch.EVENT_KEY.format(hole + 105)
+    round_ = job.nodes[1].node.watched_round
+    job.until(lambda: round_.seen >= hole + 105)
+    view = ask_and_read(job, asker=1)  # and the job goes on
+    assert view.rank_count == 16
+    assert lost(job) == []
+    err = capfd.readouterr().err
+    assert "moved from" not in err and "another client" not in err
+    assert "Traceback" not in err
+
+
+def sockets() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(OSError):
+            count += os.readlink(f"/proc/self/fd/{fd}").startswith("socket:")
+    return count
+
+
+def test_numarun_connections_are_closed_with_their_round(make_job: Callable[..., Job]) -> None:
+    job = make_job(2)
+    node = job.nodes[1].node
+    job.run_for(INTERVAL)
+    before = sockets()
+    node.unwatch()
+    round_ = node.watched_round
+    node._end_watch()
+    deadline = time.monotonic() + LIMIT
+    while (round_.conn is not None or round_.poster is not None) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    import gc
+
+    gc.collect()
+    assert sockets() <= before - 2  # the round's two connections (its waits and its posts)
+
+
+# --- posting an event, reading a counter ---------------------------------------------------------
+
+
+@pytest.fixture
+def conn() -> Conn:
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=10))  # fmt: skip
+    connection = Conn(dist.PrefixStore("round", server))
+    connection.server = server  # type: ignore[attr-defined]  # kept alive with the connection
+    return connection
+
+
+def test_events_are_numbered_one_after_another_header_then_body(conn: Conn) -> None:
+    assert storewatch.post_event(conn, "stacks 0") == storewatch.EVENT_KEY.format(1)
+    assert storewatch.post_event(conn, "stop 1", b"rank 3 failed") == storewatch.EVENT_KEY.format(2)
+    assert conn.get_now(storewatch.EVENT_KEY.format(1)) == b"stacks 0"
+    assert conn.get_now(storewatch.EVENT_KEY.format(2)) == b"stop 1\nrank 3 failed"
+    assert conn.get_now(storewatch.EVENTS_KEY) == b"2"
+
+
+def test_a_counter_that_is_not_a_number_is_set_back_to_the_last_event_and_named(conn: Conn) -> None:
+    storewatch.post_event(conn, "first")
+    storewatch.post_event(conn, "second")
+    conn.set(storewatch.EVENTS_KEY, b"garbage")
+    notes: list[str] = []
+    key = storewatch.post_event(conn, "third", note=notes.append)
+    assert key == storewatch.EVENT_KEY.format(3)
+    assert conn.get_now(key) == b"third"
+    assert conn.get_now(storewatch.EVENT_KEY.format(2)) == b"second"  # nothing overwritten
+    assert len(notes) == 1 and notes[0].endswith("; set back to 2"), notes
+
+
+def test_a_counter_that_went_back_never_overwrites_a_posted_event(conn: Conn) -> None:
+    for header in ("first", "second", "third"):
+        storewatch.post_event(conn, header)
+    conn.set(storewatch.EVENTS_KEY, b"1")  # another client of the store
+    notes: list[str] = []
+    key = storewatch.post_event(conn, "fourth", note=notes.append)
+    assert key == storewatch.EVENT_KEY.format(4)
+    assert [conn.get_now(storewatch.EVENT_KEY.format(n)) for n in (1, 2, 3, 4)] == [
+        b"first", b"second", b"third", b"fourth"
+    ]  # fmt: skip
+    assert notes == [
+        f"{storewatch.EVENTS_KEY} went back to 1, below events already posted (another client "
+        "of the store?); set to 3"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("value", "expected"),
+    [(None, 0), (b"0", 0), (b"7", 7), (b"8", None), (b"-1", None), (b"seven", None)],
+)
+def test_a_counter_is_read_only_within_its_bounds(
+    conn: Conn, value: bytes | None, expected: int | None
+) -> None:
+    if value is not None:
+        conn.set("count", value)
+    assert storewatch.read_count(conn, "count", 0, 7) == expected
