@@ -603,14 +603,12 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
 def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
     """This node's ranks had all ended when the other nodes found the job hung: the attempt
     ends as a hang (exit status 124, the hang's summary)."""
-    import dataclasses
-
     from numarun.stacks.dumps import HANG_REASON
 
     if attempt.stacks is not None:
         attempt.stacks.note_verdict(view, by)  # type: ignore[attr-defined]
     reason = f"{HANG_REASON}the job hung while this node's ranks had ended (verdict of {by})"
-    attempt.result = dataclasses.replace(attempt.result, stop_reason=reason)
+    attempt.result = attempt.result.replace(stop_reason=reason)
 
 
 def _job_stacks(

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from numarun.errors import UsageError
+from numarun.machine.model import Value, fill_fields
 
 
 class _Parser(argparse.ArgumentParser):
@@ -57,13 +57,24 @@ def did_you_mean(name: str, names: Sequence[str]) -> str | None:
     return close[0] if close else None
 
 
-@dataclass(frozen=True)
-class _Option:
+class _Option(Value):
+    _fields = ("names", "help", "flag", "repeat", "metavar")
+    __slots__ = _fields
     names: tuple[str, ...]
     help: str
-    flag: bool = False  # store_true; PET_* value is "0"/"1" like torchrun's check_env
-    repeat: bool = False  # action="append"; no PET_* fallback
-    metavar: str | None = None
+    flag: bool  # store_true; PET_* value is "0"/"1" like torchrun's check_env
+    repeat: bool  # action="append"; no PET_* fallback
+    metavar: str | None
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        help: str,
+        flag: bool = False,
+        repeat: bool = False,
+        metavar: str | None = None,
+    ) -> None:
+        fill_fields(self, locals())
 
     @property
     def dest(self) -> str:

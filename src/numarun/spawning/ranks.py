@@ -7,28 +7,41 @@ asked for (``OMP_NUM_THREADS`` and the plan's variables with a binding; ``RANK``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from numarun.errors import InvalidArgument, NumarunError, unknown_choice
+from numarun.machine.model import Value
 from numarun.placement import workerenv
 from numarun.spawning.exceptions import warn
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.machine.model import Topology
     from numarun.placement.binding import MemPolicy
     from numarun.placement.plan import Plan
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(Value):
     """Per-rank CPUs (None: inherit), memory policies, the bound physical cores per rank
     (None: unbound, so no ``OMP_NUM_THREADS`` is set), and the plan's environment variables."""
 
+    _fields = ("cpus", "mems", "threads", "env")
+    __slots__ = _fields
     cpus: list[tuple[int, ...] | None]
     mems: list[MemPolicy | None]
     threads: list[int] | None
     env: tuple[tuple[str, str], ...]
+
+    def __init__(
+        self,
+        cpus: list[tuple[int, ...] | None],
+        mems: list[MemPolicy | None],
+        threads: list[int] | None,
+        env: tuple[tuple[str, str], ...],
+    ) -> None:
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "mems", mems)
+        object.__setattr__(self, "threads", threads)
+        object.__setattr__(self, "env", env)
 
 
 def resolve_binding(
