@@ -9,12 +9,15 @@ handled by :mod:`numarun.launch.launcher` with torchrun-compatible flags (``numa
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Sequence
 
 from numarun.errors import NumarunError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 SUBCOMMANDS = ("topo", "plan", "check", "snapshot", "stacks")
 
@@ -39,14 +42,20 @@ def commands_help() -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad usage as one line (exit 2) instead of usage + error, with a
-    "did you mean" for an unknown option, as the launcher's parser."""
+def _parser(**settings: object) -> argparse.ArgumentParser:
+    """A subcommand's argparse parser, reporting bad usage as one line (exit 2) instead of
+    usage + error, with a "did you mean" for an unknown option, as the launcher's parser.
+    argparse is imported here, by the subcommands only: a launch reads its options without it
+    (:func:`numarun.launch.options.read_options`)."""
+    import argparse
 
-    def error(self, message: str) -> None:  # type: ignore[override]
-        from numarun.launch.options import usage_error
+    from numarun.launch.options import usage_error
 
-        raise usage_error(self, message, f"{self.prog} --help")
+    class Parser(argparse.ArgumentParser):
+        def error(self, message: str) -> None:  # type: ignore[override]
+            raise usage_error(self, message, f"{self.prog} --help")
+
+    return Parser(**settings)  # type: ignore[arg-type]
 
 
 def _topology_args(parser: argparse.ArgumentParser) -> None:
@@ -73,7 +82,7 @@ def _read(args: argparse.Namespace):  # -> Topology
 
 
 def _cmd_topo(argv: Sequence[str]) -> int:
-    parser = _Parser(prog="numarun topo", description="Show the machine as numarun sees it.")
+    parser = _parser(prog="numarun topo", description="Show the machine as numarun sees it.")
     _topology_args(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument(
@@ -100,10 +109,10 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     return 0
 
 
-def _plan_parser() -> _Parser:
+def _plan_parser() -> argparse.ArgumentParser:
     from numarun.placement.plan import MODES
 
-    parser = _Parser(
+    parser = _parser(
         prog="numarun plan",
         description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing. "
         "Without --numa-binding or --nproc-per-node, both are chosen for this machine "
@@ -220,7 +229,7 @@ def _json_one_rank_per_line(document: dict) -> str:
 
 
 def _cmd_snapshot(argv: Sequence[str]) -> int:
-    parser = _Parser(
+    parser = _parser(
         prog="numarun snapshot",
         description="Save exactly the sysfs files numarun reads, to attach to a bug report. "
         "Replay with --sysfs-root after extracting it.",
@@ -247,7 +256,7 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
 
 
 def _cmd_stacks(argv: Sequence[str]) -> int:
-    parser = _Parser(
+    parser = _parser(
         prog="numarun stacks",
         description="Print the Python stacks of every thread of every rank of a running numarun "
         "job of yours on this host; ranks with identical stacks are grouped, the odd ones out "
@@ -280,7 +289,7 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
 def _cmd_check(argv: Sequence[str]) -> int:
     from numarun.check.command import DEFAULT_BUFFER_MIB, DEFAULT_SECONDS
 
-    parser = _Parser(
+    parser = _parser(
         prog="numarun check",
         description="Start the planned ranks exactly as a job's (bound at birth by numarun's "
         "supervisor), each running a built-in probe: it reads the CPUs it really has in its first "

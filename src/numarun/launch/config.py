@@ -15,7 +15,6 @@ flag stands for it. Running a config is :mod:`numarun.launch.launcher`'s job.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
@@ -23,9 +22,13 @@ from collections.abc import Mapping, Sequence
 
 from numarun.errors import UsageError, unknown_choice
 from numarun.launch.nodes import parse_nodes
-from numarun.launch.options import build_parser, parse_int, parse_seconds, split_argv
+from numarun.launch.options import parse_int, parse_seconds, read_options, split_argv
 from numarun.machine.model import Value, fill_fields
 from numarun.process import capacity
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
 # torchrun's --signals-to-handle default: each stops the job, reaching the workers first.
@@ -203,7 +206,7 @@ def parse_args(
     """
     env = os.environ if environ is None else environ
     own, rest = split_argv(argv)
-    ns = build_parser(env, epilog).parse_args(own)
+    ns = read_options(own, env, epilog)
     kind, entrypoint, args = _entrypoint(ns, rest)
 
     rank_cpus, numa_binding, sysfs_root = _binding(ns)
