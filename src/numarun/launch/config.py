@@ -228,7 +228,7 @@ def parse_args(
     )
     teardown, forward = _signals(signals_text)
     event_log_handler = _event_log_handler(ns)
-    hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
+    hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee, nproc)
     preload = _preload(ns.preload, kind)
     run_id = _run_id(ns.rdzv_id, nodes.backend)
     return LaunchConfig(
@@ -341,14 +341,28 @@ def _run_id(text: str | None, backend: str) -> str:
     return rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex()
 
 
-def _hang_timeout(text: str | None, kind: str, redirects: str, tee: str) -> float | None:
-    """``--hang-timeout``: seconds > 0, or None for 0 / not given. ``--no-python`` workers
-    have no stacks: only their output tells progress, so it must reach numarun."""
+def _hang_timeout(
+    text: str | None, kind: str, redirects: str, tee: str, nproc: int
+) -> float | None:
+    """``--hang-timeout``: seconds, at least what the stack sampling of ``nproc`` ranks can
+    judge (:func:`numarun.stacks.hang.timeout_floor`), or None for 0 / not given.
+    ``--no-python`` workers have no stacks: only their output tells progress, so it must reach
+    numarun."""
     if text is None:
         return None
     value = parse_seconds(text, "--hang-timeout")
     if value == 0:
         return None
+    from numarun.stacks.hang import timeout_floor
+
+    floor = timeout_floor(nproc)
+    if value < floor:
+        raise UsageError(
+            f"--hang-timeout {text.strip()} is shorter than the stack sampling can judge: "
+            f"each of the {nproc} rank(s) here is sampled every {floor:g} s (1 s per 8 ranks "
+            f"with more) and counts as still once two samples agree; give at least {floor:g} s, "
+            "or 0 to turn it off"
+        )
     if kind == "binary" and redirects == "0" and tee == "0":
         raise UsageError(
             "--hang-timeout with --no-python sees progress only in the workers' output: "
