@@ -286,6 +286,21 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
     return stacks_command(args.run_id, as_json=args.json, timeout=args.timeout)
 
 
+def _whole_mib(text: str) -> int:
+    """``--buffer-mib``: a whole number of MiB, written as an integer or as ``1e3``."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+        raise UsageError(f"--buffer-mib must be a whole number of MiB, not {text!r}")
+    return int(value)
+
+
 def _cmd_check(argv: Sequence[str]) -> int:
     from numarun.check.command import DEFAULT_BUFFER_MIB, DEFAULT_SECONDS
 
@@ -319,14 +334,24 @@ def _cmd_check(argv: Sequence[str]) -> int:
                         help="print what would be checked and measured; start nothing")
     parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
                         help=f"measuring time, shared by the phases (default {DEFAULT_SECONDS:g})")
-    parser.add_argument("--buffer-mib", "--buffer_mib", type=int, default=DEFAULT_BUFFER_MIB,
+    parser.add_argument("--buffer-mib", "--buffer_mib", type=_whole_mib, default=DEFAULT_BUFFER_MIB,
                         metavar="MIB", help="size of each copy buffer per rank "
                         f"(default {DEFAULT_BUFFER_MIB}; lowered to fit memory)")
     parser.add_argument("--json", action="store_true", help="print JSON for programs")
     args = parser.parse_args(argv)  # fmt: skip
-    from numarun.check.command import CheckStopped, chosen_binding, launch_argv, run_check
+    from numarun.check.command import (
+        CheckStopped,
+        check_buffer_mib,
+        chosen_binding,
+        launch_argv,
+        run_check,
+    )
     from numarun.check.verdict import format_text
+    from numarun.machine.topology import read_topology
 
+    # Before anything is said or started (run_check checks it again, for its own callers).
+    check_buffer_mib(args.buffer_mib, read_topology(args.sysfs_root or "/"),
+                     real=not args.dry_run)  # fmt: skip
     nproc_per_node, numa_binding, note = chosen_binding(
         args.nproc_per_node,
         args.numa_binding,
