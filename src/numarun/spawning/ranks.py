@@ -44,6 +44,9 @@ class Placement(Value):
         object.__setattr__(self, "env", env)
 
 
+UNBOUND = "none"  # binding="none": as None (mem_binding's word, and an unbound plan's mode)
+
+
 def resolve_binding(
     binding: object,
     mem_binding: str | None,
@@ -98,7 +101,7 @@ def _resolve_binding(
     allow_fallback: bool,
     environ: Mapping[str, str],
 ) -> Placement:
-    if binding is None:
+    if binding is None or (isinstance(binding, str) and binding == UNBOUND):
         return _unbound_placement(mem_binding, nprocs)
     from numarun.placement import binding as binding_module
 
@@ -165,7 +168,7 @@ def _make_plan(
                 "rank, as binding (binding=[[0, 1], [2, 3]] or ['0-1', '2-3'])"
             )
         if binding not in MODES:
-            named = [mode for mode in MODES if mode != "explicit"]
+            named = [*(mode for mode in MODES if mode != "explicit"), UNBOUND]
             raise InvalidArgument(unknown_choice("binding", binding, named))
         return make_plan(_read_topology(environ), nprocs, binding, allow_unbound=allow_fallback)
     topology = _read_topology(environ)
