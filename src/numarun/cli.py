@@ -419,14 +419,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] in (*SUBCOMMANDS, "help"):
             return _subcommand(args[0], args[1:])
-        from numarun.launch import launcher
-
+        launcher = _import_launcher()
         return _leave(launcher.main(args, epilog=commands_help()))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # `numarun topo | head` closed our stdout: not an error worth a traceback.
         return 1
+
+
+def _import_launcher():  # -> the module numarun.launch.launcher
+    """The launcher, imported without cyclic collections (as launcher.main runs: its docstring
+    says why): every launch's start-up path."""
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from numarun.launch import launcher
+    finally:
+        if collecting:
+            gc.enable()
+    return launcher
 
 
 def _subcommand(name: str, argv: list[str]) -> int:

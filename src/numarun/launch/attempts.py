@@ -190,6 +190,7 @@ class Job:
         self.node: ElasticNode | None = None
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.resume_collector = False  # turn the cyclic collector on as the first workers start
 
     def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
@@ -338,6 +339,8 @@ class Job:
             # attempt's start would delay the restart (3 ms here).
             if self.last is None:
                 gc.freeze()
+                if self.resume_collector:
+                    gc.enable()  # off for the launcher's start-up (launcher.main)
             more = self.config.elastic or restart_count < self.config.max_restarts
             running, taken = taken, None  # from here the run owns its standbys
             result = self._supervise(supervisor, specs, stacks, running, more)
