@@ -64,6 +64,11 @@ def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
     _collector_held = collecting
     try:
         config = parse_args(argv, epilog=epilog)
+        if config.elastic and collecting:
+            # A torch rendezvous: torch's import and a wait for the other nodes (minutes,
+            # maybe) come first, and their garbage must be collected.
+            _collector_held = False
+            gc.enable()
         return run(config)
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
