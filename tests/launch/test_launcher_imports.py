@@ -46,11 +46,14 @@ sys.exit(code)
 """
 
 # Never before the workers start: each costs a millisecond or more, and none is needed to start
-# them (the failure path's json and re come after, while the workers boot).
+# them (the failure path's json and re come after, once the workers started). socket, signal,
+# selectors and threading are used through their C modules (_socket, _signal, select, _thread):
+# the Python ones build enums, or import what does, at about a millisecond each.
 NOT_BEFORE_START = {
     "argparse", "dataclasses", "inspect", "typing", "pathlib", "ast", "dis", "tokenize",
     "re", "json", "shutil", "locale", "gettext", "difflib", "subprocess", "tempfile",
     "tarfile", "logging", "numarun.launch.summary", "numarun.stacks.parse",
+    "enum", "signal", "socket", "selectors", "threading", "math",
 }  # fmt: skip
 # Never in a launch on numarun's static rendezvous at all.
 NEVER = {"argparse", "dataclasses", "inspect", "typing", "pathlib", "subprocess", "logging"}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from numarun.process import forkexec as children
-from numarun.process import watchdog
+from numarun.process import proctable, watchdog
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 LIMIT = 30.0  # what a bounded call gets before the test calls it blocked (a loaded machine)
@@ -38,7 +38,7 @@ def test_ending_the_watchdog_link_is_bounded_when_its_process_does_not_die(
     try:
         link.attach(child, children.track(command_w), children.track(status_r))
         monkeypatch.setattr(os, "kill", lambda pid, signum: None)
-        monkeypatch.setattr(signal, "pidfd_send_signal", lambda fd, signum, *rest: None)
+        monkeypatch.setattr(proctable.signal, "pidfd_send_signal", lambda fd, signum, *rest: None)
         call = threading.Thread(target=link.end, daemon=True)
         started = time.monotonic()
         call.start()

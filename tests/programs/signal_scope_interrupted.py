@@ -5,7 +5,8 @@ SCENARIO``; prints one JSON line.
 
 The caller's state before the scope: SIGINT on Python's ``default_int_handler``, SIGTERM on a
 handler of its own, SIGHUP at its default, and a wakeup fd of its own. Scenarios, each forced
-through a wrapper around ``signal.signal`` (the scope's only way to install a handler):
+through a wrapper around the ``signal`` function of the module the scope calls (``_signal``, the
+C module under :mod:`signal`; its only way to install a handler):
 
 * ``signal-entering``: SIGINT is sent to this process just before the scope installs its first
   handler (SIGINT's).
@@ -32,7 +33,8 @@ from numarun.process import signals as scope_module
 from numarun.process.signals import SignalScope
 
 TEARDOWN = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-REAL_SIGNAL = signal.signal
+CALLED = scope_module.signal  # what the scope calls: _signal, not signal.py (DESIGN.md)
+REAL_SIGNAL = CALLED.signal
 
 
 def callers_term(signum: int, frame: object) -> None:
@@ -62,8 +64,8 @@ def main(scenario: str) -> None:
     scope_r, scope_w = socket.socketpair()
     for sock in (caller_r, caller_w, scope_r, scope_w):
         sock.setblocking(False)
-    REAL_SIGNAL(signal.SIGTERM, callers_term)
-    REAL_SIGNAL(signal.SIGHUP, signal.SIG_DFL)  # the caller's own, even under nohup
+    signal.signal(signal.SIGTERM, callers_term)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)  # the caller's own, even under nohup
     signal.set_wakeup_fd(caller_w.fileno())
     caller_fd, scope_fd = caller_w.fileno(), scope_w.fileno()
     line: dict[str, object] = {"before": state(caller_fd, scope_fd), "inside": None}
@@ -79,7 +81,7 @@ def main(scenario: str) -> None:
             os.kill(os.getpid(), signal.SIGINT)
         return REAL_SIGNAL(signum, handler)
 
-    signal.signal = forced  # type: ignore[assignment]
+    CALLED.signal = forced  # type: ignore[assignment]
     raised = None
     try:
         with SignalScope(scope_w, TEARDOWN, ()):
@@ -87,7 +89,7 @@ def main(scenario: str) -> None:
             leaving = True
     except BaseException as exc:  # reported
         raised = type(exc).__name__
-    signal.signal = REAL_SIGNAL  # type: ignore[assignment]
+    CALLED.signal = REAL_SIGNAL  # type: ignore[assignment]
     line["after"] = state(caller_fd, scope_fd)
     line["raised"] = raised
     try:

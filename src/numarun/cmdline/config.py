@@ -15,8 +15,8 @@ flag stands for it. Running a config is :mod:`numarun.launch.launcher`'s job.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import os
-import signal
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -551,16 +551,16 @@ def _signals(text: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
 
 
 def _signal_number(name: str) -> int:
+    from numarun.process.spec import signal_numbers
+
+    numbers = signal_numbers()
     if name.isdigit():
-        number = int(name)
-        try:
-            return int(signal.Signals(number))
-        except ValueError:
-            pass
+        if int(name) in numbers.values():
+            return int(name)
     else:
         full = name if name.startswith("SIG") else f"SIG{name}"
-        if hasattr(signal.Signals, full):
-            return int(signal.Signals[full])
+        if full in numbers:
+            return numbers[full]
     raise UsageError(f"--signals-to-handle: unknown signal {name!r} (use names like SIGUSR1)")
 
 

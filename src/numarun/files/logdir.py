@@ -101,9 +101,9 @@ def open_log_dir(log_dir: str) -> Directory:
 def host_label(host: str | None = None) -> str:
     """This machine's host name (or ``host``) as part of a directory name: letters, digits,
     ``.`` and ``-`` kept, anything else ``-``, at most 64 characters (``"host"`` when empty)."""
-    import socket
+    import _socket  # not socket: its enums cost a launch milliseconds
 
-    name = socket.gethostname() if host is None else host
+    name = _socket.gethostname() if host is None else host
     kept = "".join(c if c.isascii() and (c.isalnum() or c in ".-") else "-" for c in name)
     return kept.strip(".")[:64] or "host"
 

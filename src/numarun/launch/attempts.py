@@ -18,9 +18,9 @@ background thread was importing it as a worker failed).
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import errno
 import os
-import signal
 import sys
 from collections.abc import Callable, Mapping, Sequence
 
@@ -86,9 +86,9 @@ class SignalGuard:
         self._previous: dict[int, object] = {}
 
     def __enter__(self) -> SignalGuard:
-        import threading
+        from numarun.process.signals import in_main_thread
 
-        if threading.current_thread() is not threading.main_thread():
+        if not in_main_thread():
             return self
         for signum in self._signals:
             previous = signal.getsignal(signum)

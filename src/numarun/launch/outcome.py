@@ -11,7 +11,6 @@ imported only where a report needs them: a failed run, output that went to files
 from __future__ import annotations
 
 import os
-import signal
 from collections.abc import Sequence
 
 from numarun.files.logdir import error_file
@@ -124,7 +123,7 @@ def signal_text(signum: int | None) -> str | None:
     """``"SIGTERM"`` for 15, ``"signal N"`` for a number no signal has; None for None."""
     if signum is None:
         return None
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
+    from numarun.process.spec import signal_numbers
+
+    names = [name for name, number in signal_numbers().items() if number == signum]
+    return min(names) if names else f"signal {signum}"  # min: signal.Signals' choice

@@ -12,15 +12,15 @@ workers meet in ``init_process_group`` at ``MASTER_ADDR:MASTER_PORT``, and nothi
 until every node's workers are there. :func:`check_host_resolves` and :func:`check_port_free`
 refuse, in one :class:`UsageError` line and before anything starts, a master address (or
 rendezvous endpoint) that does not resolve and a store port that something on this host
-already listens on. Imported on every launch's start-up path: :mod:`socket` is already loaded
-there (:func:`numarun.placement.workerenv.free_port`), :mod:`threading` only for a name to
-resolve.
+already listens on. Imported on every launch's start-up path: it uses ``_socket``, the C module
+under :mod:`socket` (socket.py builds its enums when imported, about 3 ms of every launch), and
+:mod:`threading` only for a name to resolve.
 """
 
 from __future__ import annotations
 
+import _socket
 import errno
-import socket
 
 from numarun.errors import UsageError
 
@@ -148,9 +148,9 @@ def _cpus_text(plan: Plan | None, ranks: Sequence[int]) -> str:
 
 
 def _is_address(host: str) -> bool:
-    for family in (socket.AF_INET, socket.AF_INET6):
+    for family in (_socket.AF_INET, _socket.AF_INET6):
         try:
-            socket.inet_pton(family, host)
+            _socket.inet_pton(family, host)
         except (OSError, ValueError):
             continue
         return True
@@ -171,7 +171,7 @@ def check_host_resolves(host: str, what: str, *, limit: float = RESOLVE_LIMIT) -
 
     def look_up() -> None:
         try:
-            socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+            _socket.getaddrinfo(host, None, type=_socket.SOCK_STREAM)
         except OSError as error:
             outcome.append(error)
         else:
@@ -181,7 +181,7 @@ def check_host_resolves(host: str, what: str, *, limit: float = RESOLVE_LIMIT) -
     thread.start()
     thread.join(limit)
     error = outcome[0] if outcome else None
-    if isinstance(error, socket.gaierror):
+    if isinstance(error, _socket.gaierror):
         reason = error.strerror or str(error)
         raise UsageError(
             f"{what} {host!r} does not resolve ({reason}): the workers could never reach it; "
@@ -194,15 +194,15 @@ def check_port_free(port: int, what: str) -> None:
     ``port``, where this node's rank 0 worker is to host the job's store: bound and released
     at once on the IPv4 and IPv6 wildcard addresses, with ``SO_REUSEADDR`` as a store's own
     socket, so a port held only by closed connections (TIME_WAIT) counts as free."""
-    for family, address in ((socket.AF_INET, "0.0.0.0"), (socket.AF_INET6, "::")):
+    for family, address in ((_socket.AF_INET, "0.0.0.0"), (_socket.AF_INET6, "::")):
         try:
-            probe = socket.socket(family, socket.SOCK_STREAM)
+            probe = _socket.socket(family, _socket.SOCK_STREAM)
         except OSError:
             continue  # no IPv6 here
-        with probe:
-            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                probe.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)
+        try:  # a bare _socket.socket is no context manager
+            probe.setsockopt(_socket.SOL_SOCKET, _socket.SO_REUSEADDR, 1)
+            if family == _socket.AF_INET6:
+                probe.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 1)
             try:
                 probe.bind((address, port))
             except OSError as error:
@@ -213,3 +213,5 @@ def check_port_free(port: int, what: str) -> None:
                         "--master-port"
                     ) from None
                 # EADDRNOTAVAIL and the like: this family cannot listen here at all.
+        finally:
+            probe.close()

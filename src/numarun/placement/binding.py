@@ -20,7 +20,6 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-import threading
 from collections.abc import Callable, Sequence
 
 from numarun.errors import BindingError, UsageError
@@ -422,6 +421,8 @@ def _try_in_thread(mode: int, nodes: Sequence[int], call: SetMempolicyCall) -> i
         finally:
             # The thread is about to end, so this only matters if the OS thread were reused.
             call(MPOL_DEFAULT, ())
+
+    import threading
 
     worker = threading.Thread(target=attempt, name="numarun-mempolicy-check", daemon=True)
     worker.start()

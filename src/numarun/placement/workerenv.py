@@ -17,11 +17,16 @@ def free_port() -> int:
     Racy by nature (bind, read, release), like every launcher's; the alternative, port 0 inside
     the TCPStore, cannot be told to the other ranks.
     """
-    import socket
+    # _socket, not socket: socket.py builds its enums when imported, about 3 ms of every
+    # launch's start-up.
+    import _socket
 
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    probe = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM)
+    try:
         probe.bind(("", 0))
         return int(probe.getsockname()[1])
+    finally:
+        probe.close()
 
 
 def allowed_physical_cores(sysfs_root: str = "/", allowed: set[int] | None = None) -> int:

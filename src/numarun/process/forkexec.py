@@ -59,11 +59,11 @@ other threads included.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
+import _thread
 import contextlib
 import os
-import signal
 import sys
-import threading
 from collections.abc import Callable, Mapping, Sequence
 
 from numarun.placement import binding
@@ -81,17 +81,14 @@ _NOT_OURS_EXIT = 1  # a child whose supervisor died before the preamble finished
 # Every fd a supervisor holds open, so that children started with os.fork() close them all
 # (those of other supervisors running in other threads included).
 _open_fds: set[int] = set()
-_open_fds_lock = threading.Lock()
+_open_fds_lock = _thread.allocate_lock()  # threading.Lock, without importing threading
 
 # In a fork or forkserver child: WorkerSpec.pass_fds as this process's fd numbers, in order.
 passed_fds: list[int] = []
 
-try:
-    # The C call: signal.pthread_sigmask turns the old mask into a set of enum members, 40 us
-    # for a full mask, in every child between fork and exec.
-    from _signal import pthread_sigmask as set_signal_mask
-except ImportError:  # another Python than CPython
-    set_signal_mask = signal.pthread_sigmask
+# The C call (signal is _signal here): signal.py's pthread_sigmask turns the old mask into a set
+# of enum members, 40 us for a full mask, in every child between fork and exec.
+set_signal_mask = signal.pthread_sigmask
 
 
 # --- fds -----------------------------------------------------------------------------------------
@@ -378,7 +375,7 @@ def fork_child(
                 os.close(fd)
         # Those numbers are free now: a worker that forks in turn must not close what reuses them.
         _open_fds.clear()
-        _open_fds_lock = threading.Lock()
+        _open_fds_lock = _thread.allocate_lock()
         passed_fds[:] = spec.pass_fds
         with contextlib.suppress(ValueError):
             signal.set_wakeup_fd(-1)

@@ -1,15 +1,16 @@
-"""The supervisor's event loop, apart from what it serves: one selector, the signal wakeup
+"""The supervisor's event loop, apart from what it serves: one epoll, the signal wakeup
 socket, timers and the callers' readers.
 
 As asyncio keeps its loop (``base_events``) apart from its selector transports and trio its run
 loop (``_run.py``) apart from its epoll I/O, this module knows fds, callbacks and times, and
 nothing of workers: the supervisor and its parts register what they watch, each with a callback.
 
-Registrations. :meth:`Loop.watch` registers an fd for :data:`READ` or :data:`WRITE` (those of
-:mod:`selectors`) with a callback, which :meth:`Loop.poll` calls with no argument whenever the fd is
-ready: level-triggered, so an event not served stays ready for the next poll. Each registration
-carries a *lane*, a label the loop never interprets except that ``poll(timeout, lanes)`` serves only
-the events of those lanes and leaves the others ready. The lanes in use: :data:`ENDS` (a process
+Registrations. :meth:`Loop.watch` registers an fd for :data:`READ` or :data:`WRITE` (the values
+of :mod:`selectors`' ``EVENT_READ`` and ``EVENT_WRITE``) with a callback, which :meth:`Loop.poll`
+calls with no argument whenever the fd is ready, or has hung up or failed: level-triggered, so
+an event not served stays ready for the next poll. Each registration carries a *lane*, a label the
+loop never interprets except that ``poll(timeout, lanes)`` serves only the events of those lanes
+and leaves the others ready. The lanes in use: :data:`ENDS` (a process
 ended: a forkserver worker's sentinel, the watchdog's status pipe, the pidfd of a process being torn
 down), :data:`OUTPUT` (the workers' stdout/stderr pipes), :data:`TRANSFERS` (payload and result
 pipes), :data:`CONSOLES` (a console written to when it is writable), :data:`READERS` (the callers')
@@ -18,7 +19,7 @@ only transfers, output and readers while it delivers payloads, and only ends and
 kills everything.
 
 A poll waits at most ``timeout`` seconds (None: until an event), then calls the callbacks of the
-ready events in the order the selector returned them, except one whose registration an earlier
+ready events in the order epoll returned them, except one whose registration an earlier
 callback of the same batch removed or replaced (its fd may already be another's). An exception
 from a callback propagates from :meth:`Loop.poll`; the batch's other events are not served
 then (they stay ready).
@@ -40,17 +41,20 @@ the lane :data:`READERS`, from :meth:`Loop.open` on when added before it, until
 the same for an fd to be written when it can take data (a reply to a slow client, say). An fd has
 a reader or a writer, not both.
 
-fds. The selector's fd and both sockets are in the fd registry of
-:mod:`numarun.process.forkexec` while open, so that ``"fork"`` workers close them.
-:meth:`Loop.open` and :meth:`Loop.close` are idempotent; a loop that was closed is not opened
-again by the supervisor.
+fds. The epoll fd and both sockets are in the fd registry of :mod:`numarun.process.forkexec`
+while open, so that ``"fork"`` workers close them. :meth:`Loop.open` and :meth:`Loop.close` are
+idempotent; a loop that was closed is not opened again by the supervisor.
+
+Built on ``select.epoll`` and ``_socket`` directly, not :mod:`selectors` and :mod:`socket`: the
+loop is made on every launch's start-up path, and those two modules (with the enums socket.py
+builds and the ``math`` and ``collections.abc`` selectors imports) cost it about 3 ms there.
 """
 
 from __future__ import annotations
 
+import _socket
 import contextlib
-import selectors
-import socket
+import select
 import time
 
 from numarun.errors import UsageError
@@ -60,8 +64,9 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Container
 
-READ = selectors.EVENT_READ
-WRITE = selectors.EVENT_WRITE
+READ = 1  # selectors.EVENT_READ
+WRITE = 2  # selectors.EVENT_WRITE
+_EPOLL_EVENTS = {READ: select.EPOLLIN, WRITE: select.EPOLLOUT}
 
 # Lanes (module docstring): what each registration is, so that a poll can serve only some.
 ENDS = "ends"
@@ -91,54 +96,68 @@ class _Timer:
         self.cancelled = True
 
 
+class _Watch:
+    """One registration: an fd, for which events, in which lane, calling what."""
+
+    __slots__ = ("callback", "events", "fd", "lane")
+
+    def __init__(self, fd: int, events: int, lane: str, callback: Callable[[], None]) -> None:
+        self.fd = fd
+        self.events = events
+        self.lane = lane
+        self.callback = callback
+
+
 class Loop:
-    """One selector with its registrations, the signal wakeup socket, timers and readers
+    """One epoll with its registrations, the signal wakeup socket, timers and readers
     (module docstring). ``on_signal(signum)`` is called from :meth:`poll` for each signal."""
 
     def __init__(self, on_signal: Callable[[int], None]) -> None:
         self._on_signal = on_signal
-        self._selector: selectors.BaseSelector | None = None
-        self._wakeup_r: socket.socket | None = None
-        self.wakeup: socket.socket | None = None  # for signal.set_wakeup_fd, while open
+        self._epoll: select.epoll | None = None
+        self._watches: dict[int, _Watch] = {}  # fd -> its registration, while open
+        self._wakeup_r: _socket.socket | None = None
+        self.wakeup: _socket.socket | None = None  # for signal.set_wakeup_fd, while open
         self._timers: list[_Timer] = []
         self._readers: dict[int, Callable[[], None]] = {}
         self._writers: dict[int, Callable[[], None]] = {}
 
     @property
     def is_open(self) -> bool:
-        return self._selector is not None
+        return self._epoll is not None
 
     def open(self) -> None:
-        """The selector and the signal wakeup socket; idempotent. Raises OSError (out of fds)
+        """The epoll and the signal wakeup socket; idempotent. Raises OSError (out of fds)
         with nothing left open."""
-        if self._selector is not None:
+        if self._epoll is not None:
             return
-        self._selector = selectors.DefaultSelector()
-        forkexec.track(self._selector.fileno())
+        self._epoll = select.epoll()  # close-on-exec
+        forkexec.track(self._epoll.fileno())
         try:
-            self._wakeup_r, self.wakeup = socket.socketpair()
+            self._wakeup_r, self.wakeup = _socket.socketpair()
         except BaseException:
             self.close()
             raise
         for sock in (self._wakeup_r, self.wakeup):
             sock.setblocking(False)
             forkexec.track(sock.fileno())
-        self._selector.register(self._wakeup_r, READ, (SIGNALS, self._read_signals))
+        self._register(self._wakeup_r.fileno(), READ, SIGNALS, self._read_signals)
         for fd, callback in self._readers.items():
-            self._selector.register(fd, READ, (READERS, callback))
+            self._register(fd, READ, READERS, callback)
         for fd, callback in self._writers.items():
-            self._selector.register(fd, WRITE, (READERS, callback))
+            self._register(fd, WRITE, READERS, callback)
 
     def close(self) -> None:
-        """Forget the readers and writers, close the selector and the sockets; idempotent."""
-        if self._selector is not None:
+        """Forget the readers and writers, close the epoll and the sockets; idempotent."""
+        if self._epoll is not None:
             for fd in list(self._readers):
                 self.remove_reader(fd)
             for fd in list(self._writers):
                 self.remove_writer(fd)
-            forkexec.close_untracked(self._selector.fileno())
-            self._selector.close()
-            self._selector = None
+            forkexec.close_untracked(self._epoll.fileno())
+            self._epoll.close()
+            self._epoll = None
+            self._watches.clear()
         for sock in (self._wakeup_r, self.wakeup):
             if sock is not None:
                 forkexec.close_untracked(sock.fileno())
@@ -149,33 +168,55 @@ class Loop:
 
     def watch(self, fd: int, events: int, callback: Callable[[], None], lane: str) -> None:
         """Call ``callback()`` from :meth:`poll` while ``fd`` is ready for ``events`` (:data:`READ`
-        or :data:`WRITE`) in ``lane``. The loop must be open."""
-        assert self._selector is not None
-        self._selector.register(fd, events, (lane, callback))
+        or :data:`WRITE`) in ``lane``. The loop must be open; KeyError when ``fd`` is watched
+        already."""
+        assert self._epoll is not None
+        self._register(fd, events, lane, callback)
 
     def unwatch(self, fd: int) -> None:
         """Stop watching ``fd``, which must be watched (KeyError otherwise); nothing happens
         once the loop is closed."""
-        if self._selector is not None:
-            self._selector.unregister(fd)
+        if self._epoll is not None:
+            self._unregister(fd)
 
     def discard(self, fd: int) -> None:
         """Stop watching ``fd`` if it is watched."""
-        if self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(fd)
+        if self._epoll is not None:
+            with contextlib.suppress(KeyError):
+                self._unregister(fd)
 
     def poll(self, timeout: float | None, lanes: Container[str] | None = None) -> None:
         """Wait up to ``timeout`` seconds for events, then serve those of ``lanes`` (default:
         all), in order (module docstring)."""
-        assert self._selector is not None
-        for key, _mask in self._selector.select(timeout):
-            assert self._selector is not None
-            if self._selector.get_map().get(key.fd) is not key:
+        assert self._epoll is not None
+        wait = -1.0
+        if timeout is not None:  # whole milliseconds, rounded up as selectors does: no busy loop
+            milliseconds = timeout * 1e3
+            whole = int(milliseconds)
+            wait = max(0, whole + (whole < milliseconds)) / 1e3
+        try:
+            ready = self._epoll.poll(wait, max(len(self._watches), 1))
+        except InterruptedError:  # a signal handler raised nothing: its number is in the socket
+            return
+        for fd, _events in ready:
+            watch = self._watches.get(fd)
+            if watch is None:
                 continue  # unregistered by an earlier callback of this batch: its fd may be reused
-            lane, callback = key.data
-            if lanes is None or lane in lanes:
-                callback()
+            if lanes is None or watch.lane in lanes:
+                watch.callback()
+
+    def _register(self, fd: int, events: int, lane: str, callback: Callable[[], None]) -> None:
+        assert self._epoll is not None
+        if fd in self._watches:
+            raise KeyError(f"fd {fd} is already watched")
+        self._epoll.register(fd, _EPOLL_EVENTS[events])
+        self._watches[fd] = _Watch(fd, events, lane, callback)
+
+    def _unregister(self, fd: int) -> None:
+        assert self._epoll is not None
+        del self._watches[fd]  # KeyError when not watched
+        with contextlib.suppress(OSError):  # closed already: epoll forgot it by itself
+            self._epoll.unregister(fd)
 
     @property
     def signal_fd(self) -> int | None:
@@ -252,14 +293,14 @@ class Loop:
         if fd in self._readers:
             raise UsageError(f"fd {fd} already has a reader; remove it first")
         self._readers[fd] = callback
-        if self._selector is not None:
-            self._selector.register(fd, READ, (READERS, callback))
+        if self._epoll is not None:
+            self._register(fd, READ, READERS, callback)
 
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
-        if self._readers.pop(fd, None) is not None and self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(fd)
+        if self._readers.pop(fd, None) is not None and self._epoll is not None:
+            with contextlib.suppress(KeyError):
+                self._unregister(fd)
 
     def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
         """Call ``callback()`` whenever ``fd`` (the caller's) can be written to without
@@ -267,11 +308,11 @@ class Loop:
         if fd in self._writers or fd in self._readers:
             raise UsageError(f"fd {fd} is already watched; remove it first")
         self._writers[fd] = callback
-        if self._selector is not None:
-            self._selector.register(fd, WRITE, (READERS, callback))
+        if self._epoll is not None:
+            self._register(fd, WRITE, READERS, callback)
 
     def remove_writer(self, fd: int) -> None:
         """Stop watching ``fd`` for writing; nothing happens when it is not watched."""
-        if self._writers.pop(fd, None) is not None and self._selector is not None:
-            with contextlib.suppress(KeyError, ValueError):
-                self._selector.unregister(fd)
+        if self._writers.pop(fd, None) is not None and self._epoll is not None:
+            with contextlib.suppress(KeyError):
+                self._unregister(fd)

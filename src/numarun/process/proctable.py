@@ -23,11 +23,11 @@ checks every :data:`FALLBACK_TICK` seconds.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import contextlib
 import errno
 import os
 import select
-import signal
 from collections.abc import Iterable, Mapping
 
 FALLBACK_TICK = 0.05  # seconds between checks of a process that has no pidfd

@@ -33,8 +33,8 @@ of a process with scopes entered: it puts back the handlers the caller had befor
 
 from __future__ import annotations
 
-import signal
-import threading
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
+import sys
 from functools import partial
 
 TYPE_CHECKING = False
@@ -42,6 +42,15 @@ if TYPE_CHECKING:
     import socket
     from collections.abc import Callable, Sequence
     from typing import Any, ClassVar
+
+
+def in_main_thread() -> bool:
+    """Whether the calling thread is the main thread (the only one Python runs signal handlers
+    in), as :mod:`threading` says; without importing it, which costs every launch's start-up
+    about a millisecond. Before anything imported it no thread was started through it, and
+    importing it now would make the calling thread its main thread: true then."""
+    threading = sys.modules.get("threading")
+    return threading is None or threading.current_thread() is threading.main_thread()
 
 
 class SignalScope:
@@ -74,7 +83,7 @@ class SignalScope:
             signal.signal(signum, handler)
 
     def __enter__(self) -> SignalScope:
-        if self._wakeup is None or threading.current_thread() is not threading.main_thread():
+        if self._wakeup is None or not in_main_thread():
             return self
         # Entering is all or nothing. The scope's signals are blocked in this thread meanwhile,
         # so one that arrives now waits and then finds the scope whole; a handler that still

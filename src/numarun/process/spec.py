@@ -7,7 +7,7 @@ API, the stack dumps) share them, so they live below all of them.
 
 from __future__ import annotations
 
-import signal
+import _signal
 
 from numarun.machine.model import Value, fill_fields
 
@@ -166,12 +166,23 @@ class RunResult(Value):
         fill_fields(self, locals())
 
 
+def signal_numbers() -> dict[str, int]:
+    """The members of :class:`signal.Signals`, aliases included (``SIGIOT``, ``SIGPOLL``), as
+    ``{name: number}``: read from ``_signal`` with signal.py's own rule, without building its
+    enum (milliseconds on every launch's start-up path)."""
+    return {
+        name: value
+        for name, value in vars(_signal).items()
+        if name.isupper() and name.startswith("SIG") and not name.startswith("SIG_")
+    }
+
+
 def signal_name(code: int | None) -> str | None:
-    """``"SIGSEGV"`` for exit code -11 (Popen convention); ``"SIG<n>"`` for a signal without a
-    name; None for a code that is not a signal death (None or >= 0)."""
+    """``"SIGSEGV"`` for exit code -11 (Popen convention), the name
+    ``signal.Signals(11).name`` gives (of aliases, the first in alphabetical order:
+    ``SIGABRT``, not ``SIGIOT``); ``"SIG<n>"`` for a signal without a name; None for a code
+    that is not a signal death (None or >= 0)."""
     if code is None or code >= 0:
         return None
-    try:
-        return signal.Signals(-code).name
-    except ValueError:
-        return f"SIG{-code}"
+    names = [name for name, number in signal_numbers().items() if number == -code]
+    return min(names) if names else f"SIG{-code}"

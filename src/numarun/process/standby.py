@@ -29,9 +29,10 @@ returned, to whoever handles it then.
 
 from __future__ import annotations
 
-import signal
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 from contextlib import contextmanager
 
+from numarun.process.signals import in_main_thread
 from numarun.process.supervisor import _RUNNING, Supervisor, serve_started
 
 TYPE_CHECKING = False
@@ -150,9 +151,7 @@ class StandbySupervisor(Supervisor):
 def signals_blocked(signals: Sequence[int]) -> Iterator[None]:
     """Block ``signals`` in the calling thread meanwhile; one that came is delivered when the
     block ends (module docstring). Only in the main thread; elsewhere it does nothing."""
-    import threading
-
-    if threading.current_thread() is not threading.main_thread() or not signals:
+    if not in_main_thread() or not signals:
         yield
         return
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, signals)

@@ -51,12 +51,12 @@ to do about the limit that was reached.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import contextlib
 import errno
 import gc
 import os
 import select
-import signal
 import sys
 import time
 from functools import partial

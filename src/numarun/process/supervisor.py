@@ -43,7 +43,7 @@ worker's end (``done``), reaps the rest, and kills the whole run if the supervis
 SIGKILL. The supervisor pins the watchdog with a pidfd (a caller that ignores SIGCHLD has the
 kernel reap it) and reaps it when the run ends, waiting at most two seconds, SIGKILL, two more.
 
-Watching is one :mod:`selectors` loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
+Watching is one epoll loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
 each ``"forkserver"`` worker's :class:`multiprocessing.Process` sentinel, the workers' output,
 payload and result pipes, the pidfd of each process being torn down, the console while tee'd output
 waits for it (a sink's ``console``, :class:`numarun.process.console.Console`: nothing in the loop
@@ -118,8 +118,8 @@ everything and done.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import os
-import signal
 import time
 
 from numarun.process import watchdog

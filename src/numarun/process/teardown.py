@@ -45,9 +45,9 @@ given up on.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import contextlib
 import os
-import signal
 import time
 from functools import partial
 

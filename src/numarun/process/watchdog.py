@@ -57,10 +57,10 @@ memory.
 
 from __future__ import annotations
 
+import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import contextlib
 import os
 import select
-import signal
 import sys
 import time
 

@@ -26,9 +26,9 @@ dump directory. Names carry a random part, so a stale name is never reused by a 
 
 from __future__ import annotations
 
+import _socket
 import contextlib
 import os
-import socket
 import stat
 import sys
 import time
@@ -115,11 +115,11 @@ def runtime_dir(*, create: bool) -> str:
 # --- the launcher's side -------------------------------------------------------------------------
 
 
-def peer_uid(conn: socket.socket) -> int:
+def peer_uid(conn: _socket.socket) -> int:
     """The effective uid of the process at the other end of a connected Unix socket."""
     import struct
 
-    creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    creds = conn.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, struct.calcsize("3i"))
     return struct.unpack("3i", creds)[1]
 
 
@@ -129,7 +129,7 @@ class _Connection:
 
     __slots__ = ("deadline", "outbox", "request", "sent", "sock")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: _socket.socket, deadline: float) -> None:
         self.sock = sock
         self.deadline = deadline
         self.request = b""
@@ -165,7 +165,9 @@ class JobServer:
         self._answer = answer
         self._supervisor: Supervisor | None = None
         self._connections: dict[int, _Connection] = {}
-        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        # _socket, not socket: socket.py builds its enums when imported, milliseconds that
+        # would be spent while the workers start.
+        self._sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
         try:
             self._sock.bind(self.path)
             os.chmod(self.path, 0o600)
@@ -190,9 +192,14 @@ class JobServer:
 
         while True:
             try:
-                conn, _ = self._sock.accept()
+                fd, _ = self._sock._accept()  # close-on-exec, as socket.accept()
             except OSError:  # BlockingIOError: nobody more waits
                 return
+            try:
+                conn = _socket.socket(fileno=fd)
+            except OSError:
+                os.close(fd)
+                continue
             now = time.monotonic()
             self._expire(now)
             try:
@@ -213,7 +220,7 @@ class JobServer:
             if now > connection.deadline:
                 self._drop(connection.sock)
 
-    def _drop(self, conn: socket.socket) -> None:
+    def _drop(self, conn: _socket.socket) -> None:
         from numarun.process import forkexec
 
         fd = conn.fileno()
@@ -327,6 +334,7 @@ def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT, **fields: str) -> d
     """Send one request (``op`` and ``fields``) to the job listening on ``path``; its reply.
     Raises OSError (``ConnectionRefusedError`` when nothing listens) or TimeoutError."""
     import json
+    import socket
 
     deadline = time.monotonic() + timeout
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
