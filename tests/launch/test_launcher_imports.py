@@ -70,7 +70,8 @@ def _env() -> dict[str, str]:
 
 def test_a_launch_imports_only_what_starting_the_workers_needs(tmp_path: Path) -> None:
     script = tmp_path / "hello.py"
-    script.write_text("print('hello from', __import__('os').environ['RANK'])\n")
+    # One write per line: the two ranks share the console (print writes its parts apart).
+    script.write_text("import os, sys\nsys.stdout.write(f\"hello from {os.environ['RANK']}\\n\")\n")
     out = tmp_path / "imports.txt"
     done = subprocess.run(
         [sys.executable, "-c", HARNESS, str(out), "--nproc-per-node", "2", str(script)],

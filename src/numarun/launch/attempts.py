@@ -7,13 +7,16 @@ no supervisor runs (:class:`SignalGuard`); every attempt keeps its own directory
 (``attempt_<restart count>``, ``.N`` after the N-th re-forming); the end report names each
 attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here.
 
-What a failure needs is imported before any failure is acted on: in the main thread, once the
-workers started and before the supervisor's loop serves its first event
-(:func:`_import_failure_path`). Nothing is imported in another thread, and nothing once a
-failure is being handled: an import in progress elsewhere leaves a module in ``sys.modules``
-half made (creating a dataclass reads ``typing`` from there without the import lock, and
-failed with ``partially initialized module 'typing' has no attribute 'ClassVar'`` when a
-background thread was importing it as a worker failed).
+What a failure needs is imported before any failure is acted on, in the main thread
+(:func:`_import_failure_path`): under a torch rendezvous once the workers started and before
+the supervisor's loop serves its first event; on numarun's static rendezvous, where no other
+thread runs then, :data:`FAILURE_PATH_DELAY` seconds after the workers started (not while their
+interpreters start, which its few milliseconds would slow on a machine with few cores) or when
+the first worker's end is seen, before it is acted on, whichever comes first; the same in a run
+that succeeds as in one that fails. Nothing is imported in another thread: an import in progress
+elsewhere leaves a module in ``sys.modules`` half made (creating a dataclass reads ``typing``
+from there without the import lock, and failed with ``partially initialized module 'typing' has
+no attribute 'ClassVar'`` when a background thread was importing it as a worker failed).
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from numarun.launch.outcome import (
     signal_text,
 )
 from numarun.launch.workersetup import (
+    MainCode,
     close_sinks,
     has_log_files,
     line_filters,
@@ -191,6 +195,7 @@ class Job:
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
         self.resume_collector = False  # turn the cyclic collector on as the first workers start
+        self.main_code: MainCode | None = None  # the attempt's script, compiled once for all
 
     def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
@@ -351,6 +356,8 @@ class Job:
             if taken is not None and self.warm is not None:
                 self.warm.discard(taken)  # taken, never run (a signal, say): torn down
             _close_attempt_files(stacks, duplicates)
+            if self.main_code is not None:
+                self.main_code.close()
         attempt = _Attempt(name, directory.path, result, lost_logs(specs), stacks)
         if self.last is not None and self.last.line:
             self.earlier.add(self.last.line)
@@ -373,6 +380,7 @@ class Job:
         specs: list[WorkerSpec] = []
         try:
             duplicates = line_filters(config, directory)
+            self.main_code = MainCode.open(config)
             setups = rank_setups(
                 config, plan, base, self.binary_path, attempt_dir=directory.path, port=port,
                 group=group, restart_count=restart_count, mem_policies=self.mem_policies,
@@ -383,6 +391,8 @@ class Job:
                 local_rank, env = setup.local_rank, setup.env
                 if stacks is not None:
                     env.update(stacks.worker_env(local_rank))
+                if self.main_code is not None:
+                    env.update(self.main_code.worker_env())
                 stdout, stderr = worker_sinks(
                     config, self.outputs, local_rank, directory, base, duplicates, rank=setup.rank
                 )
@@ -395,10 +405,13 @@ class Job:
                     local_rank=local_rank, rank=setup.rank, env=env, argv=setup.argv,
                     cpus=setup.cpus, mem=setup.mem, stdout=stdout, stderr=stderr,  # type: ignore[arg-type]
                     make_dir=None if made else os.path.join(directory.path, str(local_rank)),
+                    pass_fds=() if self.main_code is None else (self.main_code.fd,),
                 ))  # fmt: skip
         except BaseException as error:  # nothing started
             close_sinks(specs)
             _close_attempt_files(stacks, duplicates)
+            if self.main_code is not None:
+                self.main_code.close()
             if isinstance(error, OSError):
                 raise setup_error(error, config) from None
             raise
@@ -417,8 +430,10 @@ class Job:
         rendezvous and its stacks."""
         from numarun.process.supervisor import Supervisor
 
-        on_failure = self._on_failure_callbacks(stacks, restart_count)
-        on_exit = stacks.on_exit if stacks is not None else None
+        # The failure path is imported before a worker's end is acted on (module docstring).
+        elastic = self.node is not None
+        on_failure = _after_import(self._on_failure_callbacks(stacks, restart_count), elastic)
+        on_exit = _after_import(stacks.on_exit if stacks is not None else None, elastic)
         if taken is not None:
             supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
         else:
@@ -445,13 +460,16 @@ class Job:
         the next standbys start as this one's workers do)."""
 
         def started() -> None:
+            if self.main_code is not None:  # while the workers' interpreters start
+                self.main_code.write(self.config.entrypoint, specs[0].env)
+                self.main_code.close()
             if running is not None:
                 running.hand_over(specs)  # the workers run from here
             if self.warm is not None:
                 if more:
                     self.warm.start()  # the next attempt's standbys
                 self.warm.watch(supervisor, running)
-            _on_started(stacks, self.node is not None)
+            _on_started(supervisor, stacks, self.node is not None)
 
         try:
             result = supervisor.run(on_started=started)
@@ -661,24 +679,44 @@ def _close_attempt_files(stacks: JobStacks | None, duplicates: tuple) -> None:
             line_filter.close()
 
 
-def _on_started(stacks: JobStacks | None, elastic: bool) -> None:
+FAILURE_PATH_DELAY = 0.25  # seconds from the workers' start to the failure path's import
+
+
+def _on_started(supervisor: Supervisor, stacks: JobStacks | None, elastic: bool) -> None:
     if stacks is not None:
         try:
             stacks.listen()
         except OSError as error:  # out of fds, say: the job runs on without the socket
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
-    _import_failure_path(elastic)
+    if elastic:
+        _import_failure_path(elastic)
+    else:
+        supervisor.call_later(FAILURE_PATH_DELAY, lambda: _import_failure_path(elastic))
+
+
+def _after_import(
+    call: Callable[[WorkerExit], None] | None, elastic: bool
+) -> Callable[[WorkerExit], None]:
+    """``call`` (or nothing), after :func:`_import_failure_path`: a supervisor's ``on_exit``
+    or ``on_failure``, so that the first worker's end is acted on with the failure path
+    imported (module docstring)."""
+
+    def after_import(ended: WorkerExit) -> None:
+        _import_failure_path(elastic)
+        if call is not None:
+            call(ended)
+
+    return after_import
 
 
 def _import_failure_path(elastic: bool) -> None:
-    """Import what acting on a failure needs, here in the main thread, once the workers
-    started (nothing delays them) and before the supervisor's loop serves its first event:
-    the stacks' parser (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang
-    watch), the summary and the error files it reads, and under a torch rendezvous the post
-    that carries this node's stacks to the others. A few milliseconds, once per launch;
-    nothing of it is imported in another thread or while a failure is handled (module
-    docstring)."""
+    """Import what acting on a failure needs, in the main thread, before any failure is acted
+    on (module docstring says when): the stacks' parser
+    (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang watch), the summary
+    and the error files it reads, and under a torch rendezvous the post that carries this
+    node's stacks to the others. A few milliseconds, once per launch (then a look in
+    ``sys.modules``); nothing of it is imported in another thread."""
     import json  # noqa: F401  (read_error_file)
 
     import numarun.launch.summary  # with launch.errorfile and stacks.parse

@@ -12,6 +12,7 @@
   plan, the ``OMP_NUM_THREADS`` of an unbound rank, each rank's memory policy proven applicable.
 - :func:`output_levels`, :func:`worker_sinks`, :func:`line_filters`, :func:`close_sinks`: where
   each rank's stdout and stderr go; :func:`setup_error`: one line when that cannot be set up.
+- :class:`MainCode`: the entry script compiled once by the launcher for all its workers.
 
 Starts nothing. The output modules (:mod:`numarun.launch.output`, :mod:`numarun.process.sinks`)
 are imported only for output that is redirected, tee'd or filtered, the binding module only for
@@ -21,6 +22,7 @@ a bound plan.
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -395,3 +397,108 @@ def _fd_limit() -> str:
         return str(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
     except (ImportError, OSError, ValueError):
         return "unknown"
+
+
+MAIN_CODE_FD_ENV = "NUMARUN_MAIN_CODE_FD"  # numarun.worker.bootstrap's, not imported here
+_MAIN_CODE_SOURCE_LIMIT = 16 * 1024 * 1024  # bytes: a larger script is compiled by each worker
+
+
+class MainCode:
+    """The entry script compiled once, here, for every worker of an attempt: without it each
+    worker's bootstrap compiles the script itself, and its first ``compile()`` of the process
+    also builds the ``ast`` module's ~120 types, a quarter of a bare interpreter's start, paid
+    by every rank while all of them start at once.
+
+    :meth:`open` makes an empty anonymous file (``memfd_create``) that each worker inherits
+    (:meth:`worker_env`: its fd in ``pass_fds``, its number in ``NUMARUN_MAIN_CODE_FD``). Once
+    the workers started, :meth:`write` compiles the script as their bootstrap would (its
+    absolute path as the file name, ``dont_inherit``, the optimization level of the workers'
+    ``PYTHONOPTIMIZE``) while their interpreters start, and writes the code object (marshal)
+    behind the header :func:`numarun.worker.bootstrap.main_code_key` describes it by, the
+    header last. A worker's bootstrap uses it only when it finds it whole and made for what it
+    would compile itself (the same bytecode, optimization level, limits, and the source it has
+    just read from the script), and else compiles the script itself: a worker that gets there
+    first, a script changed meanwhile, a compile that warns (the workers say it, as ``python``
+    would), a failed write. Each worker closes its fd before the script runs.
+
+    Only for a script run by this interpreter (``PYTHON_EXEC`` unset or the same), without
+    ``--preload`` (a standby's fds are set at its birth); never raises: without it the workers
+    compile as before."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    @classmethod
+    def open(cls, config: LaunchConfig) -> MainCode | None:
+        """A new, empty one for ``config``'s workers; None where it does not apply."""
+        if (
+            config.entrypoint_kind != "script"
+            or config.preload
+            or config.python_exec != sys.executable
+            or not hasattr(os, "memfd_create")
+        ):
+            return None
+        try:
+            return cls(os.memfd_create("numarun-main-code", os.MFD_CLOEXEC))
+        except OSError:
+            return None
+
+    def worker_env(self) -> dict[str, str]:
+        return {MAIN_CODE_FD_ENV: str(self.fd)}
+
+    def write(self, script: str, env: Mapping[str, str]) -> bool:
+        """Compile ``script`` for workers that run with ``env`` and write it; whether it was
+        written. Never raises (the workers then compile the script themselves)."""
+        try:
+            return self._write(script, env)
+        except Exception:
+            return False
+
+    def _write(self, script: str, env: Mapping[str, str]) -> bool:
+        import marshal
+        import warnings
+
+        from numarun.worker.bootstrap import main_code_key
+
+        level = _optimize_level(env.get("PYTHONOPTIMIZE", ""))
+        if level is None or self.fd < 0:
+            return False
+        # Non-blocking, and a regular file only: a path swapped for a FIFO meanwhile must not
+        # hold the launcher (the workers read it as python would).
+        with open(os.open(script, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as file:
+            info = os.fstat(file.fileno())
+            if not stat.S_ISREG(info.st_mode) or info.st_size > _MAIN_CODE_SOURCE_LIMIT:
+                return False
+            source = file.read(_MAIN_CODE_SOURCE_LIMIT + 1)
+        if len(source) > _MAIN_CODE_SOURCE_LIMIT:
+            return False
+        with warnings.catch_warnings(record=True) as said:
+            warnings.simplefilter("always")
+            code = compile(source, os.path.abspath(script), "exec", dont_inherit=True,
+                           optimize=level)  # fmt: skip
+        if said:
+            return False  # SyntaxWarning and the like: each worker's python says them
+        body = marshal.dumps(code)
+        header = main_code_key(source, level) + len(body).to_bytes(8, "little")
+        if os.pwrite(self.fd, body, len(header)) != len(body):
+            return False
+        return os.pwrite(self.fd, header, 0) == len(header)
+
+    def close(self) -> None:
+        """Close the launcher's fd (the workers have their own); idempotent."""
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            os.close(fd)
+
+
+def _optimize_level(text: str) -> int | None:
+    """The ``-O`` level ``PYTHONOPTIMIZE=text`` gives a worker (``sys.flags.optimize``): 0 when
+    empty, the number when it is one, else 1; None for a level ``compile()`` has no name for."""
+    if not text:
+        return 0
+    try:
+        level = int(text)
+    except ValueError:
+        return 1
+    return level if level in (0, 1, 2) else None
+

@@ -27,6 +27,14 @@ user's code, numarun's stack dumps are armed (:mod:`numarun.worker.dumphandler`)
 standby (``NUMARUN_STANDBY_FD`` set) first imports its modules and waits for its attempt
 (:mod:`numarun.worker.preload`); from its hand-over on, everything here is as in a cold worker.
 
+The script is compiled as ``python`` compiles it, unless the launcher did so once for all its
+workers (:class:`numarun.launch.workersetup.MainCode`, an anonymous file at fd
+``$NUMARUN_MAIN_CODE_FD``): its code is used when it is whole and made for what this
+interpreter would make of the source just read (:func:`main_code_key`), which spares every
+worker the first ``compile()`` of its process (that builds the ``ast`` module's types, about a
+quarter of a bare interpreter's start). The fd is closed before the user's code runs, whichever
+way it runs.
+
 Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
 holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
 interpreter), the built-in ``faulthandler`` and the tiny :mod:`numarun.worker.dumphandler`;
@@ -46,6 +54,7 @@ if TYPE_CHECKING:
 USAGE = "usage: python -m numarun.worker.bootstrap [--] SCRIPT [ARG...] | -m MODULE [ARG...]"
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
 STANDBY_FD_ENV = "NUMARUN_STANDBY_FD"  # numarun.worker.preload's, not imported on the cold path
+MAIN_CODE_FD_ENV = "NUMARUN_MAIN_CODE_FD"  # the launcher's compiled script (module docstring)
 
 
 def main(argv: "list[str] | None" = None) -> None:
@@ -62,6 +71,7 @@ def main(argv: "list[str] | None" = None) -> None:
     if STANDBY_FD_ENV in os.environ:  # a --preload standby: imports, then its attempt
         _standby()
     _arm_stacks()
+    code_fd = _take_fd(MAIN_CODE_FD_ENV)
     if argv[:1] == ["-m"]:
         if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
             _usage()
@@ -76,9 +86,10 @@ def main(argv: "list[str] | None" = None) -> None:
         target, args, as_module = argv[0], argv[1:], False
     try:
         if as_module:
+            _close(code_fd)
             _run_module(target, args)
         else:
-            _run_script(target, args)
+            _run_script(target, args, code_fd)
     except SystemExit:
         raise
     except BaseException as exc:
@@ -125,9 +136,10 @@ def _run_module(name: str, args: list[str]) -> None:
     runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
 
 
-def _run_script(path: str, args: list[str]) -> None:
+def _run_script(path: str, args: list[str], code_fd: int = -1) -> None:
     sys.argv = [path, *args]
     if os.path.isdir(path) or not _is_plain_file(path):
+        _close(code_fd)
         _run_path(path)
         return
     absolute = os.path.abspath(path)
@@ -135,6 +147,7 @@ def _run_script(path: str, args: list[str]) -> None:
         with open(path, "rb") as file:
             source = file.read()
     except OSError as err:
+        _close(code_fd)
         sys.stderr.write(
             f"{sys.executable}: can't open file {absolute!r}: [Errno {err.errno}] {err.strerror}\n"
         )
@@ -144,8 +157,75 @@ def _run_script(path: str, args: list[str]) -> None:
     namespace = _fresh_main()
     namespace.update(__file__=absolute, __cached__=None, __package__=None, __spec__=None)
     namespace["__loader__"] = _source_loader(absolute)
-    code = compile(source, absolute, "exec", dont_inherit=True)
+    code = _launchers_code(code_fd, source, absolute)
+    if code is None:
+        code = compile(source, absolute, "exec", dont_inherit=True)
     exec(code, namespace)
+
+
+def main_code_key(source: bytes, optimize: int) -> bytes:
+    """What code compiled from ``source`` with ``-O`` level ``optimize`` in this process is
+    good for: this interpreter's bytecode (importlib's magic number), the optimization level,
+    the digits allowed in an int literal, whether code keeps column positions, and the source
+    (importlib's hash of it). The launcher writes it ahead of the code it compiled
+    (:class:`numarun.launch.workersetup.MainCode`); a worker uses that code only when its own
+    key, for the source it read and its own ``sys.flags.optimize``, is the same."""
+    import _imp
+    from _frozen_importlib_external import MAGIC_NUMBER
+
+    digits = getattr(sys, "get_int_max_str_digits", lambda: 0)()
+    ranges = not (
+        "no_debug_ranges" in sys._xoptions
+        or (not sys.flags.ignore_environment and os.environ.get("PYTHONNODEBUGRANGES"))
+    )
+    return (
+        b"numarun main code\0"
+        + MAGIC_NUMBER
+        + bytes([optimize, ranges])
+        + digits.to_bytes(8, "little")
+        + _imp.source_hash(_SOURCE_HASH_KEY, source)
+    )
+
+
+_SOURCE_HASH_KEY = 0x6E756D61  # any constant: both sides hash with it
+
+
+def _launchers_code(fd: int, source: bytes, absolute: str) -> object:
+    """The code the launcher compiled from ``source`` for ``absolute``, from ``fd`` (closed
+    here); None when there is none, or not whole, or not made for what this interpreter would
+    compile (:func:`main_code_key`)."""
+    if fd < 0:
+        return None
+    try:
+        key = main_code_key(source, sys.flags.optimize)
+        head = os.pread(fd, len(key) + 8, 0)
+        size = int.from_bytes(head[len(key) :], "little")
+        if head[: len(key)] != key or size != os.fstat(fd).st_size - len(head):
+            return None  # not written (yet), not whole, or for another source or interpreter
+        import marshal
+
+        code = marshal.loads(os.pread(fd, size, len(head)))
+    except (OSError, ValueError, EOFError, TypeError):
+        return None
+    finally:
+        _close(fd)
+    if type(code) is not type(_launchers_code.__code__) or code.co_filename != absolute:
+        return None
+    return code
+
+
+def _take_fd(name: str) -> int:
+    # Removed from the environment: the user's program and its children never see it.
+    value = os.environ.pop(name, "")
+    return int(value) if value.isdigit() else -1
+
+
+def _close(fd: int) -> None:
+    if fd >= 0:
+        try:  # noqa: SIM105  (not contextlib.suppress: see main())
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def _is_plain_file(path: str) -> bool:
