@@ -11,12 +11,14 @@ What a failure needs is imported before any failure is acted on, in the main thr
 (:func:`_import_failure_path`): under a torch rendezvous once the workers started and before
 the supervisor's loop serves its first event; on numarun's static rendezvous, where no other
 thread runs then, :data:`FAILURE_PATH_DELAY` seconds after the workers started (not while their
-interpreters start, which its few milliseconds would slow on a machine with few cores) or when
-the first worker's end is seen, before it is acted on, whichever comes first; the same in a run
-that succeeds as in one that fails. Nothing is imported in another thread: an import in progress
-elsewhere leaves a module in ``sys.modules`` half made (creating a dataclass reads ``typing``
-from there without the import lock, and failed with ``partially initialized module 'typing' has
-no attribute 'ClassVar'`` when a background thread was importing it as a worker failed).
+interpreters start, which its few milliseconds would slow on a machine with few cores; nor at
+the first worker's end, which in a short run comes while the others still start) or at the first
+failure, before it is acted on, whichever comes first, and at the latest once the attempt ended:
+a run that succeeds imports what one that fails does. Nothing is imported in another thread: an
+import in progress elsewhere leaves a module in ``sys.modules`` half made (creating a dataclass
+reads ``typing`` from there without the import lock, and failed with ``partially initialized
+module 'typing' has no attribute 'ClassVar'`` when a background thread was importing it as a
+worker failed).
 """
 
 from __future__ import annotations
@@ -433,7 +435,7 @@ class Job:
         # The failure path is imported before a worker's end is acted on (module docstring).
         elastic = self.node is not None
         on_failure = _after_import(self._on_failure_callbacks(stacks, restart_count), elastic)
-        on_exit = _after_import(stacks.on_exit if stacks is not None else None, elastic)
+        on_exit = stacks.on_exit if stacks is not None else None
         if taken is not None:
             supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
         else:
@@ -487,6 +489,7 @@ class Job:
                     self.warm.release(running)
                 self.warm.unwatch()
         self.started = True
+        _import_failure_path(self.node is not None)  # a run that ended before the timer
         return result
 
     def _supervisor_options(self) -> dict:
@@ -698,9 +701,9 @@ def _on_started(supervisor: Supervisor, stacks: JobStacks | None, elastic: bool)
 def _after_import(
     call: Callable[[WorkerExit], None] | None, elastic: bool
 ) -> Callable[[WorkerExit], None]:
-    """``call`` (or nothing), after :func:`_import_failure_path`: a supervisor's ``on_exit``
-    or ``on_failure``, so that the first worker's end is acted on with the failure path
-    imported (module docstring)."""
+    """``call`` (or nothing), after :func:`_import_failure_path`: a supervisor's
+    ``on_failure``, so that the first failure is acted on with the failure path imported
+    (module docstring)."""
 
     def after_import(ended: WorkerExit) -> None:
         _import_failure_path(elastic)
