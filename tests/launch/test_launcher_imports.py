@@ -54,6 +54,7 @@ NOT_BEFORE_START = {
     "re", "json", "shutil", "locale", "gettext", "difflib", "subprocess", "tempfile",
     "tarfile", "logging", "numarun.launch.summary", "numarun.stacks.parse",
     "enum", "signal", "socket", "selectors", "threading", "math",
+    "numarun.stacks.channel",  # the `numarun stacks` socket opens once the workers started
 }  # fmt: skip
 # Never in a launch on numarun's static rendezvous at all.
 NEVER = {"argparse", "dataclasses", "inspect", "typing", "pathlib", "subprocess", "logging"}

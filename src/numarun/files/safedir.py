@@ -27,7 +27,7 @@ follow the same rules through :func:`replace_file`: their directory reached by
 file beside it and renamed into place, so that a write that fails never truncates what was there.
 
 The private per-user runtime directory of ``numarun stacks``
-(:func:`numarun.stacks.channel.runtime_dir`) follows the same ownership rule, stricter: it must
+(:func:`numarun.stacks.dumps.runtime_dir`) follows the same ownership rule, stricter: it must
 be the caller's own, mode 0700, not a link.
 """
 

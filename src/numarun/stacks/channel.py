@@ -35,6 +35,8 @@ import time
 from collections.abc import Callable, Sequence
 
 from numarun.errors import NumarunError, UsageError
+from numarun.stacks.dumps import RUNTIME_DIR_ENV, runtime_dir, runtime_dirs  # noqa: F401
+from numarun.stacks.dumps import check_private as _check_private
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -48,68 +50,12 @@ ANSWER_DEADLINE = 5.0  # seconds for the job to answer (a whole-job request take
 REPLY_DEADLINE = 1.0  # seconds for the client to take a small reply once it is ready
 REPLY_RATE = 4 * 1024 * 1024  # bytes per second a client is given on top, for a large reply
 CLIENT_TIMEOUT = 5.0
-RUNTIME_DIR_ENV = "NUMARUN_RUNTIME_DIR"  # one directory instead of the default places
 
 
 class JobsError(NumarunError):
     """``numarun stacks`` found no job, or the job did not answer: exit status 1."""
 
     exit_code = 1
-
-
-def runtime_dirs() -> list[str]:
-    """The places a user's job sockets may be, the one a new job uses first
-    (``$NUMARUN_RUNTIME_DIR`` alone when set)."""
-    chosen = os.environ.get(RUNTIME_DIR_ENV)
-    if chosen:
-        return [os.path.abspath(chosen)]
-    uid = os.geteuid()
-    places = []
-    runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and os.path.isabs(runtime):
-        places.append(os.path.join(runtime, "numarun"))
-    places.append(f"/tmp/numarun-{uid}")
-    return places
-
-
-def _check_private(path: str) -> None:
-    """Raise UsageError unless ``path`` is a real directory (not a symlink) owned by us with no
-    access for group or others."""
-    info = os.lstat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise UsageError(f"{path} is not a directory (a symbolic link?); remove it")
-    if info.st_uid != os.geteuid():
-        raise UsageError(
-            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
-            "numarun will not use it for its job sockets"
-        )
-    if info.st_mode & 0o077:
-        raise UsageError(
-            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
-            "make it private: chmod 700"
-        )
-
-
-def runtime_dir(*, create: bool) -> str:
-    """The directory a new job's socket and dump files go to, made (0700) and checked.
-
-    Raises UsageError (one line) when it cannot be made or fails the checks."""
-    path = runtime_dirs()[0]
-    if create:
-        parent = os.path.dirname(path)
-        try:
-            if not os.path.isdir(parent):
-                path = runtime_dirs()[-1]  # XDG_RUNTIME_DIR names a directory that is gone
-            os.mkdir(path, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as error:
-            raise UsageError(f"cannot create {path}: {error.strerror}") from None
-    try:
-        _check_private(path)
-    except FileNotFoundError:
-        raise UsageError(f"{path} does not exist") from None
-    return path
 
 
 # --- the launcher's side -------------------------------------------------------------------------

@@ -5,11 +5,13 @@ on a hang, through one :class:`numarun.process.supervisor.Supervisor` and withou
 Mechanism. Each rank's bootstrap (:mod:`numarun.worker.dumphandler`) registers :mod:`faulthandler`
 on signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
 launcher's (``<runtime dir>/<job>.d/rank<local rank>``, 0700, in the per-user directory of
-:mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file, sends signal 42
-to the rank process through :meth:`Supervisor.send_signal` (workers only, never exited ones, never
-their children: a DataLoader worker forked from a rank inherits the registration but is never
-signalled), and reads the file back. faulthandler writes from its C signal handler, so a rank
-blocked in a collective or holding the GIL answers too; nothing goes to its stdout/stderr.
+:func:`runtime_dir`, which :mod:`numarun.stacks.channel`'s job sockets share; it is here, not
+there, so that setting up a job's dumps before its workers start does not load the channel).
+To take stacks, the launcher empties a rank's file, sends signal 42 to the rank process through
+:meth:`Supervisor.send_signal` (workers only, never exited ones, never their children: a
+DataLoader worker forked from a rank inherits the registration but is never signalled), and
+reads the file back. faulthandler writes from its C signal handler, so a rank blocked in a
+collective or holding the GIL answers too; nothing goes to its stdout/stderr.
 
 Safety. Signal 42 kills by default, so it is sent only to a rank whose ``/proc/<pid>/status``
 shows it caught (``SigCgt``) -- not yet armed (interpreter start-up) or running another program
@@ -43,9 +45,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import stat
 import time
 from collections.abc import Callable, Iterable, Sequence
 
+from numarun.errors import UsageError
 from numarun.process import forkexec
 from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
@@ -55,6 +59,7 @@ if TYPE_CHECKING:
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.parse import RankStacks
 
+RUNTIME_DIR_ENV = "NUMARUN_RUNTIME_DIR"  # one directory instead of the default places
 HANG_REASON = "hang: "  # RunResult.stop_reason of a run ended by HangWatch starts with this
 HANG_EXIT_CODE = 124  # as timeout(1): "the command timed out"
 TAKE_LIMIT = 1.0  # seconds to wait for every rank's dump together
@@ -406,3 +411,61 @@ class RankDumps:
                     os.unlink(os.path.join(self.directory, name))
             with contextlib.suppress(OSError):
                 os.rmdir(self.directory)
+
+
+# --- the runtime directory: the job sockets' (numarun.stacks.channel) and the dumps' ---------
+
+
+def runtime_dirs() -> list[str]:
+    """The places a user's job sockets may be, the one a new job uses first
+    (``$NUMARUN_RUNTIME_DIR`` alone when set)."""
+    chosen = os.environ.get(RUNTIME_DIR_ENV)
+    if chosen:
+        return [os.path.abspath(chosen)]
+    uid = os.geteuid()
+    places = []
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime):
+        places.append(os.path.join(runtime, "numarun"))
+    places.append(f"/tmp/numarun-{uid}")
+    return places
+
+
+def check_private(path: str) -> None:
+    """Raise UsageError unless ``path`` is a real directory (not a symlink) owned by us with no
+    access for group or others."""
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode):
+        raise UsageError(f"{path} is not a directory (a symbolic link?); remove it")
+    if info.st_uid != os.geteuid():
+        raise UsageError(
+            f"{path} belongs to uid {info.st_uid}, not to you (uid {os.geteuid()}); "
+            "numarun will not use it for its job sockets"
+        )
+    if info.st_mode & 0o077:
+        raise UsageError(
+            f"{path} is open to other users (mode {stat.S_IMODE(info.st_mode):o}); "
+            "make it private: chmod 700"
+        )
+
+
+def runtime_dir(*, create: bool) -> str:
+    """The directory a new job's socket and dump files go to, made (0700) and checked.
+
+    Raises UsageError (one line) when it cannot be made or fails the checks."""
+    path = runtime_dirs()[0]
+    if create:
+        parent = os.path.dirname(path)
+        try:
+            if not os.path.isdir(parent):
+                path = runtime_dirs()[-1]  # XDG_RUNTIME_DIR names a directory that is gone
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError as error:
+            raise UsageError(f"cannot create {path}: {error.strerror}") from None
+    try:
+        check_private(path)
+    except FileNotFoundError:
+        raise UsageError(f"{path} does not exist") from None
+    return path

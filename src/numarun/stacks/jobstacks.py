@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 
 from numarun.errors import NumarunError
-from numarun.stacks.dumps import RankDumps
+from numarun.stacks.dumps import RankDumps, runtime_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -65,9 +65,8 @@ class JobStacks:
         hang_job: JobHang | None = None,
         scope: str = "all",
     ) -> None:
-        from numarun.stacks import channel
-
-        self.runtime_dir = channel.runtime_dir(create=True)
+        # Made here, before the workers; channel, the socket's module, only once they started.
+        self.runtime_dir = runtime_dir(create=True)
         self.name = f"{os.getpid()}-{os.urandom(4).hex()}"
         directory = None
         if python:
