@@ -48,12 +48,16 @@ sys.exit(code)
 # Never before the workers start: each costs a millisecond or more, and none is needed to start
 # them (the failure path's json and re come after, once the workers started). socket, signal,
 # selectors and threading are used through their C modules (_socket, _signal, select, _thread):
-# the Python ones build enums, or import what does, at about a millisecond each.
+# the Python ones build enums, or import what does, at about a millisecond each; contextlib,
+# functools and collections (with its keyword, operator and reprlib) cost the numarun command
+# about 3 ms together (python -m numarun has them from runpy).
 NOT_BEFORE_START = {
     "argparse", "dataclasses", "inspect", "typing", "pathlib", "ast", "dis", "tokenize",
     "re", "json", "shutil", "locale", "gettext", "difflib", "subprocess", "tempfile",
     "tarfile", "logging", "numarun.launch.summary", "numarun.stacks.parse",
     "enum", "signal", "socket", "selectors", "threading", "math",
+    "contextlib", "functools", "collections", "collections.abc", "keyword", "operator",
+    "reprlib",
     "numarun.stacks.channel",  # the `numarun stacks` socket opens once the workers started
 }  # fmt: skip
 # Never in a launch on numarun's static rendezvous at all.

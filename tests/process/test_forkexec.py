@@ -129,3 +129,29 @@ def test_the_fork_warning_filter_matches_only_numarun_s_own_fork() -> None:
         warnings.warn_explicit(message, DeprecationWarning, "user.py", 1, module="user_code")
     assert [str(w.message) for w in seen] == [message]
     assert sys.modules["numarun.process.forkexec"] is children
+
+
+def test_suppress_swallows_what_contextlib_suppress_swallows() -> None:
+    """numarun.errors.suppress stands in for contextlib.suppress on the start-up path."""
+    import contextlib
+
+    from numarun.errors import suppress
+
+    for kinds, raised in (
+        ((OSError,), FileNotFoundError("x")),
+        ((KeyError, ValueError), ValueError("x")),
+        ((OSError,), KeyError("x")),
+        ((), RuntimeError("x")),
+    ):
+        outcomes = []
+        for manager in (contextlib.suppress, suppress):
+            try:
+                with manager(*kinds):
+                    raise raised
+                outcomes.append("swallowed")
+            except BaseException as error:  # compared below
+                outcomes.append(type(error).__name__)
+        assert outcomes[0] == outcomes[1], (kinds, raised, outcomes)
+    with suppress(OSError):
+        pass  # nothing raised: nothing to do
+

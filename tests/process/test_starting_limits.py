@@ -72,7 +72,7 @@ def test_out_of_file_descriptors_at_start_is_one_line_and_leaves_nothing(
     seen_failure = False
     for workers in (3, 5, 8):
         successes = 0
-        for limit in range(6, 80):
+        for limit in range(6, 90):  # 8 workers with --tee 3 run from the upper 70s
             tmp = tmp_path / f"tmp-{workers}-{limit}"
             tmp.mkdir()
             code, stderr, left = _launch_with_fd_limit(limit, workers, flags, tmp, script)
@@ -90,7 +90,7 @@ def test_out_of_file_descriptors_at_start_is_one_line_and_leaves_nothing(
             assert len(errors) == 1, case
             assert "numarun: warning:" not in stderr, case
             assert list(tmp.iterdir()) == [], case
-        assert successes >= 2, f"{workers} workers never ran under ulimit -n < 80 {flags}"
+        assert successes >= 2, f"{workers} workers never ran under ulimit -n < 90 {flags}"
     assert seen_failure  # the sweep did reach limits too low to start
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import os
 import sys
-from collections.abc import Mapping, Sequence
 
 from numarun.cmdline.nodes import parse_nodes
 from numarun.cmdline.options import parse_int, parse_seconds, read_options, split_argv
@@ -29,6 +28,7 @@ from numarun.process import capacity
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Mapping, Sequence
 
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
 # torchrun's --signals-to-handle default: each stops the job, reaching the workers first.

@@ -14,8 +14,6 @@ for on ``sys.path`` (a plugin backend among the ``torchrun.handlers`` entry poin
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from numarun.cmdline.options import parse_int, parse_port
 from numarun.errors import UsageError
 from numarun.machine.model import Value, fill_fields
@@ -23,6 +21,7 @@ from numarun.machine.model import Value, fill_fields
 TYPE_CHECKING = False  # typing is not imported at run time: the launcher's start-up path
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Mapping
 
 DEFAULT_MULTI_NODE_PORT = 29500  # torchrun's --master-port default
 

@@ -15,14 +15,13 @@ the flag. What the values mean is :mod:`numarun.cmdline.config`'s business.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 from numarun.errors import UsageError
 from numarun.machine.model import Value, fill_fields
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Mapping, Sequence
 
 
 class _Option(Value):

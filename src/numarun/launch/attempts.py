@@ -27,7 +27,6 @@ import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESI
 import errno
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
 
 from numarun.errors import NumarunError, UsageError
 from numarun.launch.outcome import (
@@ -50,6 +49,8 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
+
     from numarun.cmdline.config import LaunchConfig
     from numarun.files.rundirs import RunDirs
     from numarun.files.safedir import Directory
@@ -132,7 +133,7 @@ class _Bounded:
     stays flat."""
 
     def __init__(self, what: str, head: int = 3, tail: int = 7) -> None:
-        from collections import deque
+        from _collections import deque  # collections.deque, without collections (DESIGN.md)
 
         self._what = what  # "earlier attempt(s)", for the line that stands for the dropped ones
         self._head: list[str] = []

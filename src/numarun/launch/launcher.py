@@ -31,7 +31,6 @@ from __future__ import annotations
 import errno
 import os
 import sys
-from collections.abc import Mapping, Sequence
 
 from numarun.cmdline.config import LaunchConfig, parse_args
 from numarun.errors import NumarunError, UsageError
@@ -40,6 +39,8 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from numarun.machine.model import Topology
     from numarun.placement.plan import Plan
 

@@ -11,12 +11,13 @@ imported only where a report needs them: a failed run, output that went to files
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 
 from numarun.files.logdir import error_file
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from numarun.cmdline.config import LaunchConfig
     from numarun.process.spec import RunResult, WorkerSpec
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 import os
 import stat
 import sys
-from collections.abc import Mapping, Sequence
 
 from numarun.errors import UsageError
 from numarun.machine.model import Value
@@ -32,6 +31,8 @@ from numarun.placement import workerenv
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
     from numarun.cmdline.config import LaunchConfig
     from numarun.files.safedir import Directory
     from numarun.placement.plan import Plan, RankBinding

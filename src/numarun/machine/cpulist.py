@@ -6,9 +6,11 @@ by ``numactl --physcpubind`` and by ``/proc/<pid>/status`` (``Cpus_allowed_list`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from numarun.errors import UsageError
+
+TYPE_CHECKING = False  # typing is not imported at run time (machine/model.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 # Above any kernel's NR_CPUS (8192 with CONFIG_MAXSMP); bounds "0-4000000000" before it becomes
 # a four-billion-element set.

@@ -20,11 +20,14 @@ from __future__ import annotations
 import ctypes
 import errno
 import os
-from collections.abc import Callable, Sequence
 
 from numarun.errors import BindingError, UsageError
 from numarun.machine.cpulist import format_cpulist, parse_cpulist
 from numarun.machine.model import Value
+
+TYPE_CHECKING = False  # typing is not imported at run time (machine/model.py)
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 MEM_MODES = ("none", "local", "preferred", "bind", "interleave")
 
@@ -177,8 +180,9 @@ def mem_policy_for(mode: str | None, nodes: Sequence[int]) -> MemPolicy | None:
 
 # --- raw system calls ------------------------------------------------------------------------
 
-SetMempolicyCall = Callable[[int, Sequence[int]], int]
-"""``(kernel mode number, nodes) -> errno`` (0 on success), for the calling thread."""
+if TYPE_CHECKING:  # a name for annotations only (collections.abc is not imported at run time)
+    SetMempolicyCall = Callable[[int, Sequence[int]], int]
+    """``(kernel mode number, nodes) -> errno`` (0 on success), for the calling thread."""
 
 
 def _build_nodemask(nodes: Sequence[int]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:

@@ -61,15 +61,15 @@ from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import _thread
-import contextlib
 import os
 import sys
-from collections.abc import Callable, Mapping, Sequence
 
+from numarun.errors import suppress
 from numarun.placement import binding
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Any
 
     from numarun.placement.binding import MemPolicy
@@ -105,7 +105,7 @@ def close(fd: int | None) -> None:
         return
     with _open_fds_lock:
         _open_fds.discard(fd)
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.close(fd)
 
 
@@ -197,7 +197,7 @@ def exec_child(
         # mask is emptied (a caller's thread that blocks SIGTERM must not make the workers
         # deaf to teardown): what came meanwhile acts now, with its default action.
         for signum in reset_signals:
-            with contextlib.suppress(OSError, ValueError):
+            with suppress(OSError, ValueError):
                 signal.signal(signum, signal.SIG_DFL)
         set_signal_mask(signal.SIG_SETMASK, ())
         os.setsid()
@@ -206,7 +206,7 @@ def exec_child(
             os._exit(_NOT_OURS_EXIT)
         if spec.make_dir is not None:
             stage = "dir"
-            with contextlib.suppress(FileExistsError):
+            with suppress(FileExistsError):
                 os.mkdir(spec.make_dir, 0o755)
         stage = "bind"
         if spec.cpus is not None or spec.mem is not None:
@@ -229,7 +229,7 @@ def exec_child(
     except BaseException as exc:
         code = getattr(exc, "errno", None) or 0
         detail = getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
-        with contextlib.suppress(BaseException):
+        with suppress(BaseException):
             os.write(error_fd, f"{stage}:{code}:{detail}".encode(errors="replace")[:4000])
     finally:
         os._exit(127)
@@ -371,13 +371,13 @@ def fork_child(
     try:
         # No lock here: another thread may have held it at fork time, and we are alone now.
         for fd in [fd for fd in _open_fds if fd not in worker_fds]:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
         # Those numbers are free now: a worker that forks in turn must not close what reuses them.
         _open_fds.clear()
         _open_fds_lock = _thread.allocate_lock()
         passed_fds[:] = spec.pass_fds
-        with contextlib.suppress(ValueError):
+        with suppress(ValueError):
             signal.set_wakeup_fd(-1)
         restore_callers_handlers()  # a forked worker runs under the caller's
         if signal_mask is not None:

@@ -53,11 +53,10 @@ builds and the ``math`` and ``collections.abc`` selectors imports) cost it about
 from __future__ import annotations
 
 import _socket
-import contextlib
 import select
 import time
 
-from numarun.errors import UsageError
+from numarun.errors import UsageError, suppress
 from numarun.process import forkexec
 
 TYPE_CHECKING = False
@@ -182,7 +181,7 @@ class Loop:
     def discard(self, fd: int) -> None:
         """Stop watching ``fd`` if it is watched."""
         if self._epoll is not None:
-            with contextlib.suppress(KeyError):
+            with suppress(KeyError):
                 self._unregister(fd)
 
     def poll(self, timeout: float | None, lanes: Container[str] | None = None) -> None:
@@ -215,7 +214,7 @@ class Loop:
     def _unregister(self, fd: int) -> None:
         assert self._epoll is not None
         del self._watches[fd]  # KeyError when not watched
-        with contextlib.suppress(OSError):  # closed already: epoll forgot it by itself
+        with suppress(OSError):  # closed already: epoll forgot it by itself
             self._epoll.unregister(fd)
 
     @property
@@ -299,7 +298,7 @@ class Loop:
     def remove_reader(self, fd: int) -> None:
         """Stop watching ``fd``; nothing happens when it is not watched."""
         if self._readers.pop(fd, None) is not None and self._epoll is not None:
-            with contextlib.suppress(KeyError):
+            with suppress(KeyError):
                 self._unregister(fd)
 
     def add_writer(self, fd: int, callback: Callable[[], None]) -> None:
@@ -314,5 +313,5 @@ class Loop:
     def remove_writer(self, fd: int) -> None:
         """Stop watching ``fd`` for writing; nothing happens when it is not watched."""
         if self._writers.pop(fd, None) is not None and self._epoll is not None:
-            with contextlib.suppress(KeyError):
+            with suppress(KeyError):
                 self._unregister(fd)

@@ -24,11 +24,15 @@ checks every :data:`FALLBACK_TICK` seconds.
 from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
-import contextlib
 import errno
 import os
 import select
-from collections.abc import Iterable, Mapping
+
+from numarun.errors import suppress
+
+TYPE_CHECKING = False  # typing is not imported at run time (machine/model.py)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
 
 FALLBACK_TICK = 0.05  # seconds between checks of a process that has no pidfd
 _NO_FD = (errno.EMFILE, errno.ENFILE)  # out of fds: a read failed, not a process gone
@@ -261,7 +265,7 @@ def send(pid: int, fd: int | None, signum: int) -> bool:
 def close_all(fds: Iterable[int | None]) -> None:
     for fd in fds:
         if fd is not None:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.close(fd)
 
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
 import sys
-from functools import partial
+from _functools import partial  # functools.partial, without functools.py (DESIGN.md)
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

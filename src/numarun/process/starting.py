@@ -52,16 +52,15 @@ to do about the limit that was reached.
 from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
-import contextlib
 import errno
 import gc
 import os
 import select
 import sys
 import time
-from functools import partial
+from _functools import partial  # functools.partial, without functools.py (DESIGN.md)
 
-from numarun.errors import BindingError, UsageError
+from numarun.errors import BindingError, UsageError, suppress
 from numarun.placement import binding
 from numarun.process import forkexec, proctable, watchdog
 from numarun.process.loop import ENDS, OUTPUT, READ, READERS, TRANSFERS
@@ -350,11 +349,11 @@ class Starter:
             # First: a caller that ignores SIGCHLD would have the kernel reap our workers at
             # once (no exit status, no zombie holding the pid), and SIG_IGN would reach them.
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-            with contextlib.suppress(ValueError):
+            with suppress(ValueError):
                 signal.set_wakeup_fd(-1)  # the supervisor's socket, closed below
             # Without these two the watchdog still works, with less coverage: orphans would go
             # to init, and the shell's kill -9 -PGID would kill the watchdog too.
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 binding.set_child_subreaper(True)
             # The workers at once: every step before them delays the job's start. The
             # supervisor's ends of our pipes are tracked fds, which forked workers close, and
@@ -364,14 +363,14 @@ class Starter:
             # write to every object of the caller's heap, copying each page of it into this
             # process (copy-on-write); the little the watchdog allocates can wait.
             gc.disable()
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.setpgid(0, 0)
             # The watchdog holds nothing of the caller's: no file, socket or terminal.
             keep = sorted({command_fd, status_fd, *checks})
             for low, high in zip([-1, *keep], [*keep, 1 << 20], strict=True):
                 if high > low + 1:
                     os.closerange(low + 1, high)
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 null = os.open(os.devnull, os.O_RDWR)
                 for target in (0, 1, 2):
                     if target not in keep and target != null:

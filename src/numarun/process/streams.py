@@ -29,7 +29,7 @@ the pipes the start made for each worker (:mod:`numarun.process.starting`), all 
 from __future__ import annotations
 
 import os
-from functools import partial
+from _functools import partial  # functools.partial, without functools.py (DESIGN.md)
 
 from numarun.process import forkexec
 from numarun.process.loop import CONSOLES, OUTPUT, READ, TRANSFERS, WRITE

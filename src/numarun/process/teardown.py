@@ -46,11 +46,11 @@ given up on.
 from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
-import contextlib
 import os
 import time
-from functools import partial
+from _functools import partial  # functools.partial, without functools.py (DESIGN.md)
 
+from numarun.errors import suppress
 from numarun.process import forkexec, proctable
 from numarun.process.loop import ENDS, OUTPUT, READ
 from numarun.process.spec import UNKILLABLE
@@ -190,7 +190,7 @@ class Teardown:
                     if signum != signal.SIGKILL:
                         proctable.send(worker.pid, worker.pidfd, signal.SIGCONT)
                     continue
-                with contextlib.suppress(ProcessLookupError):
+                with suppress(ProcessLookupError):
                     self._kill(worker.pid, signum)
                 continue
             # The watchdog keeps the worker unreaped until the run ends: its group is its own.
@@ -200,7 +200,7 @@ class Teardown:
                     groups.add(worker.pid)
                 except ProcessLookupError:
                     # Not yet a group leader (before its setsid) or its group is empty.
-                    with contextlib.suppress(ProcessLookupError):
+                    with suppress(ProcessLookupError):
                         self._kill(worker.pid, sent)
         return groups
 
@@ -269,7 +269,7 @@ class Teardown:
                     if self._default_kill:
                         proctable.send(pid, self._tracked.get(pid), sent)
                     else:
-                        with contextlib.suppress(ProcessLookupError):
+                        with suppress(ProcessLookupError):
                             self._kill(pid, sent)
             self._signalled_owned[pid] = signum
         return found

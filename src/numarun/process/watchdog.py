@@ -58,12 +58,12 @@ memory.
 from __future__ import annotations
 
 import _signal as signal  # not signal.py, whose enums cost a launch ~2 ms (DESIGN.md)
-import contextlib
 import os
 import select
 import sys
 import time
 
+from numarun.errors import suppress
 from numarun.process import forkexec
 from numarun.process.proctable import (
     FALLBACK_TICK,
@@ -185,7 +185,7 @@ class Watchdog:
 
     def _report(self, line: bytes) -> None:
         # A supervisor that died stops reading: its end of file follows on the command pipe.
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.write(self.status_fd, line)
 
     def _read_check(self, fd: int) -> None:
@@ -227,7 +227,7 @@ class Watchdog:
         live = False
         for pid in children_of_self():
             if pid not in workers:
-                with contextlib.suppress(ChildProcessError):
+                with suppress(ChildProcessError):
                     live |= os.waitpid(pid, os.WNOHANG)[0] == 0
         if self.done and not live:
             # Nothing of the run is left: below us everything descends from a live child of
@@ -238,7 +238,7 @@ class Watchdog:
     def _finish(self) -> None:
         """After ``done``: reap the workers and any zombie, and exit."""
         for pid in [*self.workers, *children_of_self()]:
-            with contextlib.suppress(ChildProcessError):
+            with suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
         os._exit(0)
 
@@ -307,7 +307,7 @@ def _ignore(signum: int, frame: object) -> None:
 
 
 def _drain(fd: int) -> None:
-    with contextlib.suppress(BlockingIOError, InterruptedError):
+    with suppress(BlockingIOError, InterruptedError):
         while os.read(fd, 4096):
             pass
 
@@ -345,7 +345,7 @@ def remove_tree(path: str) -> None:
                 os.unlink(entry.path)
         except OSError:
             pass
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.rmdir(path)
 
 
@@ -372,7 +372,7 @@ class Link:
         """The watchdog ``pid`` was just forked (it cannot have been reaped yet: it ends only
         when told, or killed), with these pipes."""
         self.pid, self.command_fd, self.status_fd = pid, command_fd, status_fd
-        with contextlib.suppress(ProcessLookupError):
+        with suppress(ProcessLookupError):
             self.pidfd = open_pidfd(pid)
             if self.pidfd is not None:
                 forkexec.track(self.pidfd)
@@ -459,7 +459,7 @@ class Link:
     def tell(self, line: bytes) -> None:
         """Write ``line`` to the watchdog; a watchdog that is gone is not told."""
         if self.command_fd is not None:
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.write(self.command_fd, line)
 
     def close_status(self) -> None:
@@ -534,7 +534,7 @@ def _reaped_within(pid: int, pidfd: int | None, limit: float) -> bool:
 
 
 def _reap(pid: int) -> None:
-    with contextlib.suppress(ChildProcessError):
+    with suppress(ChildProcessError):
         os.waitpid(pid, 0)
 
 

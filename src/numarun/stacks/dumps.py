@@ -43,18 +43,18 @@ in the rank; ``benchmarks/bench_stacks.py`` measures the launcher's CPU.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import stat
 import time
-from collections.abc import Callable, Iterable, Sequence
 
-from numarun.errors import UsageError
+from numarun.errors import UsageError, suppress
 from numarun.process import forkexec
 from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Sequence
+
     from numarun.process.spec import WorkerExit
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.parse import RankStacks
@@ -407,9 +407,9 @@ class RankDumps:
                 state.fd = None
         if self.directory is not None:
             for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-                with contextlib.suppress(OSError):
+                with suppress(OSError):
                     os.unlink(os.path.join(self.directory, name))
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.rmdir(self.directory)
 
 

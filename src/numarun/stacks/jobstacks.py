@@ -17,17 +17,16 @@ another node's notice take the dumps with :meth:`numarun.stacks.dumps.RankDumps.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
 
-from numarun.errors import NumarunError
+from numarun.errors import NumarunError, suppress
 from numarun.stacks.dumps import RankDumps, runtime_dir
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable, Mapping, Sequence
     from typing import Any
 
     from numarun.process.spec import WorkerExit
@@ -38,7 +37,7 @@ if TYPE_CHECKING:
     from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
 
-Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
+    Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
 
 
 class JobStacks:
@@ -76,7 +75,7 @@ class JobStacks:
             self.dumps = RankDumps(ranks, directory)
         except BaseException:
             if directory is not None:
-                with contextlib.suppress(OSError):  # gone already: RankDumps.close removed it
+                with suppress(OSError):  # gone already: RankDumps.close removed it
                     os.rmdir(directory)
             raise
         self.describe = {**describe, "name": self.name, "pid": os.getpid(),
@@ -135,7 +134,7 @@ class JobStacks:
         (at most :data:`TAKE_LIMIT` seconds)."""
         self.dumps.note_exit(ended)
         others = [r for r in self.dumps.live() if r != ended.local_rank]
-        with contextlib.suppress(OSError):  # no stacks then: the teardown must go on
+        with suppress(OSError):  # no stacks then: the teardown must go on
             self.at_failure = (ended, self.dumps.take(others) if others else [])
 
     def take_async(self, done: Callable[[list[Raw]], None]) -> None:
