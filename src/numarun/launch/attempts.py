@@ -441,7 +441,8 @@ class Job:
             supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
         else:
             supervisor = Supervisor(
-                specs, on_failure=on_failure, on_exit=on_exit, **self._supervisor_options()
+                specs, on_failure=on_failure, on_exit=on_exit, on_forked=self._write_main_code,
+                **self._supervisor_options(),
             )
         if self.node is not None:
             self.node.begin_watch(supervisor)  # the store thread
@@ -463,9 +464,6 @@ class Job:
         the next standbys start as this one's workers do)."""
 
         def started() -> None:
-            if self.main_code is not None:  # while the workers' interpreters start
-                self.main_code.write(self.config.entrypoint, specs[0].env)
-                self.main_code.close()
             if running is not None:
                 running.hand_over(specs)  # the workers run from here
             if self.warm is not None:
@@ -492,6 +490,13 @@ class Job:
         self.started = True
         _import_failure_path(self.node is not None)  # a run that ended before the timer
         return result
+
+    def _write_main_code(self) -> None:
+        """The supervisor's ``on_forked``: the script compiled for the workers (and the fd
+        closed) as the watchdog forks them, well before they get to it."""
+        if self.main_code is not None:
+            self.main_code.write(self.config.entrypoint, self.base)
+            self.main_code.close()
 
     def _supervisor_options(self) -> dict:
         """What every supervisor of this job is made with, cold or standby."""

@@ -411,10 +411,11 @@ class MainCode:
     by every rank while all of them start at once.
 
     :meth:`open` makes an empty anonymous file (``memfd_create``) that each worker inherits
-    (:meth:`worker_env`: its fd in ``pass_fds``, its number in ``NUMARUN_MAIN_CODE_FD``). Once
-    the workers started, :meth:`write` compiles the script as their bootstrap would (its
-    absolute path as the file name, ``dont_inherit``, the optimization level of the workers'
-    ``PYTHONOPTIMIZE``) while their interpreters start, and writes the code object (marshal)
+    (:meth:`worker_env`: its fd in ``pass_fds``, its number in ``NUMARUN_MAIN_CODE_FD``). As the
+    watchdog forks them (the supervisor's ``on_forked``), :meth:`write` compiles the script as
+    their bootstrap would (its absolute path as the file name, ``dont_inherit``, the
+    optimization level of the workers' ``PYTHONOPTIMIZE``), well before their interpreters
+    have started, and writes the code object (marshal)
     behind the header :func:`numarun.worker.bootstrap.main_code_key` describes it by, the
     header last. A worker's bootstrap uses it only when it finds it whole and made for what it
     would compile itself (the same bytecode, optimization level, limits, and the source it has

@@ -213,6 +213,7 @@ class Starter:
         on_exit: Callable[[Worker], None],
         teardown_signals: Sequence[int] = (),
         early_signals: list[int] | None = None,
+        on_forked: Callable[[], None] | None = None,
     ) -> None:
         self._specs = specs
         self._workers = workers
@@ -228,6 +229,7 @@ class Starter:
         self._watch_pipes = watch_pipes
         self._on_status = on_status
         self._on_exit = on_exit
+        self._on_forked = on_forked
         self._teardown_signals = frozenset(teardown_signals)
         # Signals read while the workers start, for the supervisor's next wait().
         self.early_signals = [] if early_signals is None else early_signals
@@ -319,6 +321,8 @@ class Starter:
         self._loop.watch(status_r, READ, self._on_status, ENDS)
         forked = [w for w in self._workers if w.spec.start != "forkserver"]
         try:
+            if self._on_forked is not None:
+                self._on_forked()  # while the watchdog forks the workers
             # Waiting first lets the watchdog run at once where the CPUs are busy; our copies
             # of the workers' ends of their pipes can be closed afterwards.
             words = self._status_line(time.monotonic() + _START_LIMIT).split()

@@ -179,7 +179,12 @@ class Supervisor:
     job started with SIGINT ignored still stops on an explicit ``kill -INT``).
     ``on_failure(exit)`` is called from the loop once, when the first failure is observed and
     before the others are signalled (say, to take the other workers' stacks); it blocks the
-    loop while it runs, so it must bound its own time.
+    loop while it runs, so it must bound its own time. ``on_forked()`` is called once by
+    :meth:`start`, right after it forked the watchdog and before it waits for it: what the
+    workers will want early can be made there, while the watchdog forks them and they start
+    (the launcher compiles their script); it must bound its own time, and what it raises
+    propagates from :meth:`start` as any failed start's error does (the workers already
+    forked killed).
 
     Callers extend the loop without threads: :meth:`call_every` (timers), :meth:`call_later`,
     :meth:`add_reader` / :meth:`add_writer` (an fd of the caller's, such as a listening socket,
@@ -207,6 +212,7 @@ class Supervisor:
         keep_ignored: Sequence[int] | None = None,
         on_failure: Callable[[WorkerExit], None] | None = None,
         remove_if_killed: str | None = None,
+        on_forked: Callable[[], None] | None = None,
     ) -> None:
         check_arguments(specs, grace_period, kill_wait, teardown_signals, forward_signals)
         self.grace_period = float(grace_period)
@@ -217,6 +223,7 @@ class Supervisor:
         self._is_failure = is_failure
         self._on_exit = on_exit
         self._on_failure = on_failure
+        self._on_forked = on_forked
         self._kill_on_death = use_watchdog
         self._remove_if_killed = remove_if_killed
         self._relay_signal = relay_signal
@@ -682,6 +689,7 @@ def _starter(run: Supervisor) -> Starter:
         on_exit=run._check_exit,
         teardown_signals=run._teardown_signals,
         early_signals=run._early_signals,
+        on_forked=run._on_forked,
     )
 
 

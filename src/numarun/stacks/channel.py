@@ -27,19 +27,18 @@ dump directory. Names carry a random part, so a stale name is never reused by a 
 from __future__ import annotations
 
 import _socket
-import contextlib
 import os
 import stat
 import sys
 import time
-from collections.abc import Callable, Sequence
 
-from numarun.errors import NumarunError, UsageError
+from numarun.errors import NumarunError, UsageError, suppress
 from numarun.stacks.dumps import RUNTIME_DIR_ENV, runtime_dir, runtime_dirs  # noqa: F401
 from numarun.stacks.dumps import check_private as _check_private
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
     from numarun.process.supervisor import Supervisor
 
@@ -121,7 +120,7 @@ class JobServer:
             self._sock.setblocking(False)
         except BaseException:
             self._sock.close()
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.unlink(self.path)
             raise
         forkexec.track(self._sock.fileno())  # forked workers close it
@@ -226,7 +225,7 @@ class JobServer:
         connection.deadline = time.monotonic() + REPLY_DEADLINE + len(data) / REPLY_RATE
         self._write(connection)
         if connection.sock.fileno() >= 0 and self._supervisor is not None:
-            with contextlib.suppress(Exception):
+            with suppress(Exception):
                 self._supervisor.add_writer(fd, lambda: self._write(connection))
 
     def _write(self, connection: _Connection) -> None:
@@ -255,7 +254,7 @@ class JobServer:
                 supervisor.remove_reader(self._sock.fileno())
             forkexec.close_untracked(self._sock.fileno())
             self._sock.close()
-        with contextlib.suppress(OSError):
+        with suppress(OSError):
             os.unlink(self.path)
 
 
@@ -305,14 +304,14 @@ def ask(path: str, op: str, timeout: float = CLIENT_TIMEOUT, **fields: str) -> d
 
 def _remove_stale(directory: str, name: str) -> None:
     """Remove a dead launcher's socket and its dump directory (files only, no symlinks)."""
-    with contextlib.suppress(OSError):
+    with suppress(OSError):
         os.unlink(os.path.join(directory, f"{name}.sock"))
     dumps = os.path.join(directory, f"{name}.d")
     try:
         if not stat.S_ISDIR(os.lstat(dumps).st_mode):
             return
         for entry in os.listdir(dumps):
-            with contextlib.suppress(OSError):
+            with suppress(OSError):
                 os.unlink(os.path.join(dumps, entry))
         os.rmdir(dumps)
     except OSError:
