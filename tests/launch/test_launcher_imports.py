@@ -57,7 +57,7 @@ NOT_BEFORE_START = {
     "tarfile", "logging", "numarun.launch.summary", "numarun.stacks.parse",
     "enum", "signal", "socket", "selectors", "threading", "math",
     "contextlib", "functools", "collections", "collections.abc", "keyword", "operator",
-    "reprlib",
+    "reprlib", "ctypes", "struct",  # binding's few ctypes types come from _ctypes
     "numarun.stacks.channel",  # the `numarun stacks` socket opens once the workers started
 }  # fmt: skip
 # Never in a launch on numarun's static rendezvous at all.

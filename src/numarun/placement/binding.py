@@ -2,7 +2,7 @@
 
 This is the only module that calls ``sched_setaffinity``, ``set_mempolicy`` and ``prctl``, and the
 only one with NUMA system calls at all. Memory policy goes through the raw ``set_mempolicy(2)`` /
-``get_mempolicy(2)`` system calls via :mod:`ctypes` (no libnuma, no numactl); :func:`bind_range`
+``get_mempolicy(2)`` system calls via ctypes (no libnuma, no numactl); :func:`bind_range`
 (``mbind(2)``) and :func:`query_pages` (``move_pages(2)`` in query mode) serve ``numarun check``'s
 probe, a policy on one buffer and where its pages are. Everything :func:`apply_in_child` touches
 (the C library handle, the function pointers, the syscall numbers) is prepared when this module is
@@ -17,7 +17,7 @@ and the CPU affinity per thread, so the caller's threads are untouched.
 
 from __future__ import annotations
 
-import ctypes
+import _ctypes
 import errno
 import os
 
@@ -80,29 +80,71 @@ _SYSCALLS_32 = {
     "aarch64": (321, 320, 319, 344),
 }
 
-_PAGE_BITS = 4096 * 8  # the kernel refuses node masks longer than one page
-_ULONG_BITS = ctypes.sizeof(ctypes.c_ulong) * 8
+
+# ctypes' fundamental types and C function class, made from _ctypes the way ctypes/__init__.py
+# makes them: importing ctypes itself (its sixty-odd classes, struct, ctypes._endian) cost every
+# launch's start-up about 1.2 ms (5M instructions) for the five types and two C functions this
+# module needs, and this module is on that path (every worker's prctl).
+class c_int(_ctypes._SimpleCData):
+    _type_ = "i"
 
 
-def _load_libc() -> ctypes.CDLL | None:
+class c_uint(_ctypes._SimpleCData):
+    _type_ = "I"
+
+
+class c_long(_ctypes._SimpleCData):
+    _type_ = "l"
+
+
+class c_ulong(_ctypes._SimpleCData):
+    _type_ = "L"
+
+
+class c_void_p(_ctypes._SimpleCData):
+    _type_ = "P"
+
+
+byref = _ctypes.byref
+get_errno = _ctypes.get_errno
+
+
+class _CFunction(_ctypes.CFuncPtr):
+    """A C function of this process's own symbols, keeping ``errno`` for :func:`get_errno`:
+    a function of ``ctypes.CDLL(None, use_errno=True)``."""
+
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = c_int
+
+
+class _Symbols:
+    """Where :class:`_CFunction` looks its name up: the program and the libraries it loaded
+    (``dlopen(NULL)``, as ``ctypes.CDLL(None)``)."""
+
+    def __init__(self) -> None:
+        self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
+
+
+def _c_function(name: str, restype: type) -> _CFunction | None:
     try:
-        return ctypes.CDLL(None, use_errno=True)
-    except OSError:
+        function = _CFunction((name, _Symbols()))
+    except (AttributeError, OSError):  # no such symbol, or no dlopen
         return None
+    function.restype = restype
+    return function
+
+
+_PAGE_BITS = 4096 * 8  # the kernel refuses node masks longer than one page
+_ULONG_BITS = _ctypes.sizeof(c_ulong) * 8
 
 
 def _syscall_numbers() -> tuple[int, int, int, int] | None:
-    table = _SYSCALLS_64 if ctypes.sizeof(ctypes.c_void_p) == 8 else _SYSCALLS_32
+    table = _SYSCALLS_64 if _ctypes.sizeof(c_void_p) == 8 else _SYSCALLS_32
     return table.get(os.uname().machine)
 
 
-_LIBC = _load_libc()
-_SYSCALL = getattr(_LIBC, "syscall", None)
-if _SYSCALL is not None:
-    _SYSCALL.restype = ctypes.c_long
-_PRCTL = getattr(_LIBC, "prctl", None)
-if _PRCTL is not None:
-    _PRCTL.restype = ctypes.c_int
+_SYSCALL = _c_function("syscall", c_long)
+_PRCTL = _c_function("prctl", c_int)
 _NUMBERS = _syscall_numbers()
 _NR_SET_MEMPOLICY = _NUMBERS[0] if _NUMBERS else -1
 _NR_GET_MEMPOLICY = _NUMBERS[1] if _NUMBERS else -1
@@ -111,7 +153,7 @@ _NR_MOVE_PAGES = _NUMBERS[3] if _NUMBERS else -1
 _MEMPOLICY_SUPPORTED = _SYSCALL is not None and _NUMBERS is not None
 
 # Node masks built in the parent (by check_mem_policy) so that the child only looks them up.
-_NODEMASKS: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_ulong], int]] = {}
+_NODEMASKS: dict[tuple[int, ...], tuple[_ctypes.Array, int]] = {}
 
 
 class MemPolicy(Value):
@@ -185,16 +227,16 @@ if TYPE_CHECKING:  # a name for annotations only (collections.abc is not importe
     """``(kernel mode number, nodes) -> errno`` (0 on success), for the calling thread."""
 
 
-def _build_nodemask(nodes: Sequence[int]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
+def _build_nodemask(nodes: Sequence[int]) -> tuple[_ctypes.Array, int]:
     words = max(nodes) // _ULONG_BITS + 1
-    mask = (ctypes.c_ulong * words)()
+    mask = (c_ulong * words)()
     for node in nodes:
         mask[node // _ULONG_BITS] |= 1 << (node % _ULONG_BITS)
     # The kernel reads maxnode - 1 bits (a long-standing off-by-one that libnuma also pads for).
     return mask, words * _ULONG_BITS + 1
 
 
-def _nodemask(nodes: tuple[int, ...]) -> tuple[ctypes.Array[ctypes.c_ulong], int]:
+def _nodemask(nodes: tuple[int, ...]) -> tuple[_ctypes.Array, int]:
     found = _NODEMASKS.get(nodes)
     if found is None:
         found = _build_nodemask(nodes)
@@ -209,19 +251,19 @@ def _raw_set_mempolicy(mode: int, nodes: Sequence[int]) -> int:
     if nodes:
         mask, maxnode = _nodemask(tuple(nodes))
         result = _SYSCALL(
-            ctypes.c_long(_NR_SET_MEMPOLICY),
-            ctypes.c_long(mode),
-            ctypes.byref(mask),
-            ctypes.c_ulong(maxnode),
+            c_long(_NR_SET_MEMPOLICY),
+            c_long(mode),
+            byref(mask),
+            c_ulong(maxnode),
         )
     else:
         result = _SYSCALL(
-            ctypes.c_long(_NR_SET_MEMPOLICY),
-            ctypes.c_long(mode),
-            ctypes.c_void_p(None),
-            ctypes.c_ulong(0),
+            c_long(_NR_SET_MEMPOLICY),
+            c_long(mode),
+            c_void_p(None),
+            c_ulong(0),
         )
-    return ctypes.get_errno() if result != 0 else 0
+    return get_errno() if result != 0 else 0
 
 
 def _kernel_mode(policy: MemPolicy) -> int:
@@ -247,19 +289,19 @@ def get_mem_policy() -> tuple[str, tuple[int, ...]]:
         )
     bits = 1024
     while True:
-        mode = ctypes.c_int(0)
-        mask = (ctypes.c_ulong * (bits // _ULONG_BITS))()
+        mode = c_int(0)
+        mask = (c_ulong * (bits // _ULONG_BITS))()
         result = _SYSCALL(
-            ctypes.c_long(_NR_GET_MEMPOLICY),
-            ctypes.byref(mode),
-            ctypes.byref(mask),
-            ctypes.c_ulong(bits + 1),
-            ctypes.c_void_p(None),
-            ctypes.c_ulong(0),
+            c_long(_NR_GET_MEMPOLICY),
+            byref(mode),
+            byref(mask),
+            c_ulong(bits + 1),
+            c_void_p(None),
+            c_ulong(0),
         )
         if result == 0:
             break
-        err = ctypes.get_errno()
+        err = get_errno()
         # EINVAL here means the mask is shorter than the kernel's possible nodes.
         if err != errno.EINVAL or bits >= _PAGE_BITS:
             raise OSError(err, f"get_mempolicy failed: {os.strerror(err)}")
@@ -294,16 +336,16 @@ def bind_range(address: int, size: int, node: int) -> None:
         raise OSError(errno.ENOSYS, f"no mbind syscall number for {os.uname().machine}")
     mask, maxnode = _build_nodemask((node,))
     result = _SYSCALL(
-        ctypes.c_long(_NR_MBIND),
-        ctypes.c_void_p(address),
-        ctypes.c_ulong(size),
-        ctypes.c_long(MPOL_BIND),
-        ctypes.byref(mask),
-        ctypes.c_ulong(maxnode),
-        ctypes.c_uint(0),
+        c_long(_NR_MBIND),
+        c_void_p(address),
+        c_ulong(size),
+        c_long(MPOL_BIND),
+        byref(mask),
+        c_ulong(maxnode),
+        c_uint(0),
     )
     if result != 0:
-        err = ctypes.get_errno()
+        err = get_errno()
         raise OSError(err, f"mbind to node {node} failed: {os.strerror(err)}")
 
 
@@ -319,19 +361,19 @@ def query_pages(address: int, size: int) -> dict[int, int]:
     counts: dict[int, int] = {}
     for start in range(0, count, _QUERY_CHUNK):
         chunk = min(_QUERY_CHUNK, count - start)
-        pages = (ctypes.c_void_p * chunk)(*(first + (start + i) * page for i in range(chunk)))
-        status = (ctypes.c_int * chunk)()
+        pages = (c_void_p * chunk)(*(first + (start + i) * page for i in range(chunk)))
+        status = (c_int * chunk)()
         result = _SYSCALL(
-            ctypes.c_long(_NR_MOVE_PAGES),
-            ctypes.c_int(0),
-            ctypes.c_ulong(chunk),
+            c_long(_NR_MOVE_PAGES),
+            c_int(0),
+            c_ulong(chunk),
             pages,
-            ctypes.c_void_p(None),
+            c_void_p(None),
             status,
-            ctypes.c_int(0),
+            c_int(0),
         )
         if result < 0:
-            err = ctypes.get_errno()
+            err = get_errno()
             raise OSError(err, f"move_pages failed: {os.strerror(err)}")
         for value in status:
             counts[value] = counts.get(value, 0) + 1
@@ -591,10 +633,10 @@ def _prctl(option: int, argument: object) -> int:
     if _PRCTL is None:
         raise OSError(errno.ENOSYS, "prctl is not available on this system")
     result = _PRCTL(
-        ctypes.c_int(option), argument, ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)
+        c_int(option), argument, c_ulong(0), c_ulong(0), c_ulong(0)
     )
     if result < 0:
-        err = ctypes.get_errno()
+        err = get_errno()
         raise OSError(err, f"prctl({option}) failed: {os.strerror(err)}")
     return result
 
@@ -612,22 +654,22 @@ def set_parent_death_signal(signum: int, *, expected_parent: int | None = None) 
     process sends ``signum`` to itself at once. Raises :class:`OSError` on an invalid signal
     (EINVAL) or where ``prctl`` does not exist (ENOSYS).
     """
-    _prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signum))
+    _prctl(PR_SET_PDEATHSIG, c_ulong(signum))
     if expected_parent is not None and signum and os.getppid() != expected_parent:
         os.kill(os.getpid(), signum)
 
 
 def get_parent_death_signal() -> int:
     """The calling process's parent-death signal (``PR_GET_PDEATHSIG``); 0 when none is set."""
-    value = ctypes.c_int(0)
-    _prctl(PR_GET_PDEATHSIG, ctypes.byref(value))
+    value = c_int(0)
+    _prctl(PR_GET_PDEATHSIG, byref(value))
     return value.value
 
 
 def is_child_subreaper() -> bool:
     """Whether the calling process is a child subreaper (``PR_GET_CHILD_SUBREAPER``)."""
-    value = ctypes.c_int(0)
-    _prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(value))
+    value = c_int(0)
+    _prctl(PR_GET_CHILD_SUBREAPER, byref(value))
     return bool(value.value)
 
 
@@ -640,7 +682,7 @@ def set_child_subreaper(enabled: bool) -> bool:
     where ``prctl`` fails or does not exist.
     """
     previous = is_child_subreaper()
-    _prctl(PR_SET_CHILD_SUBREAPER, ctypes.c_ulong(1 if enabled else 0))
+    _prctl(PR_SET_CHILD_SUBREAPER, c_ulong(1 if enabled else 0))
     return previous
 
 
