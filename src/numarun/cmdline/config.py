@@ -534,12 +534,15 @@ def _signals(text: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     the job even when left out, and SIGUSR1/SIGUSR2, unless listed, are forwarded to the
     workers and the job goes on (Slurm's preemption notice).
     """
+    from numarun.process.spec import signal_numbers
+
+    numbers = signal_numbers()
     teardown = list(ALWAYS_TEARDOWN)
     for item in (DEFAULT_SIGNALS_TO_HANDLE if text is None else text).split(","):
         name = item.strip().upper()
         if not name:
             continue
-        signum = _signal_number(name)
+        signum = _signal_number(name, numbers)
         if signum in (signal.SIGKILL, signal.SIGSTOP):
             raise UsageError(f"--signals-to-handle: {name} cannot be caught")
         if signum == signal.SIGCHLD:
@@ -550,10 +553,7 @@ def _signals(text: str | None) -> tuple[tuple[int, ...], tuple[int, ...]]:
     return tuple(int(s) for s in teardown), tuple(int(s) for s in forward)
 
 
-def _signal_number(name: str) -> int:
-    from numarun.process.spec import signal_numbers
-
-    numbers = signal_numbers()
+def _signal_number(name: str, numbers: Mapping[str, int]) -> int:
     if name.isdigit():
         if int(name) in numbers.values():
             return int(name)
