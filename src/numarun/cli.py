@@ -390,10 +390,12 @@ def _leave(code: int) -> int:
     threads are still inside torch's store calls (a store that stopped answering): a daemon
     thread that returns from C++ while the interpreter finalizes aborts the process
     (``terminate called without an active exception``) instead of exiting with ``code``."""
+    if "torch" not in sys.modules:
+        return code  # no torch, no thread of its (threading is not imported for nothing)
     import contextlib
     import threading
 
-    if "torch" not in sys.modules or threading.active_count() <= 1:
+    if threading.active_count() <= 1:
         return code
     if threading.current_thread() is not threading.main_thread():
         return code

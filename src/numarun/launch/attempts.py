@@ -725,10 +725,24 @@ def _import_failure_path(elastic: bool) -> None:
     (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang watch), the summary
     and the error files it reads, and under a torch rendezvous the post that carries this
     node's stacks to the others. A few milliseconds, once per launch (then a look in
-    ``sys.modules``); nothing of it is imported in another thread."""
+    ``sys.modules``); nothing of it is imported in another thread.
+
+    The first time, what was imported since the start-up's ``gc.freeze()`` (these modules, and
+    the few the workers' start brought) is frozen too: it lives until exit as the start-up's
+    objects do, and the collection at interpreter exit would otherwise walk it, milliseconds
+    between a failure and the launcher's exit."""
+    global _failure_path_imported
     import json  # noqa: F401  (read_error_file)
 
     import numarun.launch.summary  # with launch.errorfile and stacks.parse
 
     if elastic:
         import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)
+    if not _failure_path_imported:
+        _failure_path_imported = True
+        import gc
+
+        gc.freeze()
+
+
+_failure_path_imported = False
