@@ -13,6 +13,10 @@ Every mode first writes its environment to DIR/env.<RANK>.<TORCHELASTIC_RESTART_
 * ``fail-after``: all_reduce and report, then a worker whose environment has EL_FAIL=1
   writes DIR/failed (its time.time()) and exits 3; every other worker waits forever, as one
   blocked in a collective whose peer is gone.
+* ``finish-or-fail``: no torch; a worker whose environment has EL_FAIL=1 waits until another
+  worker wrote DIR/finished, two seconds more (its launcher is in the exit barrier), then
+  writes DIR/failed ("<time.time()> <RANK>") and exits 3; every other worker reports, writes
+  DIR/finished and exits 0.
 
 The report is one JSON line on stdout: {"rank", "world_size", "sum", "restart", "pid"}.
 """
@@ -94,5 +98,14 @@ elif mode == "fail-after":
         write("failed", repr(time.time()))
         os._exit(3)
     wait_forever()
+elif mode == "finish-or-fail":
+    if os.environ.get("EL_FAIL") == "1":
+        while not os.path.exists(os.path.join(out_dir, "finished")):
+            time.sleep(0.05)
+        time.sleep(2.0)
+        write("failed", f"{time.time()!r} {rank}")
+        os._exit(3)
+    report(None)
+    write("finished", "")
 else:
     raise SystemExit(f"unknown mode {mode!r}")

@@ -289,6 +289,8 @@ class Job:
                     warning = self.node.finish(succeeded=True)
                     if self.node.verdict is not None:  # the job hung while this node waited
                         _hung_after(attempt, *self.node.verdict)
+                    elif self.node.ended_elsewhere is not None:
+                        return self._failed_elsewhere(attempt, self.node.ended_elsewhere)
                     elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
@@ -308,6 +310,17 @@ class Job:
                 )
             if self.node is None and config.master_port is None:
                 port = workerenv.free_port()  # the old store's port may still be held
+
+    def _failed_elsewhere(self, attempt: _Attempt, why: str) -> int:
+        """This node's ranks all finished, and the job failed on another node (``why``: its
+        notice, or the rendezvous closed): one line, exit status 1 (docs/differences.md: the
+        job's outcome, whichever node's status a scheduler reads)."""
+        line = f"the job failed after this node's ranks finished: {why}"
+        attempt.line = f"{attempt.name}: {line}"
+        self.report(attempt)
+        sys.stderr.write(f"numarun: {line}\n")
+        sys.stderr.flush()
+        return 1
 
     def _announce(self, message: str) -> None:
         # Fire-and-forget from a helper thread, waited for at most a second: a store that

@@ -48,10 +48,23 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
-from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
+from numarun.rendezvous.exitbarrier import (
+    ANNOUNCE_WAIT,
+    EXIT_BARRIER_TIMEOUT,
+    ExitBarrier,
+    barrier_passed,
+)
 from numarun.rendezvous.liveness import Heartbeats
 from numarun.rendezvous.round import Round, WorkerPlace
-from numarun.rendezvous.storeops import Conn, Forged, first_line, root_cause, run_blocking
+from numarun.rendezvous.storeops import (
+    Conn,
+    Forged,
+    first_line,
+    root_cause,
+    run_blocking,
+    store_error,
+    store_gone,
+)
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
 from numarun.rendezvous.storewatch import (
     ALIVE_KEY,
@@ -164,7 +177,8 @@ class ElasticNode:
         # left the round they were posted in.
         self._posted: list[tuple[Any, str]] = []
         self._ended: list[WatchedRound] = []
-        self._in_barrier = False
+        self._barrier: ExitBarrier | None = None  # while this node waits in it
+        self.ended_elsewhere: str | None = None  # why the job ended on another node (finish)
         self.watched_round: WatchedRound | None = None  # the round the thread watches now
         self._last_round: WatchedRound | None = None
         self._round_started = 0.0
@@ -306,7 +320,8 @@ class ElasticNode:
         )
         self.change = None
         self._announced = False
-        self._in_barrier = False
+        self._barrier = None
+        self.ended_elsewhere = None
         self._round_started = time.monotonic()
         self.heartbeats.watch_neighbour(info.rank, info.world_size, self._round_started)
         return self.round
@@ -367,14 +382,11 @@ class ElasticNode:
         self.watched_round = None
 
     def _look(self, round_: WatchedRound) -> list[Result]:
-        """In the store thread, every look interval: results for :meth:`_on_result`. In the
-        exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
-        which torch's handler would wait behind."""
+        """In the store thread, every look interval: results for :meth:`_on_result` (in the
+        exit barrier, :meth:`_look_in_barrier`'s)."""
         heartbeats = self.heartbeats
-        if self._in_barrier:
-            if heartbeats.due():
-                heartbeats.beat(round_)
-            return []
+        if self._barrier is not None:
+            return self._look_in_barrier(round_)
         if self.change is not None:
             return []
         waiting = self._handler.num_nodes_waiting()
@@ -389,18 +401,44 @@ class ElasticNode:
         if waiting > 0:
             return [Change(REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
         if silent is not None:
-            message = (
-                f"node {silent} stopped answering (no heartbeat for "
-                f"{heartbeats.silence_limit:g} s: its launcher is gone)"
-            )
-            assert round_.conn is not None
-            body = notice_body(self._notice_text(message))
-            key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
-            if key is not None:
-                round_.shared.append(key)
-            self._announced = True
-            return [Change(REJOIN, message)]
+            return [Change(REJOIN, self._announce_silent(round_, silent))]
         return []
+
+    def _look_in_barrier(self, round_: WatchedRound) -> list[Result]:
+        """Item 1 of issue 32: while this node waits in the exit barrier, what ends the job
+        elsewhere ends the wait (:meth:`ExitBarrier.wait`): the rendezvous closed by another
+        node (a torchrun node's final failure posts no notice), looked at only while torch's
+        barrier waits on a connection of its own (torch's handler would wait behind it), or
+        the next node silent; neither once every node arrived in the barrier (then the closer,
+        or the silent one, finished well)."""
+        heartbeats, barrier = self.heartbeats, self._barrier
+        silent = None
+        if heartbeats.due():
+            heartbeats.beat(round_)
+            silent = heartbeats.silent_neighbour(round_)
+        closed = barrier is not None and barrier.apart and self._handler.is_closed()
+        assert round_.conn is not None
+        if not (closed or silent is not None) or barrier_passed(round_.conn):
+            return []
+        if closed:
+            return [Change(END, f"{self.where} was closed by another node")]
+        assert silent is not None
+        return [Change(END, self._announce_silent(round_, silent))]
+
+    def _announce_silent(self, round_: WatchedRound, silent: int) -> str:
+        """In the store thread: tell every node that node ``silent`` stopped beating; the
+        line said."""
+        message = (
+            f"node {silent} stopped answering (no heartbeat for "
+            f"{self.heartbeats.silence_limit:g} s: its launcher is gone)"
+        )
+        assert round_.conn is not None
+        body = notice_body(self._notice_text(message))
+        key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
+        if key is not None:
+            round_.shared.append(key)
+        self._announced = True
+        return message
 
     def _on_event(self, round_: WatchedRound, number: int, value: bytes) -> None:
         """In the store thread, event ``number`` of the round: ``stop`` (another node's
@@ -445,13 +483,17 @@ class ElasticNode:
         return notice
 
     def _on_result(self, result: Result) -> None:
-        """In the supervisor's loop: what the store thread found."""
+        """In the supervisor's loop: what the store thread found. Another node's notice, or
+        the rendezvous closed, is kept in :attr:`ended_elsewhere` too: when this node's ranks
+        had all finished meanwhile, :meth:`finish` does not wait for the others."""
         if isinstance(result, Change):
+            if result.kind == END:
+                self.ended_elsewhere = result.message
             self.stop(result.kind, result.message)
         elif isinstance(result, Lost):
             self.stop(END, f"lost the {self.where}: {first_line(root_cause(result.error))}")
         elif isinstance(result, Notice):
-            self.last_notice = result.text
+            self.last_notice = self.ended_elsewhere = result.text
 
             def stop() -> None:
                 self.stop(REJOIN, result.text)
@@ -564,16 +606,21 @@ class ElasticNode:
     # --- the end -------------------------------------------------------------------------------
 
     def finish(self, *, succeeded: bool) -> str | None:
-        """The end of this node's job, as torchrun ends it: after success, wait in torch's
-        exit barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
+        """The end of this node's job, as torchrun ends it: after success, wait in torch's exit
+        barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
         the rendezvous); after a final failure, ``shutdown()`` once the others could read this
         node's notice. Returns a warning line when the barrier or the shutdown failed (torchrun
         logs and goes on), else None. Not called after a signal: torchrun leaves the
         rendezvous open then, for the others.
 
-        With ``--hang-timeout`` and the whole-job view, this node counts as still while it
-        waits in the barrier (its ranks all ended) and keeps watching the round: a hang verdict
-        of the other nodes ends the wait; it is left in :attr:`verdict`."""
+        The wait in the barrier ends as soon as the job ended on another node (its failure
+        notice, the rendezvous closed by another node, the next node silent; also when that
+        came while this node's ranks were ending): :attr:`ended_elsewhere` says why, in one
+        line, and the rendezvous is closed at once (a node re-joining after a failure cannot
+        form a round without this one, whose ranks finished: torchrun's node closes it after
+        its barrier's 300 s). With ``--hang-timeout`` and the whole-job view, this node counts
+        as still while it waits in the barrier (its ranks all ended): a hang verdict of the
+        other nodes ends the wait too; it is left in :attr:`verdict`."""
         warning = None
         # This node's failure notice leaves before the rendezvous closes: the others then
         # read why it ended, not a bare "closed by another node".
@@ -583,7 +630,7 @@ class ElasticNode:
                                   self.watch)  # fmt: skip
             if not succeeded and self._announced:
                 barrier.await_readers(self.poll_interval)
-            if succeeded:
+            if succeeded and self.ended_elsewhere is None:
                 warning = self._wait_in_barrier(barrier)
         self._end_watch()
         try:
@@ -591,7 +638,9 @@ class ElasticNode:
             # store's own timeout.
             run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
         except Exception as error:
-            warning = warning or f"closing the {self.where} failed: {first_line(error)}"
+            # A store that is gone (its host ended after the job did) has nothing to close.
+            if not store_gone(error) and self.ended_elsewhere is None:
+                warning = warning or f"closing the {self.where} failed: {store_error(error)}"
         return warning
 
     def _wait_in_barrier(self, barrier: ExitBarrier) -> str | None:
@@ -599,14 +648,32 @@ class ElasticNode:
         if self.config.hang_timeout and self.watch.watching and self.diagnostics is not None:
             while_waiting = self.guarded("the hang watch in the exit barrier",
                                          self.diagnostics.while_waiting)  # fmt: skip
-        self._in_barrier = True
+        self._barrier = barrier
         try:
-            self.verdict = barrier.wait(while_waiting)  # type: ignore[arg-type]
+            ended = barrier.wait(while_waiting)  # type: ignore[arg-type]
         except Exception as error:
+            if torchcompat.is_store_timeout(root_cause(error)):
+                return (
+                    f"not every node of the {self.where} finished within "
+                    f"{EXIT_BARRIER_TIMEOUT:g} s of this one"
+                )
             return (
-                f"not every node of the {self.where} finished within "
-                f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {first_line(root_cause(error))}"
+                f"the {self.where} went away while this node waited for the others to finish "
+                f"({store_error(error)}); whether they finished is not known"
             )
+        finally:
+            self._barrier = None
+        if isinstance(ended, Notice):
+            self.ended_elsewhere = ended.text
+        elif isinstance(ended, Change):
+            self.ended_elsewhere = ended.message + _because(self.last_notice)
+        elif isinstance(ended, Lost):
+            return (
+                f"lost the {self.where} while this node waited for the others to finish "
+                f"({store_error(ended.error)}); whether they finished is not known"
+            )
+        else:
+            self.verdict = ended
         return None
 
     def close(self) -> None:
@@ -623,3 +690,4 @@ class ElasticNode:
 
 def _because(notice: str | None) -> str:
     return f" ({notice})" if notice else ""
+
