@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from numarun.rendezvous.round import Round
     from numarun.rendezvous.torchrdzv import ElasticNode
     from numarun.stacks.jobstacks import JobStacks
+    from numarun.stacks.pending import PendingRecord
 
 
 class Interrupted(BaseException):
@@ -190,6 +191,7 @@ class Job:
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.pending: PendingRecord | None = None  # where `numarun stacks` reads a wait
 
     def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
@@ -227,6 +229,8 @@ class Job:
                 self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
             raise
         finally:
+            if self.pending is not None:
+                self.pending.remove()
             if self.node is not None:
                 self.node.close()
 
@@ -240,6 +244,9 @@ class Job:
             self.job_view = JobNotices(self.node)
             self.node.diagnostics = self.job_view
             self.waiting_for = f"waiting for the {self.node.where}"
+            self.pending = _pending_record(config)
+            if self.pending is not None:  # `numarun stacks` says the job waits (issue 32)
+                self.node.waiting.on_change = self.pending.update
             self.node.connect()
         restart_count = 0
         reforms = 0
@@ -641,14 +648,11 @@ def _job_stacks(
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
     from numarun.stacks.jobstacks import JobStacks
 
-    entrypoint = " ".join([config.entrypoint, *config.args])
     try:
         return JobStacks(
             ranks,
             python=config.entrypoint_kind != "binary",
-            describe={"run_id": config.run_id, "host": os.uname().nodename,
-                      "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
-                      "backend": config.rdzv_backend},
+            describe=_describe(config),
             hang_timeout=config.hang_timeout,
             hang_job=job_view.hang_job() if job_view is not None else None,
             scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
@@ -661,6 +665,25 @@ def _job_stacks(
         if not config.quiet:
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
+        return None
+
+
+def _describe(config: LaunchConfig) -> dict:
+    """What ``numarun stacks`` lists of this job."""
+    entrypoint = " ".join([config.entrypoint, *config.args])
+    return {"run_id": config.run_id, "host": os.uname().nodename, "entrypoint": entrypoint[:200],
+            "nnodes": config.max_nodes, "backend": config.rdzv_backend}  # fmt: skip
+
+
+def _pending_record(config: LaunchConfig) -> PendingRecord | None:
+    """The record ``numarun stacks`` reads while this job waits in its rendezvous; None where
+    the per-user runtime directory is refused (the job's stacks say why when its ranks run)."""
+    from numarun.stacks.channel import runtime_dir
+    from numarun.stacks.pending import PendingRecord
+
+    try:
+        return PendingRecord(runtime_dir(create=True), _describe(config))
+    except (NumarunError, OSError):
         return None
 
 

@@ -27,10 +27,11 @@ from numarun.rendezvous.storewatch import NODES_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, Protocol
 
     from numarun.rendezvous.storeops import Conn
-    from numarun.rendezvous.storewatch import StoreWatch
+    from numarun.rendezvous.storewatch import StoreWatch, WatchedRound
 
     class WhileWaiting(Protocol):
         """What may end the wait in the barrier early (the whole-job view's hang verdict)."""
@@ -85,6 +86,48 @@ class ExitBarrier:
 
         with contextlib.suppress(Exception):
             run_blocking(others_rejoined, limit=10.5)
+
+    def look(self, round_: WatchedRound, closed: Callable[[], bool],
+             silent: int | None) -> str | int | None:  # fmt: skip
+        """In the store thread, while this node waits in the barrier: what ended the job
+        elsewhere, for the look to report (:meth:`wait` ends on it): ``"closed"`` (the
+        rendezvous closed by another node: a torchrun node's last failure posts no notice;
+        ``closed()`` is asked only while the barrier waits on a connection of its own, since
+        torch's handler would wait behind it), ``silent`` (the next node's group rank, its
+        beat stopped), or None; never once every node arrived in the barrier (the closer, or
+        the silent one, then finished well)."""
+        is_closed = self.apart and closed()
+        assert round_.conn is not None
+        if not (is_closed or silent is not None) or barrier_passed(round_.conn):
+            return None
+        return "closed" if is_closed else silent
+
+    def wait_for_all(
+        self, where: str, while_waiting: WhileWaiting | None, because: str = ""
+    ) -> tuple[str | None, str | None, object]:
+        """:meth:`wait`, in words: (why the job ended elsewhere, or None; a warning for a
+        barrier that failed, or None; what ``while_waiting`` named, or None). ``because``
+        follows a :class:`Change`'s message (the last notice read, which says why)."""
+        from numarun.rendezvous import torchcompat
+        from numarun.rendezvous.storeops import root_cause, store_error
+
+        unknown = "; whether they finished is not known"
+        try:
+            ended = self.wait(while_waiting)
+        except Exception as error:
+            if torchcompat.is_store_timeout(root_cause(error)):
+                timeout = f"{EXIT_BARRIER_TIMEOUT:g} s"
+                return None, f"not every node of the {where} finished within {timeout}", None
+            return None, (f"the {where} went away while this node waited for the others to "
+                          f"finish ({store_error(error)}){unknown}"), None  # fmt: skip
+        if isinstance(ended, Notice):
+            return ended.text, None, None
+        if isinstance(ended, Change):
+            return ended.message + because, None, None
+        if isinstance(ended, Lost):
+            return None, (f"lost the {where} while this node waited for the others to finish "
+                          f"({store_error(ended.error)}){unknown}"), None  # fmt: skip
+        return None, None, ended
 
     def own_connection(self) -> Any:
         """The store torch's barrier waits on: a clone of the round's (its own connection:

@@ -32,9 +32,9 @@ every call into it is guarded: what it raises is one line, and the rendezvous go
 
 Every call that may block in torch runs through :func:`numarun.rendezvous.storeops.run_blocking`, so
 the launcher's signal handlers stay responsive; while this node waits in the rendezvous, a line
-every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how many are awaited and
-where. torch's noise stays off stderr and its private names are checked before use
-(:mod:`numarun.rendezvous.torchcompat`).
+every 10 s says what it is doing, who is there and how many more are awaited
+(:mod:`numarun.rendezvous.waiting`). torch's noise stays off stderr and its private names are
+checked before use (:mod:`numarun.rendezvous.torchcompat`).
 """
 from __future__ import annotations
 
@@ -48,12 +48,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
-from numarun.rendezvous.exitbarrier import (
-    ANNOUNCE_WAIT,
-    EXIT_BARRIER_TIMEOUT,
-    ExitBarrier,
-    barrier_passed,
-)
+from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
 from numarun.rendezvous.liveness import Heartbeats
 from numarun.rendezvous.round import Round, WorkerPlace
 from numarun.rendezvous.storeops import (
@@ -74,6 +69,7 @@ from numarun.rendezvous.storewatch import (
     notice_body,
     post_event,
 )
+from numarun.rendezvous.waiting import CONNECTING, IMPORTING, JOINING, TICK, Waiting
 
 if TYPE_CHECKING:
     from numarun.cmdline.config import LaunchConfig
@@ -120,7 +116,6 @@ the launcher's total well under 1 ms of CPU per second of wall time while a join
 another node's failure is still seen within two seconds (torchrun: 0.1 s polls, and its state
 cache makes joins visible after up to 1 s)."""
 
-WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous waits for
 __all__ = ["END", "EXIT_BARRIER_TIMEOUT", "REJOIN", "Change", "ElasticNode", "NotAdmitted",
            "RendezvousFailed"]  # fmt: skip
 _SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
@@ -182,12 +177,12 @@ class ElasticNode:
         self.watched_round: WatchedRound | None = None  # the round the thread watches now
         self._last_round: WatchedRound | None = None
         self._round_started = 0.0
-        self._waiting_since = 0.0
         default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
         self.where = (
             f"{config.rdzv_backend} rendezvous {config.run_id!r} at "
             f"{config.rdzv_endpoint or default}"
         )
+        self.waiting = Waiting(config, self.where)  # the waiting lines and status
 
     # --- joining -------------------------------------------------------------------------------
 
@@ -198,6 +193,8 @@ class ElasticNode:
         config = self.config
         conf: dict[str, Any] = dict(config.rdzv_conf)
         conf.setdefault("timeout", 900)  # torchrun's LaunchConfig adds it for every backend
+
+        waiting = self.waiting
 
         def create() -> Any:
             torchcompat.check_torch()  # first: an older torch's parameters differ too
@@ -213,39 +210,19 @@ class ElasticNode:
                 local_addr=config.local_addr,
                 **conf,
             )
+            waiting.doing = CONNECTING
             return get_rendezvous_handler(parameters)
 
-        self._waiting_since = time.monotonic()
+        waiting.begin(IMPORTING)
         try:
-            self._handler = run_blocking(create, every=WAIT_LINE_EVERY, tick=self._waiting_line)
+            self._handler = run_blocking(create, every=TICK, tick=waiting.tick)
         except UsageError:
             raise
         except (ValueError, TypeError) as error:
             raise UsageError(f"{self.where}: {first_line(error)}") from None
         except Exception as error:
             raise RendezvousFailed(self._failure_text(error)) from None
-
-    def _waiting_line(self) -> None:
-        """One line on stderr: how long this node waits, how many nodes are there, how many
-        are awaited (read from the state torch's thread last synced; no store call)."""
-        waited = time.monotonic() - self._waiting_since
-        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
-        config = self.config
-        wanted = f"{config.min_nodes}" + (
-            f" to {config.max_nodes}" if config.max_nodes != config.min_nodes else ""
-        )
-        count = ""
-        participants = getattr(state, "participants", None)
-        if isinstance(participants, dict):
-            here = len(participants)
-            awaited = max(0, config.min_nodes - here)
-            count = f": {here} of {wanted} node(s) there, {awaited} more awaited"
-            if getattr(state, "complete", False) and self.round is None:
-                count = f": the round is complete with {here} node(s); this node waits as a spare"
-        else:
-            count = f": waiting for {wanted} node(s)"
-        sys.stderr.write(f"numarun: waiting {waited:.0f} s for the {self.where}{count}\n")
-        sys.stderr.flush()
+        waiting.handler = self._handler
 
     def next_round(self) -> Round:
         """Join the next round (torch's ``next_rendezvous``) and assign ranks (torch's
@@ -290,14 +267,13 @@ class ElasticNode:
                 conn.close()
             return info, store_info, workers
 
-        self._waiting_since = time.monotonic()
+        self.waiting.begin(JOINING)
         try:
-            info, store_info, workers = run_blocking(
-                join, every=WAIT_LINE_EVERY, tick=self._waiting_line
-            )
+            info, store_info, workers = run_blocking(join, every=TICK, tick=self.waiting.tick)
         except UsageError:
             raise
         except Exception as error:
+            self.waiting.end()
             name = type(error).__name__
             if name == "RendezvousGracefulExitError":
                 raise NotAdmitted(
@@ -305,6 +281,7 @@ class ElasticNode:
                     "(every place was taken); nothing to run"
                 ) from None
             raise RendezvousFailed(self._failure_text(error)) from None
+        self.waiting.end()
         self._store = info.store
         master_addr, master_port, shared = store_info
         self.round = Round(
@@ -382,19 +359,20 @@ class ElasticNode:
         self.watched_round = None
 
     def _look(self, round_: WatchedRound) -> list[Result]:
-        """In the store thread, every look interval: results for :meth:`_on_result` (in the
-        exit barrier, :meth:`_look_in_barrier`'s)."""
-        heartbeats = self.heartbeats
-        if self._barrier is not None:
-            return self._look_in_barrier(round_)
+        """In the store thread, every look interval: results for :meth:`_on_result`; in the
+        exit barrier, what ended the job elsewhere (:meth:`ExitBarrier.look`)."""
+        barrier = self._barrier
+        if barrier is not None:
+            silent = self.heartbeats.look(round_)
+            why = barrier.look(round_, self._handler.is_closed, silent)
+            if why == "closed":
+                return [Change(END, f"{self.where} was closed by another node")]
+            return [] if why is None else [Change(END, self._announce_silent(round_, why))]
         if self.change is not None:
             return []
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
-        silent = None
-        if heartbeats.due():
-            heartbeats.beat(round_)
-            silent = heartbeats.silent_neighbour(round_)
+        silent = self.heartbeats.look(round_)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
@@ -403,27 +381,6 @@ class ElasticNode:
         if silent is not None:
             return [Change(REJOIN, self._announce_silent(round_, silent))]
         return []
-
-    def _look_in_barrier(self, round_: WatchedRound) -> list[Result]:
-        """Item 1 of issue 32: while this node waits in the exit barrier, what ends the job
-        elsewhere ends the wait (:meth:`ExitBarrier.wait`): the rendezvous closed by another
-        node (a torchrun node's final failure posts no notice), looked at only while torch's
-        barrier waits on a connection of its own (torch's handler would wait behind it), or
-        the next node silent; neither once every node arrived in the barrier (then the closer,
-        or the silent one, finished well)."""
-        heartbeats, barrier = self.heartbeats, self._barrier
-        silent = None
-        if heartbeats.due():
-            heartbeats.beat(round_)
-            silent = heartbeats.silent_neighbour(round_)
-        closed = barrier is not None and barrier.apart and self._handler.is_closed()
-        assert round_.conn is not None
-        if not (closed or silent is not None) or barrier_passed(round_.conn):
-            return []
-        if closed:
-            return [Change(END, f"{self.where} was closed by another node")]
-        assert silent is not None
-        return [Change(END, self._announce_silent(round_, silent))]
 
     def _announce_silent(self, round_: WatchedRound, silent: int) -> str:
         """In the store thread: tell every node that node ``silent`` stopped beating; the
@@ -650,31 +607,13 @@ class ElasticNode:
                                          self.diagnostics.while_waiting)  # fmt: skip
         self._barrier = barrier
         try:
-            ended = barrier.wait(while_waiting)  # type: ignore[arg-type]
-        except Exception as error:
-            if torchcompat.is_store_timeout(root_cause(error)):
-                return (
-                    f"not every node of the {self.where} finished within "
-                    f"{EXIT_BARRIER_TIMEOUT:g} s of this one"
-                )
-            return (
-                f"the {self.where} went away while this node waited for the others to finish "
-                f"({store_error(error)}); whether they finished is not known"
+            ended, warning, self.verdict = barrier.wait_for_all(
+                self.where, while_waiting, _because(self.last_notice)
             )
         finally:
             self._barrier = None
-        if isinstance(ended, Notice):
-            self.ended_elsewhere = ended.text
-        elif isinstance(ended, Change):
-            self.ended_elsewhere = ended.message + _because(self.last_notice)
-        elif isinstance(ended, Lost):
-            return (
-                f"lost the {self.where} while this node waited for the others to finish "
-                f"({store_error(ended.error)}); whether they finished is not known"
-            )
-        else:
-            self.verdict = ended
-        return None
+        self.ended_elsewhere = ended
+        return warning
 
     def close(self) -> None:
         """The job is over: the store thread ends (at most half a second). What this node
