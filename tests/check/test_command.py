@@ -65,6 +65,7 @@ def test_gpu_modes_need_gpus_here_and_say_so_in_one_line() -> None:
     assert "Traceback" not in done.stderr and done.stdout == ""
 
 
+@pytest.mark.slow
 @TWO_CPUS
 def test_under_taskset_rank_0_really_had_cpu_1() -> None:
     code, document, stderr = run_json(cpus=[1])
@@ -190,6 +191,7 @@ def shape_root(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("shape", "allowed", "expected"),
     [

@@ -9,7 +9,9 @@ Every mode first writes its environment to DIR/env.<RANK>.<TORCHELASTIC_RESTART_
 * ``grow N``: while WORLD_SIZE < N, write DIR/small.<RANK> and wait to be stopped; with
   WORLD_SIZE == N, all_reduce and report.
 * ``shrink N``: with WORLD_SIZE == N, write DIR/full.<RANK> ("pid ppid") and wait to be
-  stopped; in a smaller world, report and exit 0 (no collective).
+  stopped; in a smaller world after a full one, report and exit 0 (no collective); in a
+  smaller world before any full one (under load, a node's first round may form before the
+  other node joined), wait to be stopped (the group re-forms when it joins).
 * ``fail-after``: all_reduce and report, then a worker whose environment has EL_FAIL=1
   writes DIR/failed (its time.time()) and exits 3; every other worker waits forever, as one
   blocked in a collective whose peer is gone.
@@ -89,6 +91,8 @@ elif mode == "grow":
 elif mode == "shrink":
     if world == size:
         write(f"full.{rank}", f"{os.getpid()} {os.getppid()}")
+        wait_forever()
+    if not any(name.startswith("full.") for name in os.listdir(out_dir)):
         wait_forever()
     report(None)
 elif mode == "fail-after":

@@ -422,6 +422,7 @@ def test_start_method_none_is_the_platform_default() -> None:
 # --- arguments and results -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_every_argument_type_side_by_side_with_torch(method: str) -> None:
     """SimpleQueue, Queue, Event, Lock, Pipe, Manager().dict() and a shared CPU tensor, each
