@@ -302,8 +302,9 @@ class Bench:
                     entry[1] += sign * size
         delta = {key: _sum(after, key) - _sum(before, key)
                  for key in ("requests", "bytes", "frames", "torch_requests", "torch_bytes")}
-        return {
-            "s": (max(times.values()) - start) if len(times) >= count else None,
+        early = sum(1 for when in times.values() if when < start)
+        found = {
+            "s": (max(times.values()) - start) if len(times) >= count and not early else None,
             "t0": start, "times": times, "reached": len(times), "of": count, "wall_s": wall,
             **delta,
             "net_requests": delta["requests"] - idle["requests_per_s"] * wall,
@@ -320,6 +321,11 @@ class Bench:
             "merger_peak_kb": after[0]["hwm_kb"] - before[0]["rss_kb"],
             "load_average": os.getloadavg(),
         }  # fmt: skip
+        if early:
+            found["why"] = f"{early} node(s) had {kind!r} before the event (an earlier stop)"
+        elif found["s"] is None:
+            found["why"] = f"{len(times)} of {count} nodes had {kind!r} within {limit:g} s"
+        return found
 
     def trigger(self, request: dict, node: int | None = None) -> callable:  # type: ignore[valid-type]
         def run() -> float:
