@@ -57,7 +57,7 @@ from numarun.process.spec import UNKILLABLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from numarun.process.loop import Loop
     from numarun.process.record import Worker
@@ -171,6 +171,27 @@ class Teardown:
             except ProcessLookupError:
                 continue
             reached.append(rank)
+        return reached
+
+    def signal_threads(self, signum: int, threads: Mapping[int, int]) -> list[int]:
+        """Send ``signum`` to one thread of each worker process still running: ``threads``
+        maps a local rank to the thread's id (:mod:`numarun.process.threadsignal`); returns
+        the local ranks reached. An exec or fork worker's pid is held by the watchdog until
+        its end is read; a forkserver worker is signalled only while its pidfd says it has
+        not exited (then ``tgkill`` reaches the thread only while it belongs to that pid)."""
+        from numarun.process.threadsignal import send_to_thread
+
+        reached = []
+        for worker in self._workers:
+            rank = worker.spec.local_rank
+            tid = threads.get(rank)
+            if tid is None or worker.exited or worker.pid <= 0 or worker.lost:
+                continue
+            if worker.process is not None and (worker.pidfd is None or
+                                               proctable.has_exited(worker.pidfd)):  # fmt: skip
+                continue
+            if send_to_thread(worker.pid, tid, signum):
+                reached.append(rank)
         return reached
 
     def signal_workers(self, signum: int) -> set[int]:

@@ -47,7 +47,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from numarun.process import forkexec
-from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.worker.dumphandler import HELPER_FUNCTION, STACKS_FILE_ENV, STACKS_SIGNAL
+from numarun.stacks.rankhelper import FlightAnswer, RankHelpers, reason_text
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ _QUIET_ANY = 0.025
 _REPLACED_AFTER = 0.1  # signal delivered, file still empty this long: someone else's handler
 _SIG_BIT = 1 << (STACKS_SIGNAL - 1)
 
+NO_HELPER = "the rank has no numarun helper thread to answer"
 NOT_PYTHON = "not a Python process (--no-python)"
 EXITED = "exited"
 # The bootstrap arms the dump just before the program's first line, so a rank without it has
@@ -79,11 +81,13 @@ REPLACED = (
 )
 
 
-def _signal_state(pid: int) -> tuple[bool, bool] | None:
-    """(caught, pending) for :data:`STACKS_SIGNAL` from ``/proc/<pid>/status``; None when the
-    process is gone or a zombie."""
+def _signal_state(pid: int, tid: int | None = None) -> tuple[bool, bool] | None:
+    """(caught, pending) for :data:`STACKS_SIGNAL` from ``/proc/<pid>/status``, or with
+    ``tid`` from that thread's ``/proc/<pid>/task/<tid>/status`` (pending: for the process or
+    for the thread); None when the process (or the thread) is gone, or a zombie."""
+    path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
     try:
-        fd = os.open(f"/proc/{pid}/status", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
@@ -93,9 +97,10 @@ def _signal_state(pid: int) -> tuple[bool, bool] | None:
     finally:
         os.close(fd)
     caught = pending = False
-    start = data.find(b"\nShdPnd:")
-    if start >= 0:
-        pending = bool(int(data[start + 8 : data.index(b"\n", start + 1)], 16) & _SIG_BIT)
+    for field in (b"\nShdPnd:", b"\nSigPnd:"):
+        start = data.find(field)
+        if start >= 0:
+            pending |= bool(int(data[start + 8 : data.index(b"\n", start + 1)], 16) & _SIG_BIT)
     start = data.find(b"\nSigCgt:")
     if start >= 0:
         caught = bool(int(data[start + 8 : data.index(b"\n", start + 1)], 16) & _SIG_BIT)
@@ -112,25 +117,41 @@ def _structurally_complete(data: bytes) -> bool:
     return data.endswith((b'  File "<string>", line 1 in <module>\n', b"\n...\n"))
 
 
+_HELPER_FRAME = f" in {HELPER_FUNCTION}\n".encode()
+
+
 def normalized(dump: bytes) -> bytes:
-    """A dump without what changes when nothing moved: which thread ran the handler."""
-    return dump.replace(b"Current thread ", b"Thread ")
+    """A dump without what changes when nothing moved: which thread ran the handler, and
+    numarun's helper thread (:mod:`numarun.worker.dumphandler`: reading its requests, or
+    answering one)."""
+    dump = dump.replace(b"Current thread ", b"Thread ")
+    if _HELPER_FRAME not in dump:
+        return dump
+    return b"\n\n".join(block for block in dump.split(b"\n\n")
+                        if not (block.rstrip(b"\n") + b"\n").endswith(_HELPER_FRAME))  # fmt: skip
 
 
 class Raw:
     """One rank's dump as read, not parsed (parsing waits for a thread other than the loop):
     ``text`` empty when ``problem`` says why there is none."""
 
-    __slots__ = ("local_rank", "pid", "problem", "rank", "text")
+    __slots__ = ("flight", "local_rank", "pid", "problem", "rank", "text")
 
     def __init__(
-        self, rank: int, local_rank: int, pid: int | None, text: str, problem: str | None
+        self,
+        rank: int,
+        local_rank: int,
+        pid: int | None,
+        text: str,
+        problem: str | None,
+        flight: FlightAnswer | None = None,
     ) -> None:
         self.rank = rank
         self.local_rank = local_rank
         self.pid = pid
         self.text = text
         self.problem = problem
+        self.flight = flight  # the rank's flight recorder, when it was asked for
 
     @classmethod
     def of(cls, stacks: RankStacks) -> Raw:
@@ -141,19 +162,39 @@ class _Collection:
     """One taking of dumps in progress: which ranks are still awaited, what was read, since
     when each file stopped growing."""
 
-    def __init__(self, dumps: RankDumps, wanted: list[int], limit: float) -> None:
+    def __init__(
+        self,
+        dumps: RankDumps,
+        wanted: list[int],
+        limit: float,
+        *,
+        stacks: bool = True,
+        flight: bool = False,
+    ) -> None:
         self.dumps = dumps
         self.wanted = wanted
         self.limit = limit
-        self.problems = dumps.ask(wanted)
+        self.problems = dumps.ask(wanted) if stacks else dumps.problems(wanted)
         self.texts: dict[int, bytes] = {}
-        self.pending = [r for r in wanted if r not in self.problems]
+        self.pending = [r for r in wanted if r not in self.problems] if stacks else []
         self.deadline = time.monotonic() + limit
         self.seen: dict[int, tuple[int, float]] = {}  # local rank -> (size, when it changed)
+        self.flight: dict[int, FlightAnswer] = {}
+        self.flight_request = 0
+        self.flight_pending: list[int] = []
+        if flight:
+            asked = [r for r in wanted if r not in self.problems]
+            self.flight_request, self.flight_pending = dumps.ask_flight(asked)
+            for local_rank in asked:
+                if local_rank not in self.flight_pending:
+                    self.flight[local_rank] = dumps.flight_answer(
+                        local_rank, "unanswered", reason=NO_HELPER
+                    )
 
     def step(self) -> bool:
-        """Read what the awaited ranks wrote; True once every dump is complete or the time
-        is up (then what is missing is said)."""
+        """Read what the awaited ranks wrote; True once every dump (and flight recorder
+        asked for) is complete or the time is up (then what is missing is said)."""
+        self._step_flight()
         dumps = self.dumps
         now = time.monotonic()
         for local_rank in list(self.pending):
@@ -171,10 +212,16 @@ class _Collection:
                 self.texts[local_rank] = data
                 if problem is not None:
                     self.problems[local_rank] = problem
-        if not self.pending:
+        if not self.pending and not self.flight_pending:
             return True
         if now < self.deadline:
             return False
+        for local_rank in self.flight_pending:
+            self.flight[local_rank] = dumps.flight_answer(
+                local_rank, "unanswered",
+                reason=f"no answer within {self.limit:g} s (its main thread may hold the GIL)",
+            )  # fmt: skip
+        self.flight_pending = []
         for local_rank in self.pending:
             data = dumps.read(local_rank)
             self.texts[local_rank] = data
@@ -187,11 +234,23 @@ class _Collection:
         self.pending = []
         return True
 
+    def _step_flight(self) -> None:
+        for local_rank in list(self.flight_pending):
+            found = self.dumps.helpers_answer(local_rank, self.flight_request)
+            if found is not None:
+                self.flight_pending.remove(local_rank)
+                status, body = found
+                self.flight[local_rank] = self.dumps.flight_answer(
+                    local_rank, status, body if status == "ok" else b"",
+                    "" if status == "ok" else reason_text(body),
+                )  # fmt: skip
+
     def raw(self) -> list[Raw]:
         ranks = self.dumps._ranks
         return [
             Raw(ranks[r].rank, r, ranks[r].pid or None,
-                self.texts.get(r, b"").decode("utf-8", "replace"), self.problems.get(r))
+                self.texts.get(r, b"").decode("utf-8", "replace"), self.problems.get(r),
+                self.flight.get(r))
             for r in self.wanted
         ]  # fmt: skip
 
@@ -224,7 +283,10 @@ class RankDumps:
         self.directory = directory
         self._ranks: dict[int, _Rank] = {}
         self._supervisor: Supervisor | None = None
+        self.helpers: RankHelpers | None = None
         try:
+            if directory is not None:
+                self.helpers = RankHelpers(directory, [local_rank for local_rank, _ in ranks])
             for local_rank, rank in ranks:
                 fd = None
                 if directory is not None:
@@ -294,7 +356,7 @@ class RankDumps:
                 fd = self._ranks[local_rank].fd
                 assert fd is not None
                 os.ftruncate(fd, 0)
-            reached = set(self._supervisor.send_signal(STACKS_SIGNAL, ready))
+            reached = self._send(ready)
             now = time.monotonic()
             for local_rank in ready:
                 if local_rank in reached:
@@ -302,6 +364,67 @@ class RankDumps:
                 else:
                     problems[local_rank] = EXITED
         return problems
+
+    def problems(self, local_ranks: Iterable[int]) -> dict[int, str]:
+        """Why each of ``local_ranks`` could not be asked now (as :meth:`ask` would say),
+        without asking anyone."""
+        self._refresh_pids()
+        found = {}
+        for local_rank in local_ranks:
+            problem = self._check(self._ranks[local_rank])
+            if problem is not None:
+                found[local_rank] = problem
+        return found
+
+    def ask_flight(self, local_ranks: Sequence[int]) -> tuple[int, list[int]]:
+        """Ask the helpers of ``local_ranks`` (those that have one) for their flight
+        recorder: (the request number, the local ranks asked)."""
+        with_helper = [r for r in local_ranks if self._thread(r) is not None]
+        if self.helpers is None or not with_helper:
+            return 0, []
+        return self.helpers.request(with_helper)
+
+    def helpers_answer(self, local_rank: int, request: int) -> tuple[str, bytes] | None:
+        """The rank's complete answer to flight-recorder ``request``, or None (not yet)."""
+        if self.helpers is None:
+            return None
+        return self.helpers.answer(local_rank, request)
+
+    def flight_answer(
+        self, local_rank: int, status: str, data: bytes = b"", reason: str = ""
+    ) -> FlightAnswer:
+        return FlightAnswer(self._ranks[local_rank].rank, local_rank, status, data, reason)
+
+    def _send(self, ready: list[int]) -> set[int]:
+        """Signal 42 to each of ``ready``: to its helper thread where it has one (no thread of
+        the program sees the signal), else to the process; the local ranks reached."""
+        assert self._supervisor is not None
+        threads = {r: tid for r in ready if (tid := self._thread(r)) is not None}
+        reached: set[int] = set()
+        if threads:
+            try:
+                reached.update(self._supervisor.send_thread_signal(STACKS_SIGNAL, threads))
+            except OSError:  # no tgkill here: the processes, as before the helper
+                threads = {}
+        rest = [r for r in ready if r not in threads]
+        if rest:
+            reached.update(self._supervisor.send_signal(STACKS_SIGNAL, rest))
+        return reached
+
+    def _thread(self, local_rank: int) -> int | None:
+        return self.helpers.thread_id(local_rank) if self.helpers is not None else None
+
+    def _state(self, state: _Rank) -> tuple[bool, bool] | None:
+        """:func:`_signal_state` of the rank's helper thread, or of the process when it has
+        none (a helper no longer there is forgotten: the process is signalled again)."""
+        tid = self._thread(state.local_rank)
+        if tid is not None:
+            signals = _signal_state(state.pid, tid)
+            if signals is not None:
+                return signals
+            assert self.helpers is not None
+            self.helpers.forget(state.local_rank)
+        return _signal_state(state.pid)
 
     def _check(self, state: _Rank) -> str | None:
         """Why ``state``'s rank must not be signalled now, or None."""
@@ -311,7 +434,7 @@ class RankDumps:
             return EXITED
         if state.replaced:
             return REPLACED
-        signals = _signal_state(state.pid)
+        signals = self._state(state)
         if signals is None:
             return EXITED
         caught, pending = signals
@@ -337,7 +460,7 @@ class RankDumps:
         state = self._ranks[local_rank]
         if data or state.asked_at is None:
             return None
-        signals = _signal_state(state.pid) if not state.exited else None
+        signals = self._state(state) if not state.exited else None
         if signals is None:
             return EXITED
         if signals[1]:
@@ -355,13 +478,18 @@ class RankDumps:
         done: Callable[[list[Raw]], None],
         local_ranks: Iterable[int] | None = None,
         limit: float = TAKE_LIMIT,
+        *,
+        stacks: bool = True,
+        flight: bool = False,
     ) -> None:
         """Ask ``local_ranks`` (default: all) and call ``done(dumps)`` from the supervisor's
         loop once each dump is complete or ``limit`` seconds passed (module docstring): one
-        :class:`Raw` per rank, the problem of those that have none. Never waits; without a
+        :class:`Raw` per rank, the problem of those that have none. ``flight``: each rank's
+        flight recorder too (:attr:`Raw.flight`), within the same ``limit``; ``stacks``
+        False: only that (no signal, :attr:`Raw.text` empty). Never waits; without a
         running supervisor ``done`` may never be called."""
         wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
-        collection = _Collection(self, wanted, limit)
+        collection = _Collection(self, wanted, limit, stacks=stacks, flight=flight)
         delay = [_POLL]
 
         def step() -> None:
@@ -385,17 +513,30 @@ class RankDumps:
         each dump is complete (see the module docstring); returns one
         :class:`numarun.stacks.parse.RankStacks` per rank, with the problem of those that have
         none. Blocks: for the supervisor's ``on_failure`` only."""
+        return self.take_with_flight(local_ranks, limit, flight=False)[0]
+
+    def take_with_flight(
+        self, local_ranks: Iterable[int] | None = None, limit: float = TAKE_LIMIT,
+        *, flight: bool = True,
+    ) -> tuple[list[RankStacks], list[FlightAnswer]]:
+        """:meth:`take`, and with ``flight`` each asked rank's flight recorder within the
+        same ``limit`` (ranks that could not be asked have none). Blocks: for the
+        supervisor's ``on_failure`` only."""
         from numarun.stacks.parse import rank_stacks
 
         wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
-        collection = _Collection(self, wanted, limit)
+        collection = _Collection(self, wanted, limit, flight=flight)
         while not collection.step():
             time.sleep(_POLL)
-        return [rank_stacks(item.rank, item.local_rank, item.pid, item.text, item.problem)
-                for item in collection.raw()]  # fmt: skip
+        found = collection.raw()
+        stacks = [rank_stacks(item.rank, item.local_rank, item.pid, item.text, item.problem)
+                  for item in found]  # fmt: skip
+        return stacks, [item.flight for item in found if item.flight is not None]
 
     def close(self) -> None:
         """Close and remove the files and the directory; idempotent."""
+        if self.helpers is not None:
+            self.helpers.close()
         for state in self._ranks.values():
             if state.fd is not None:
                 forkexec.close(state.fd)

@@ -17,8 +17,10 @@ thread" only names the thread that happened to run the signal handler.
 :func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
 (``numarun/worker/bootstrap.py``, ``spawning/childmain.py``, ``process/forkexec.py``, everything
 outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
-the user's program; and each run of import machinery frames (``<frozen importlib._bootstrap>``,
-``<frozen importlib._bootstrap_external>``: about 35 per nested import) collapsed into one
+the user's program, and without numarun's helper thread (:mod:`numarun.worker.dumphandler`: the
+one that runs the handler, not the program's); and each run of import machinery frames
+(``<frozen importlib._bootstrap>``, ``<frozen importlib._bootstrap_external>``: about 35 per
+nested import) collapsed into one
 :data:`IMPORTING` frame, as Python's own tracebacks leave them out, so that ranks importing the same
 modules group together whatever step of the import each is at. :func:`group_ranks` puts ranks with
 identical stacks (every thread's file, line and function; thread ids and which thread was
@@ -39,6 +41,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from numarun.machine.model import Value
+from numarun.worker.dumphandler import HELPER_FUNCTION
 
 __all__ = [
     "Frame",
@@ -61,6 +64,11 @@ _FRAME = re.compile(r'^  File "(?P<file>.*)", line (?P<line>\d+|\?\?\?) in (?P<f
 _BOOTSTRAP_FILES = tuple(
     os.sep + os.path.join("numarun", *name.split("/"))
     for name in ("worker/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
+)
+# The helper thread's module, where it is now and where the restructure puts it.
+_HELPER_FILES = tuple(
+    os.sep + os.path.join("numarun", *name.split("/"))
+    for name in ("stacks/dumphandler.py", "worker/dumphandler.py")
 )
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
@@ -220,7 +228,7 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
     truncated = False
 
     def close() -> None:
-        if ident is not None:
+        if ident is not None and not _is_helper(frames):
             kept = _imports_collapsed(_without_bootstrap(frames))
             threads.append(Thread(ident, current, kept, truncated, bool(frames) and not kept))
 
@@ -244,6 +252,14 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
             more = True
     close()
     return tuple(threads), more
+
+
+def _is_helper(frames: Sequence[Frame]) -> bool:
+    """Whether these are the frames of numarun's helper thread (its bottom frame is the
+    helper's function in :mod:`numarun.worker.dumphandler`): not the program's, never shown."""
+    return bool(frames) and frames[-1].function == HELPER_FUNCTION and frames[-1].file.endswith(
+        _HELPER_FILES
+    )
 
 
 def _is_bootstrap(frame: Frame) -> bool:

@@ -1,46 +1,85 @@
-"""Inside a worker: arm numarun's stack dumps before the user's code runs.
+"""Inside a worker: arm numarun's stack dumps before the user's code runs, and the small helper
+thread that receives numarun's signal and answers its flight-recorder requests.
 
 :func:`arm` is called first thing by both bootstraps (:mod:`numarun.worker.bootstrap` for scripts
 and modules, :mod:`numarun.spawning.childmain` for :func:`numarun.spawn` under every start method).
 When the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
-directory of the launcher's, see :mod:`numarun.stacks.dumps`), it registers
-:func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and
+directory of the launcher's, see :mod:`numarun.stacks.dumps`), it starts the helper thread, then
+registers :func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and
 ``chain=False``, writing to that file. faulthandler writes from the C signal handler, so a dump
 comes even while the rank is blocked in C (a collective) or holds the GIL, and never touches the
 rank's stdout or stderr.
 
+The helper thread (:func:`_numarun_stacks_helper`) exists so that the signal interrupts no
+thread of the program. A signal sent to a process goes to a thread of the kernel's choosing, the
+main thread first: its blocking system call then fails with ``EINTR``, and code that does not
+restart it sees that (torch's TCPStore client printed "Interrupted system call" and waited out a
+retry delay; ``poll``/``connect`` with a timeout are never restarted, ``SA_RESTART`` or not).
+The launcher instead sends the signal to the helper thread alone (``tgkill``), so only the
+helper's own ``read`` is interrupted, and faulthandler's handler, running on the helper, dumps
+every thread without the GIL. No signal mask is changed anywhere: nothing is inherited by the
+program's threads or children. The helper's native thread id is the first line it writes to its
+answer file (``<dump file>.fr``, below), before the handler is registered, so the launcher knows
+where to send the signal as soon as it sees the handler installed.
+
+The helper blocks in ``read`` on a FIFO (``<dump file>.req``) the launcher writes request lines
+to (a decimal request number). For each, it answers in ``<dump file>.fr``, replacing what was
+there: one header line ``numarun-fr <request> <tid> <status> <length>`` and ``length`` bytes:
+``ok`` and torch's flight recorder dump (its pickle, as ``_dump_fr_trace`` returns it, without
+stack traces: their first symbolisation costs a rank seconds); ``none`` and why there is none
+(``torch.distributed`` not imported, no process group, a torch without a recorder); ``error``
+and the exception's line. torch is looked up in :data:`sys.modules` only: a rank that never
+imported ``torch.distributed`` loads nothing. Answering needs the GIL (torch's dump is a Python
+call); a rank whose main thread holds the GIL in C code answers when it lets go, and the
+launcher stops waiting after its limit. A gloo recorder of torch 2.13 leaves ``pg_config`` (the
+groups' members) empty; the helper fills it from ``torch.distributed``'s own table of groups, so
+that torch's analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) can read the
+dumps.
+
 The variable is removed from ``os.environ``, so the user's program and its children never see
-it (a child started with the same bootstrap is not armed twice on the rank's file). The file is
-opened close-on-exec and moved to a high fd number, so that a program closing and reopening
-low fds does not get it under a number of its own. Children forked by the rank (DataLoader
-workers) inherit the registration, but the launcher only ever signals the rank processes.
+it (a child started with the same bootstrap is not armed twice on the rank's file). The files
+are opened close-on-exec and moved to high fd numbers, so that a program closing and reopening
+low fds does not get them under a number of its own. Children forked by the rank (DataLoader
+workers) inherit the registration but not the helper thread; the launcher only ever signals
+the rank processes.
 
 If the user's code later registers the same signal (``signal.signal`` or
 ``faulthandler.register``), its handler replaces numarun's: the user's wins, and the launcher
 reports that rank's stacks as unavailable.
 
 This module is on every worker's start-up path: it imports only what a bare interpreter has
-already loaded (``os``) and the built-in ``faulthandler``; :mod:`signal` is not imported (its
-``enum`` import costs milliseconds), the signal number is a constant.
+already loaded (``os``, ``sys``, ``_thread``) and the built-in ``faulthandler``; :mod:`signal`
+is not imported (its ``enum`` import costs milliseconds), the signal number is a constant.
 """
 
+import _thread
 import faulthandler
 import os
+import sys
 
 STACKS_FILE_ENV = "NUMARUN_STACKS_FILE"
 # Real-time signal 42 (SIGRTMIN+8 under glibc, whose SIGRTMIN is 34; within SIGRTMIN..SIGRTMAX
 # under musl too). Not SIGUSR1/SIGUSR2: Slurm's --signal and Lightning use them. Its default
 # action kills, so the launcher sends it only to a rank whose handler is installed.
 STACKS_SIGNAL = 42
-_HIGH_FD = 1000  # where the dump fd moves to, when free and allowed
+ANSWER_SUFFIX = ".fr"  # <dump file>.fr: the helper's answers (launcher-made, regular file)
+REQUEST_SUFFIX = ".req"  # <dump file>.req: the launcher's requests (launcher-made FIFO)
+ANSWER_MAGIC = b"numarun-fr"
+HELPER_FUNCTION = "_numarun_stacks_helper"  # how the helper's frames are recognised in a dump
+FLIGHT_LIMIT = 16 * 1024 * 1024  # bytes of one dump the helper sends; more: said, not sent
+_HIGH_FD = 1000  # where the files' fds move to, when free and allowed
+_READY_WAIT = 5.0  # seconds arm() waits for the helper's first line
 
 
 def arm() -> None:
-    """Register the stack dump for this rank, if the launcher asked for one; never raises.
+    """Start the helper and register the stack dump for this rank, if the launcher asked for
+    one; never raises.
 
     Without ``NUMARUN_STACKS_FILE`` (not started by a numarun that takes stacks) nothing
     happens. A file that cannot be opened or a registration that fails leaves the rank
-    running unarmed: the launcher then reports its stacks as unavailable.
+    running unarmed: the launcher then reports its stacks as unavailable. A helper that cannot
+    start (no answer file, no thread) leaves the stacks armed: the launcher then signals the
+    process as a whole, as numarun did before the helper existed.
     """
     path = os.environ.pop(STACKS_FILE_ENV, None)
     if not path:
@@ -51,10 +90,135 @@ def arm() -> None:
     except OSError:
         return
     fd = _move_high(fd)
+    _start_helper(path)
     try:
         faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         os.close(fd)
+
+
+def _start_helper(path: str) -> None:
+    """Open the helper's two files and start it; returns once it wrote its thread id (at most
+    :data:`_READY_WAIT` seconds), or at once when it cannot start."""
+    try:
+        answers = os.open(path + ANSWER_SUFFIX, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return
+    try:
+        # O_RDWR: opening a FIFO so never waits for a writer, and read never sees EOF.
+        requests = os.open(path + REQUEST_SUFFIX, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        os.close(answers)
+        return
+    answers, requests = _move_high(answers), _move_high(requests)
+    ready = _thread.allocate_lock()
+    ready.acquire()
+    try:
+        _thread.start_new_thread(_numarun_stacks_helper, (requests, answers, ready))
+    except RuntimeError:  # no thread can start (a process or memory limit)
+        os.close(answers)
+        os.close(requests)
+        return
+    ready.acquire(True, _READY_WAIT)
+
+
+def _numarun_stacks_helper(requests: int, answers: int, ready: "_thread.LockType") -> None:
+    """The helper thread: says its thread id, then answers each request line until its FIFO
+    fails (the function's name marks its frames in a dump: :data:`HELPER_FUNCTION`)."""
+    tid = _thread.get_native_id()
+    try:
+        _answer(answers, b"0", tid, b"ready", b"")
+    except OSError:  # the launcher's file went: signalled as a whole process, as before
+        return
+    finally:
+        ready.release()
+    pending = b""
+    while True:
+        try:
+            chunk = os.read(requests, 4096)
+        except OSError:
+            return
+        if not chunk:
+            return
+        pending = (pending + chunk)[-4096:]
+        if b"\n" not in pending:
+            continue
+        lines, pending = pending.rsplit(b"\n", 1)
+        request = lines.rsplit(b"\n", 1)[-1].strip()
+        if not request.isdigit():
+            continue
+        status, body = _flight_record()
+        try:
+            _answer(answers, request, tid, status, body)
+        except OSError:
+            return
+
+
+def _answer(fd: int, request: bytes, tid: int, status: bytes, body: bytes) -> None:
+    """Replace the answer file's content with one answer (header line, then ``body``)."""
+    data = b"%s %s %d %s %d\n%s" % (ANSWER_MAGIC, request, tid, status, len(body), body)
+    os.ftruncate(fd, 0)
+    view = memoryview(data)
+    offset = 0
+    while offset < len(data):
+        offset += os.pwrite(fd, view[offset:], offset)
+
+
+def _flight_record() -> "tuple[bytes, bytes]":
+    """(status, body) of this rank's flight recorder, from what the program loaded."""
+    modules = sys.modules
+    dist = modules.get("torch.distributed")
+    c10d = modules.get("torch._C._distributed_c10d")
+    if dist is None or c10d is None:
+        return b"none", b"torch.distributed not imported"
+    try:
+        if not dist.is_initialized():
+            return b"none", b"no process group (init_process_group not called)"
+        backend = str(dist.get_backend())
+        dump = getattr(c10d, "_dump_nccl_trace", None) if "nccl" in backend else None
+        if dump is None:
+            dump = getattr(c10d, "_dump_fr_trace", None)
+        if dump is None:
+            version = getattr(modules.get("torch"), "__version__", "?")
+            return b"none", f"torch {version} has no flight recorder for {backend}".encode()
+        data = dump(True, False, False)  # collectives, no stack traces, every entry
+        if len(data) > FLIGHT_LIMIT:
+            return b"none", f"its dump is {len(data)} bytes, over {FLIGHT_LIMIT}".encode()
+        return b"ok", _with_groups(data, modules)
+    except Exception as error:  # a diagnostic: one line, never the program's problem
+        return b"error", f"{type(error).__name__}: {error}"[:300].encode("utf-8", "replace")
+
+
+def _with_groups(data: bytes, modules: "dict[str, object]") -> bytes:
+    """``data`` with ``pg_config`` filled from ``torch.distributed``'s groups when torch left it
+    empty (gloo); as it was otherwise, or when the table cannot be read."""
+    pickle = modules.get("pickle")
+    c10d = modules.get("torch.distributed.distributed_c10d")
+    if pickle is None or c10d is None:
+        return data
+    loaded = pickle.loads(data)  # type: ignore[attr-defined]  # torch's own bytes, this process
+    config = loaded.get("pg_config")
+    if isinstance(config, dict) and any(config):
+        return data
+    descs = {}
+    for entry in loaded.get("entries") or ():
+        name = entry.get("process_group")
+        if isinstance(name, (tuple, list)) and len(name) == 2:
+            descs[name[0]] = name[1]
+    world = c10d._world  # type: ignore[attr-defined]
+    groups = {}
+    for group, name in list(world.pg_names.items()):
+        members = world.pg_group_ranks.get(group)
+        if not members:
+            continue
+        ranks = sorted(members, key=members.__getitem__)  # in the group's own rank order
+        desc = descs.get(name) or getattr(group, "group_desc", None) or "undefined"
+        listed = ", ".join(str(rank) for rank in ranks)
+        groups[str(name)] = {"name": str(name), "desc": str(desc), "ranks": f"[{listed}]"}
+    if not groups:
+        return data
+    loaded["pg_config"] = groups
+    return pickle.dumps(loaded, protocol=2)  # type: ignore[attr-defined]
 
 
 def _move_high(fd: int) -> int:
