@@ -59,6 +59,7 @@ if TYPE_CHECKING:
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
+    from numarun.stacks.rankhelper import FlightAnswer
 
     class JobHang(Protocol):
         """The launcher's side of a hang judged over several nodes."""
@@ -91,7 +92,8 @@ class HangReport:
     (the last samples, parsed when first read), ``idle`` seconds without progress, whether
     output counted, ``nodes``: how many nodes were judged (1: this node alone); over several
     nodes ``view``, the job's merged classes, and ``by``, who declared it: ``"this node"`` or
-    the node whose verdict came through the rendezvous store."""
+    the node whose verdict came through the rendezvous store; ``flight``: this node's ranks'
+    flight recorders, taken once the rule fired (unparsed)."""
 
     def __init__(
         self,
@@ -102,6 +104,7 @@ class HangReport:
         nodes: int = 1,
         view: JobView | None = None,
         by: str | None = None,
+        flight: Sequence[FlightAnswer] = (),
     ) -> None:
         self.timeout = timeout
         self.idle = idle
@@ -110,6 +113,7 @@ class HangReport:
         self.nodes = nodes
         self.view = view
         self.by = by
+        self.flight = list(flight)  # this node's ranks' flight recorders, taken at the verdict
 
     @property
     def stacks(self) -> Sequence[RankStacks]:
@@ -141,6 +145,7 @@ class HangWatch:
         self._unasked: dict[int, str] = {}  # local rank -> why the last tick did not ask it
         self._progress_at = time.monotonic()
         self._supervisor: Supervisor | None = None
+        self._declaring = False  # the rule fired: the flight recorders are being taken
 
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
@@ -169,6 +174,8 @@ class HangWatch:
             self._tick()
 
     def _tick(self) -> None:
+        if self._declaring:
+            return
         now = time.monotonic()
         dumps = self.dumps
         progress = self._output != self._seen_output
@@ -212,7 +219,7 @@ class HangWatch:
                 self.job.moving()
         elif now - self._progress_at >= self.timeout and not unknown:
             if self.job is None:
-                self._declare(now)
+                self._take_flight(now)
                 return
             if not self.still:
                 self.still = True
@@ -273,10 +280,31 @@ class HangWatch:
             for raw in self.last_raw()
         ]
 
-    def _declare(self, now: float) -> None:
+    def _take_flight(self, now: float) -> None:
+        """The rule fired: take every live rank's flight recorder (no stack signal; at most
+        :data:`~numarun.stacks.dumps.TAKE_LIMIT` seconds, from the loop's timers), then
+        declare the hang with it."""
+        self._declaring = True
+        live = self.dumps.live()
+
+        def taken(raws: list[Raw]) -> None:
+            if self.dumps.live() != live:  # a rank ended meanwhile: progress, no verdict
+                self._declaring = False
+                self._progress_at = time.monotonic()
+                return
+            self._declare(now, [raw.flight for raw in raws if raw.flight is not None])
+
+        try:
+            self.dumps.take_async(taken, live, stacks=False, flight=True)
+        except OSError:
+            self._declare(now, [])
+
+    def _declare(self, now: float, flight: Sequence[FlightAnswer] = ()) -> None:
+        if self.report is not None:
+            return
         stacks = self.last_stacks()
         idle = now - self._progress_at
-        self.report = HangReport(self.timeout, idle, stacks, self.output_watched)
+        self.report = HangReport(self.timeout, idle, stacks, self.output_watched, flight=flight)
         assert self._supervisor is not None
         self._supervisor.request_stop(
             f"{HANG_REASON}no rank made progress for {idle:.1f} s (--hang-timeout {self.timeout:g})"

@@ -75,7 +75,9 @@ _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.
 _STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
 _IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
-_COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
+# A main thread with a frame here waits inside torch: a collective, a Work's wait, a backward
+# (DDP all-reduces the gradients from the autograd engine, so its stack shows no collective).
+WAITS_IN_TORCH = ("torch/distributed/", "torch/nn/parallel/", "torch/autograd/", "torch/_tensor.py")
 # The failure and hang summaries show this many innermost frames of each group's main thread.
 SUMMARY_FRAMES = 12
 _set = object.__setattr__  # how a Value's __init__ fills its slots
@@ -359,8 +361,10 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     """(the majority, the groups whose stacks differ from it): the likely culprits of a hang.
 
     The majority is the largest group with stacks; between groups of the same size, the one
-    whose main thread is inside ``torch.distributed`` (waiting in a collective), if exactly one
-    is. With one group there is no odd one; without a majority (a tie) every group is listed.
+    whose main thread waits inside torch (:data:`WAITS_IN_TORCH`: a collective, a ``wait()``,
+    a backward whose gradients DDP all-reduces), if exactly one does: the others, in their own
+    code, are the likely partners it waits for (two ranks, one hang). With one group there is
+    no odd one; without a majority (a tie) every group is listed.
     """
     with_stacks = [group for group in groups if group.has_stacks]
     if not with_stacks:
@@ -370,7 +374,7 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     size = len(with_stacks[0].ranks)
     largest = [group for group in with_stacks if len(group.ranks) == size]
     if len(largest) > 1:
-        waiting = [group for group in largest if _in_collective(group.sample)]
+        waiting = [group for group in largest if waits_in_torch(group.sample)]
         if len(waiting) != 1:
             return None, with_stacks
         largest = waiting
@@ -378,10 +382,11 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     return majority, [group for group in with_stacks if group is not majority]
 
 
-def _in_collective(stacks: RankStacks) -> bool:
+def waits_in_torch(stacks: RankStacks) -> bool:
+    """Whether the rank's main thread waits inside torch (:data:`WAITS_IN_TORCH`)."""
     thread = stacks.main_thread
     return thread is not None and any(
-        any(part in frame.file.replace(os.sep, "/") for part in _COLLECTIVE)
+        any(part in frame.file.replace(os.sep, "/") for part in WAITS_IN_TORCH)
         for frame in thread.frames
     )
 

@@ -28,13 +28,14 @@ from numarun.process import forkexec
 from numarun.worker.dumphandler import ANSWER_MAGIC, ANSWER_SUFFIX, FLIGHT_LIMIT, REQUEST_SUFFIX
 
 _HEADER_LIMIT = 128  # bytes of an answer's header line, at most
-STATUSES = ("ok", "none", "error")
+STATUSES = ("ok", "none", "absent", "error")
 
 
 class FlightAnswer:
     """One rank's flight recorder as the launcher got it: ``status`` ``"ok"`` (``data`` is
-    torch's dump, unparsed), ``"none"`` (the rank has none: ``reason`` says why, in its own
-    words: ``torch.distributed not imported``, ...), ``"error"`` (taking it raised:
+    torch's dump, unparsed), ``"none"`` (the rank has no collectives to record: ``reason``
+    says why, in its own words: ``torch.distributed not imported``, ...), ``"absent"`` (its
+    torch has no recorder for its backend: ``reason``), ``"error"`` (taking it raised:
     ``reason``), or ``"unanswered"`` (no answer in time, or the rank cannot be asked:
     ``reason``)."""
 

@@ -26,15 +26,15 @@ The helper blocks in ``read`` on a FIFO (``<dump file>.req``) the launcher write
 to (a decimal request number). For each, it answers in ``<dump file>.fr``, replacing what was
 there: one header line ``numarun-fr <request> <tid> <status> <length>`` and ``length`` bytes:
 ``ok`` and torch's flight recorder dump (its pickle, as ``_dump_fr_trace`` returns it, without
-stack traces: their first symbolisation costs a rank seconds); ``none`` and why there is none
-(``torch.distributed`` not imported, no process group, a torch without a recorder); ``error``
-and the exception's line. torch is looked up in :data:`sys.modules` only: a rank that never
-imported ``torch.distributed`` loads nothing. Answering needs the GIL (torch's dump is a Python
-call); a rank whose main thread holds the GIL in C code answers when it lets go, and the
-launcher stops waiting after its limit. A gloo recorder of torch 2.13 leaves ``pg_config`` (the
-groups' members) empty; the helper fills it from ``torch.distributed``'s own table of groups, so
-that torch's analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) can read the
-dumps.
+stack traces: their first symbolisation costs a rank seconds); ``none`` and why the rank has no
+collectives to record (``torch.distributed`` not imported, no process group); ``absent`` when
+its torch has no recorder for its backend; ``error`` and the exception's line. torch is looked
+up in :data:`sys.modules` only: a rank that never imported ``torch.distributed`` loads nothing.
+Answering needs the GIL (torch's dump is a Python call); a rank whose main thread holds the GIL
+in C code answers when it lets go, and the launcher stops waiting after its limit. A gloo
+recorder of torch 2.13 leaves ``pg_config`` (the groups' members) empty; the helper fills it
+from ``torch.distributed``'s own table of groups, so that torch's analyzer (``python -m
+torch.distributed.flight_recorder.fr_trace``) can read the dumps.
 
 The variable is removed from ``os.environ``, so the user's program and its children never see
 it (a child started with the same bootstrap is not armed twice on the rank's file). The files
@@ -180,10 +180,10 @@ def _flight_record() -> "tuple[bytes, bytes]":
             dump = getattr(c10d, "_dump_fr_trace", None)
         if dump is None:
             version = getattr(modules.get("torch"), "__version__", "?")
-            return b"none", f"torch {version} has no flight recorder for {backend}".encode()
+            return b"absent", f"torch {version} has no flight recorder for {backend}".encode()
         data = dump(True, False, False)  # collectives, no stack traces, every entry
         if len(data) > FLIGHT_LIMIT:
-            return b"none", f"its dump is {len(data)} bytes, over {FLIGHT_LIMIT}".encode()
+            return b"error", f"its dump is {len(data)} bytes, over {FLIGHT_LIMIT}".encode()
         return b"ok", _with_groups(data, modules)
     except Exception as error:  # a diagnostic: one line, never the program's problem
         return b"error", f"{type(error).__name__}: {error}"[:300].encode("utf-8", "replace")
