@@ -280,7 +280,7 @@ def format_summary(
         lines.extend(_stacks_lines(stacks))
         if stacks_logs is not None:
             lines.append(f"  full stacks: {_printable(stacks_logs)}")
-        lines.extend(_flight_lines(flight))
+        lines.extend(_flight_lines(flight, f"their collectives when rank {failed_rank} failed"))
     if earlier_attempts:
         lines.append(_THIN)
         lines.append("Earlier attempts:")
@@ -525,13 +525,13 @@ def _job_hang_lines(hang: Any) -> list[str]:
     return [_printable(line) for line in lines if line]
 
 
-def _flight_lines(flight: Any) -> list[str]:
+def _flight_lines(flight: Any, heading: str = "each rank's collectives") -> list[str]:
     """The flight recorders' section: the verdict (its lines are escaped already) and where the
     dumps are."""
     if flight is None:
         return []
     return [
-        "Flight recorder (each rank's collectives, as torch recorded them):",
+        f"Flight recorder ({heading}, as torch recorded them):",
         *(f"  {line}" for line in [*flight.lines(), *flight.where_lines()]),
     ]
 

@@ -31,6 +31,10 @@ if TYPE_CHECKING:
     from numarun.stacks.rankhelper import FlightAnswer
 
 ANALYZER = "python -m torch.distributed.flight_recorder.fr_trace"
+NOTHING_RECORDED = (
+    "no collective in the flight recorder (none called yet, or the recorder is off: "
+    "TORCH_FR_BUFFER_SIZE=0)"
+)
 # What a rank without collectives says: nothing to report, no line.
 _NOTHING = ("torch.distributed not imported", "no process group")
 
@@ -58,6 +62,10 @@ class FlightReport:
                 self.absent.setdefault(answer.reason, []).append(answer.rank)
             if not answer.reason.startswith(_NOTHING):
                 without[answer.rank] = answer.reason or answer.status
+        if records and not any(g.enqueued > 0 or g.recent for r in records for g in r.groups):
+            # Dumps without a single collective: the recorder is off, or nothing was called.
+            self.absent.setdefault(NOTHING_RECORDED, []).extend(r.rank for r in records)
+            records = []
         self.records = records
         self.verdict: Verdict | None = merge(records, without, world=world) if records else None
 
@@ -99,7 +107,7 @@ class FlightReport:
 
     def save(self, directory: str | None, *, why_not: str) -> None:
         """Keep the dumps in ``directory`` (:func:`save_dumps`); None: say ``why_not``."""
-        if not any(answer.status == "ok" for answer in self.answers):
+        if self.verdict is None:  # no dump with a collective in it: nothing worth keeping
             return
         if directory is None:
             self.save_problem = why_not
