@@ -595,7 +595,8 @@ def _hang_block(hang: Any, stacks_logs: str | None, flight: Any = None) -> list[
     majority, odd = odd_ones_out(groups)
     by_rank = {item.rank: item for item in hang.stacks}
     culprits = flight.culprits if flight is not None else set()
-    if culprits:
+    named = {rank for group in odd for rank in group.ranks} if majority is not None else set()
+    if culprits and culprits != named:  # the recorder knows better than the stacks
         lines.extend(_flight_culprits(groups, culprits, hang))
         blamed = [group for group in groups if set(group.ranks) & culprits]
         odd = blamed

@@ -1,12 +1,13 @@
 """A signal to one thread of another process: ``tgkill(2)``, which Python's :mod:`os` and
 :mod:`signal` do not offer for a process other than the caller.
 
-What it is for: numarun's stack dumps reach a rank through its helper thread alone
-(:mod:`numarun.worker.dumphandler`), so that no thread of the program has a system call
-interrupted. A signal sent to a process (``kill``, ``pidfd_send_signal``) goes to a thread of
-the kernel's choosing; ``tgkill(tgid, tid, sig)`` goes to thread ``tid`` and only while it is
-a thread of process ``tgid`` (else ``ESRCH``), so a thread id left over from an ended thread,
-or reused elsewhere, is never hit.
+What it is for: numarun's stack dumps, when a rank's helper thread cannot get the GIL
+(:mod:`numarun.stacks.rankhelper`), fall back to faulthandler's signal handler, which must run on
+the rank's main thread (the likely GIL holder) and not on the helper. A signal sent to a process
+(``kill``, ``pidfd_send_signal``) goes to a thread of the kernel's choosing, usually but not
+always the main thread; ``tgkill(tgid, tid, sig)`` goes to thread ``tid`` and only while it is a
+thread of process ``tgid`` (else ``ESRCH``), so a thread id left over from an ended thread, or
+reused elsewhere, is never hit.
 
 Through :mod:`ctypes` (already loaded by :mod:`numarun.placement.binding` in every process that
 starts workers): glibc's ``tgkill`` (2.30 and later), else ``syscall(2)`` with this

@@ -66,6 +66,11 @@ _REPLACED_AFTER = 0.1  # signal delivered, file still empty this long: someone e
 _SIG_BIT = 1 << (STACKS_SIGNAL - 1)
 
 NO_HELPER = "the rank has no numarun helper thread to answer"
+UNANSWERED = (
+    "no answer: its helper thread did not get the GIL in time (a rank starved of CPU), and "
+    "the signal that followed was not answered either"
+)
+UNREAD = "its helper has not read numarun's earlier requests (a rank starved of CPU)"
 NOT_PYTHON = "not a Python process (--no-python)"
 EXITED = "exited"
 # The bootstrap arms the dump just before the program's first line, so a rank without it has
@@ -174,19 +179,17 @@ class _Collection:
         self.dumps = dumps
         self.wanted = wanted
         self.limit = limit
-        self.problems = dumps.ask(wanted) if stacks else dumps.problems(wanted)
+        self.problems, self.flight_request, self.flight_pending = dumps.ask_for(
+            wanted, stacks=stacks, flight=flight
+        )
         self.texts: dict[int, bytes] = {}
         self.pending = [r for r in wanted if r not in self.problems] if stacks else []
         self.deadline = time.monotonic() + limit
         self.seen: dict[int, tuple[int, float]] = {}  # local rank -> (size, when it changed)
         self.flight: dict[int, FlightAnswer] = {}
-        self.flight_request = 0
-        self.flight_pending: list[int] = []
         if flight:
-            asked = [r for r in wanted if r not in self.problems]
-            self.flight_request, self.flight_pending = dumps.ask_flight(asked)
-            for local_rank in asked:
-                if local_rank not in self.flight_pending:
+            for local_rank in wanted:
+                if local_rank not in self.problems and local_rank not in self.flight_pending:
                     self.flight[local_rank] = dumps.flight_answer(
                         local_rank, "unanswered", reason=NO_HELPER
                     )
@@ -199,6 +202,8 @@ class _Collection:
         now = time.monotonic()
         for local_rank in list(self.pending):
             data = dumps.read(local_rank)
+            if not data:
+                dumps.nudge(local_rank)  # a helper that cannot get the GIL: signal it
             size, since = self.seen.get(local_rank, (-1, now))
             if len(data) != size:
                 self.seen[local_rank] = (len(data), now)
@@ -339,31 +344,50 @@ class RankDumps:
     # --- asking --------------------------------------------------------------------------------
 
     def ask(self, local_ranks: Iterable[int] | None = None) -> dict[int, str]:
-        """Empty each rank's file and send it signal 42; returns the problem of each rank that
-        was not asked (not Python, exited, not armed, signal pending, handler replaced)."""
+        """Empty each rank's file and ask it for its stacks (its helper through its FIFO, a
+        rank without one by signal 42); returns the problem of each rank that was not asked
+        (not Python, exited, not armed, signal pending, handler replaced)."""
+        wanted = self.local_ranks if local_ranks is None else list(local_ranks)
+        return self.ask_for(wanted, stacks=True, flight=False)[0]
+
+    def ask_for(
+        self, local_ranks: Sequence[int], *, stacks: bool, flight: bool
+    ) -> tuple[dict[int, str], int, list[int]]:
+        """Ask ``local_ranks`` for their stacks and/or flight recorders: (the problem of each
+        rank not asked, the flight-recorder request number, the local ranks asked for it:
+        those with a helper)."""
         self._refresh_pids()
         problems: dict[int, str] = {}
         ready: list[int] = []
-        for local_rank in self.local_ranks if local_ranks is None else local_ranks:
+        for local_rank in local_ranks:
             problem = self._check(self._ranks[local_rank])
             if problem is None:
                 ready.append(local_rank)
             else:
                 problems[local_rank] = problem
-        if ready:
+        helped = [r for r in ready if self._thread(r) is not None]
+        request, sent = 0, []
+        if helped and (stacks or flight):
+            assert self.helpers is not None
+            if stacks:
+                for local_rank in helped:
+                    os.ftruncate(self._ranks[local_rank].fd, 0)  # type: ignore[arg-type]
+            request, sent = self.helpers.request(helped, stacks=stacks, flight=flight)
+            for local_rank in helped:
+                if local_rank not in sent:
+                    problems[local_rank] = UNREAD
+        signalled = [r for r in ready if r not in helped] if stacks else []
+        if signalled:
             assert self._supervisor is not None
-            for local_rank in ready:
-                fd = self._ranks[local_rank].fd
-                assert fd is not None
-                os.ftruncate(fd, 0)
-            reached = self._send(ready)
-            now = time.monotonic()
-            for local_rank in ready:
-                if local_rank in reached:
-                    self._ranks[local_rank].asked_at = now
-                else:
-                    problems[local_rank] = EXITED
-        return problems
+            for local_rank in signalled:
+                os.ftruncate(self._ranks[local_rank].fd, 0)  # type: ignore[arg-type]
+            reached = set(self._supervisor.send_signal(STACKS_SIGNAL, signalled))
+            problems.update({r: EXITED for r in signalled if r not in reached})
+        now = time.monotonic()
+        for local_rank in (sent if stacks else []) + signalled:
+            if local_rank not in problems:
+                self._ranks[local_rank].asked_at = now
+        return problems, request, (sent if flight else [])
 
     def problems(self, local_ranks: Iterable[int]) -> dict[int, str]:
         """Why each of ``local_ranks`` could not be asked now (as :meth:`ask` would say),
@@ -376,14 +400,6 @@ class RankDumps:
                 found[local_rank] = problem
         return found
 
-    def ask_flight(self, local_ranks: Sequence[int]) -> tuple[int, list[int]]:
-        """Ask the helpers of ``local_ranks`` (those that have one) for their flight
-        recorder: (the request number, the local ranks asked)."""
-        with_helper = [r for r in local_ranks if self._thread(r) is not None]
-        if self.helpers is None or not with_helper:
-            return 0, []
-        return self.helpers.request(with_helper)
-
     def helpers_answer(self, local_rank: int, request: int) -> tuple[str, bytes] | None:
         """The rank's complete answer to flight-recorder ``request``, or None (not yet)."""
         if self.helpers is None:
@@ -395,21 +411,30 @@ class RankDumps:
     ) -> FlightAnswer:
         return FlightAnswer(self._ranks[local_rank].rank, local_rank, status, data, reason)
 
-    def _send(self, ready: list[int]) -> set[int]:
-        """Signal 42 to each of ``ready``: to its helper thread where it has one (no thread of
-        the program sees the signal), else to the process; the local ranks reached."""
-        assert self._supervisor is not None
-        threads = {r: tid for r in ready if (tid := self._thread(r)) is not None}
-        reached: set[int] = set()
-        if threads:
-            try:
-                reached.update(self._supervisor.send_thread_signal(STACKS_SIGNAL, threads))
-            except OSError:  # no tgkill here: the processes, as before the helper
-                threads = {}
-        rest = [r for r in ready if r not in threads]
-        if rest:
-            reached.update(self._supervisor.send_signal(STACKS_SIGNAL, rest))
-        return reached
+    def nudge(self, local_rank: int) -> bool:
+        """Signal the rank's main thread when its helper's stacks request went unanswered
+        while the helper sleeps, waiting for the GIL (:mod:`numarun.stacks.rankhelper`): the
+        handler then dumps from the thread most likely holding it. True when the signal went;
+        only while the handler is installed and no signal is pending."""
+        state = self._ranks[local_rank]
+        if self._thread(local_rank) is None or state.exited or self._supervisor is None:
+            return False
+        assert self.helpers is not None
+        if not self.helpers.should_nudge(local_rank, state.pid):
+            return False
+        signals = _signal_state(state.pid, state.pid)
+        if signals is None or not signals[0] or signals[1]:
+            return False  # no handler installed (a default action kills), or one pending
+        try:
+            main = {local_rank: state.pid}  # the main thread's id is the process's
+            return bool(self._supervisor.send_thread_signal(STACKS_SIGNAL, main))
+        except OSError:  # no tgkill here: the process (the kernel picks the main thread)
+            return bool(self._supervisor.send_signal(STACKS_SIGNAL, [local_rank]))
+
+    def awaiting_signal(self, local_rank: int) -> bool:
+        """Whether the rank's helper was signalled for its outstanding stacks request (its
+        dump comes from the handler: do not ask again before it is read)."""
+        return self.helpers is not None and self.helpers.nudged(local_rank)
 
     def _thread(self, local_rank: int) -> int | None:
         return self.helpers.thread_id(local_rank) if self.helpers is not None else None
@@ -427,11 +452,18 @@ class RankDumps:
         return _signal_state(state.pid)
 
     def _check(self, state: _Rank) -> str | None:
-        """Why ``state``'s rank must not be signalled now, or None."""
+        """Why ``state``'s rank must not be asked now, or None. A rank with a helper is asked
+        through it, whatever its handler: it needs only its helper thread alive."""
         if state.fd is None:
             return NOT_PYTHON
         if state.exited or state.pid <= 0 or self._supervisor is None:
             return EXITED
+        tid = self._thread(state.local_rank)
+        if tid is not None:
+            if _signal_state(state.pid, tid) is not None:  # the helper is there
+                return None
+            assert self.helpers is not None
+            self.helpers.forget(state.local_rank)  # gone (an exec): the process, as before
         if state.replaced:
             return REPLACED
         signals = self._state(state)
@@ -445,10 +477,15 @@ class RankDumps:
         return None
 
     def read(self, local_rank: int) -> bytes:
-        """What the rank's file holds now (at most 4 MiB)."""
+        """The rank's dump so far (at most 4 MiB): its helper's answer to the outstanding
+        request (:meth:`numarun.stacks.rankhelper.RankHelpers.stacks_dump`), or what the
+        file of a rank without a helper holds."""
         fd = self._ranks[local_rank].fd
         if fd is None:
             return b""
+        if self._thread(local_rank) is not None:
+            assert self.helpers is not None
+            return self.helpers.stacks_dump(local_rank, fd)
         size = os.fstat(fd).st_size
         return os.pread(fd, min(size, _MAX_DUMP), 0) if size else b""
 
@@ -460,6 +497,11 @@ class RankDumps:
         state = self._ranks[local_rank]
         if data or state.asked_at is None:
             return None
+        if self._thread(local_rank) is not None and not state.exited:
+            if not final:
+                return None
+            signals = _signal_state(state.pid, state.pid)
+            return PENDING if signals is not None and signals[1] else UNANSWERED
         signals = self._state(state) if not state.exited else None
         if signals is None:
             return EXITED

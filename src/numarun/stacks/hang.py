@@ -47,6 +47,7 @@ from numarun.stacks.dumps import (
     NOT_PYTHON,
     PENDING,
     REPLACED,
+    UNANSWERED,
     RankDumps,
     Raw,
     normalized,
@@ -182,6 +183,7 @@ class HangWatch:
         self._seen_output = self._output
         observable = self.output_watched
         unknown = False  # a rank did not answer: no verdict at this sample
+        signalled: list[int] = []  # ranks whose helper was signalled: read, not asked again
         for local_rank in dumps.local_ranks:
             state = dumps._ranks[local_rank]
             if state.exited:
@@ -201,8 +203,12 @@ class HangWatch:
             if state.asked_at is None:
                 continue  # first tick: nothing asked yet
             data = dumps.read(local_rank)
+            if not data and (dumps.nudge(local_rank) or dumps.awaiting_signal(local_rank)):
+                unknown = True  # its GIL is held: the dump comes from the signal, next tick
+                signalled.append(local_rank)
+                continue
             problem = None if data else dumps.answer_problem(local_rank, data, final=True)
-            if problem == PENDING:
+            if problem in (PENDING, UNANSWERED):
                 unknown = True
                 continue
             if not data:
@@ -224,7 +230,7 @@ class HangWatch:
             if not self.still:
                 self.still = True
                 self.job.still(self.last_raw(), now - self._progress_at)
-        self._unasked = dumps.ask(dumps.live())
+        self._unasked = dumps.ask([r for r in dumps.live() if r not in signalled])
 
     def idle(self) -> float:
         """Seconds since this node's ranks last made progress."""

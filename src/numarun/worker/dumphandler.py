@@ -1,40 +1,48 @@
-"""Inside a worker: arm numarun's stack dumps before the user's code runs, and the small helper
-thread that receives numarun's signal and answers its flight-recorder requests.
+"""Inside a worker: arm numarun's stack dumps before the user's code runs, with a small helper
+thread that takes them and answers the launcher's flight-recorder requests.
 
 :func:`arm` is called first thing by both bootstraps (:mod:`numarun.worker.bootstrap` for scripts
 and modules, :mod:`numarun.spawning.childmain` for :func:`numarun.spawn` under every start method).
 When the launcher gave this rank a dump file (``NUMARUN_STACKS_FILE``, a path in a private 0700
-directory of the launcher's, see :mod:`numarun.stacks.dumps`), it starts the helper thread, then
-registers :func:`faulthandler.register` on :data:`STACKS_SIGNAL` with ``all_threads=True`` and
-``chain=False``, writing to that file. faulthandler writes from the C signal handler, so a dump
-comes even while the rank is blocked in C (a collective) or holds the GIL, and never touches the
-rank's stdout or stderr.
+directory of the launcher's, see :mod:`numarun.stacks.dumps`), it starts the helper thread
+(:func:`_numarun_stacks_helper`), then registers :func:`faulthandler.register` on
+:data:`STACKS_SIGNAL` (``all_threads=True``, ``chain=False``). Nothing goes to the rank's stdout
+or stderr.
 
-The helper thread (:func:`_numarun_stacks_helper`) exists so that the signal interrupts no
-thread of the program. A signal sent to a process goes to a thread of the kernel's choosing, the
-main thread first: its blocking system call then fails with ``EINTR``, and code that does not
-restart it sees that (torch's TCPStore client printed "Interrupted system call" and waited out a
-retry delay; ``poll``/``connect`` with a timeout are never restarted, ``SA_RESTART`` or not).
-The launcher instead sends the signal to the helper thread alone (``tgkill``), so only the
-helper's own ``read`` is interrupted, and faulthandler's handler, running on the helper, dumps
-every thread without the GIL. No signal mask is changed anywhere: nothing is inherited by the
-program's threads or children. The helper's native thread id is the first line it writes to its
-answer file (``<dump file>.fr``, below), before the handler is registered, so the launcher knows
-where to send the signal as soon as it sees the handler installed.
+Why a helper, and why it dumps holding the GIL. A signal sent to a process goes to a thread of
+the kernel's choosing, the main thread first: its blocking system call then fails with
+``EINTR``, and code that does not restart it sees that (torch's TCPStore client printed
+"Interrupted system call" and waited out a retry delay; ``poll``/``connect`` with a timeout are
+never restarted, ``SA_RESTART`` or not). A signal sent to another thread alone (``tgkill``)
+interrupts nothing of the program, but faulthandler's handler then reads the other threads'
+frames while one of them may be running Python and changing them: measured here, a rank deep in
+recursion died of SIGSEGV at the first such dump. So the launcher asks the helper through a
+FIFO (``<dump file>.req``, request lines ``<number> <what>``, ``s`` for stacks, ``f`` for the
+flight recorder), and the helper, woken by its own ``read``, takes the stacks with
+:func:`faulthandler.dump_traceback` while it holds the GIL: no thread runs Python meanwhile
+(one blocked in a collective, in C, has no GIL and unchanging frames), and no thread of the
+program is interrupted. It writes ``numarun-stacks <number>`` then the dump to the dump file.
+Getting the GIL takes a busy program its switch interval (5 ms). A rank whose GIL is held
+and not let go (C code that keeps it: a hang of its own) leaves the request unanswered; the
+launcher then sends :data:`STACKS_SIGNAL` to the rank's main thread, the likely holder (see
+:mod:`numarun.stacks.rankhelper`), and the handler, running on the thread it interrupted,
+writes the dump to ``<dump file>.sig``, as numarun did before the helper existed. A rank
+without a helper (it could not start) registers the handler on the dump file itself and is
+signalled as a process.
 
-The helper blocks in ``read`` on a FIFO (``<dump file>.req``) the launcher writes request lines
-to (a decimal request number). For each, it answers in ``<dump file>.fr``, replacing what was
-there: one header line ``numarun-fr <request> <tid> <status> <length>`` and ``length`` bytes:
-``ok`` and torch's flight recorder dump (its pickle, as ``_dump_fr_trace`` returns it, without
-stack traces: their first symbolisation costs a rank seconds); ``none`` and why the rank has no
-collectives to record (``torch.distributed`` not imported, no process group); ``absent`` when
-its torch has no recorder for its backend; ``error`` and the exception's line. torch is looked
-up in :data:`sys.modules` only: a rank that never imported ``torch.distributed`` loads nothing.
-Answering needs the GIL (torch's dump is a Python call); a rank whose main thread holds the GIL
-in C code answers when it lets go, and the launcher stops waiting after its limit. A gloo
-recorder of torch 2.13 leaves ``pg_config`` (the groups' members) empty; the helper fills it
-from ``torch.distributed``'s own table of groups, so that torch's analyzer (``python -m
-torch.distributed.flight_recorder.fr_trace``) can read the dumps.
+The helper's native thread id is the first line it writes to its answer file (``<dump
+file>.fr``), before the handler is registered, so the launcher knows the rank has a helper as
+soon as it sees the handler installed. A flight-recorder request is answered there, replacing
+what was there: one header line ``numarun-fr <request> <tid> <status> <length>`` and
+``length`` bytes: ``ok`` and torch's flight recorder dump (its pickle, as ``_dump_fr_trace``
+returns it, without stack traces: their first symbolisation costs a rank seconds); ``none``
+and why the rank has no collectives to record (``torch.distributed`` not imported, no process
+group); ``absent`` when its torch has no recorder for its backend; ``error`` and the
+exception's line. torch is looked up in :data:`sys.modules` only: a rank that never imported
+``torch.distributed`` loads nothing. A gloo recorder of torch 2.13 leaves ``pg_config`` (the
+groups' members) empty; the helper fills it from ``torch.distributed``'s own table of groups,
+so that torch's analyzer (``python -m torch.distributed.flight_recorder.fr_trace``) can read
+the dumps.
 
 The variable is removed from ``os.environ``, so the user's program and its children never see
 it (a child started with the same bootstrap is not armed twice on the rank's file). The files
@@ -64,7 +72,9 @@ STACKS_FILE_ENV = "NUMARUN_STACKS_FILE"
 STACKS_SIGNAL = 42
 ANSWER_SUFFIX = ".fr"  # <dump file>.fr: the helper's answers (launcher-made, regular file)
 REQUEST_SUFFIX = ".req"  # <dump file>.req: the launcher's requests (launcher-made FIFO)
+SIGNAL_SUFFIX = ".sig"  # <dump file>.sig: what the signal handler writes, with a helper
 ANSWER_MAGIC = b"numarun-fr"
+STACKS_MAGIC = b"numarun-stacks"  # the helper's stack dumps start with it and the request
 HELPER_FUNCTION = "_numarun_stacks_helper"  # how the helper's frames are recognised in a dump
 FLIGHT_LIMIT = 16 * 1024 * 1024  # bytes of one dump the helper sends; more: said, not sent
 _HIGH_FD = 1000  # where the files' fds move to, when free and allowed
@@ -90,41 +100,48 @@ def arm() -> None:
     except OSError:
         return
     fd = _move_high(fd)
-    _start_helper(path)
+    signalled = _start_helper(path, fd)
     try:
-        faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=False)
+        faulthandler.register(STACKS_SIGNAL, file=fd if signalled is None else signalled,
+                              all_threads=True, chain=False)  # fmt: skip
     except (OSError, RuntimeError, ValueError):
         os.close(fd)
 
 
-def _start_helper(path: str) -> None:
-    """Open the helper's two files and start it; returns once it wrote its thread id (at most
-    :data:`_READY_WAIT` seconds), or at once when it cannot start."""
+def _start_helper(path: str, stacks: int) -> "int | None":
+    """Open the helper's files and start it; returns the fd the signal handler is to write
+    to (``<dump file>.sig``) once the helper wrote its thread id (at most :data:`_READY_WAIT`
+    seconds), or None when it cannot start (the handler then writes to the dump file)."""
+    opened = []
+    # The FIFO read-write: opening it so never waits for a writer, and read never sees EOF.
+    files = ((ANSWER_SUFFIX, os.O_WRONLY), (SIGNAL_SUFFIX, os.O_WRONLY | os.O_APPEND),
+             (REQUEST_SUFFIX, os.O_RDWR))  # fmt: skip
     try:
-        answers = os.open(path + ANSWER_SUFFIX, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        for suffix, flags in files:
+            opened.append(_move_high(os.open(path + suffix, flags | os.O_NOFOLLOW | os.O_CLOEXEC)))
     except OSError:
-        return
-    try:
-        # O_RDWR: opening a FIFO so never waits for a writer, and read never sees EOF.
-        requests = os.open(path + REQUEST_SUFFIX, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        os.close(answers)
-        return
-    answers, requests = _move_high(answers), _move_high(requests)
+        for fd in opened:
+            os.close(fd)
+        return None
+    answers, signalled, requests = opened
     ready = _thread.allocate_lock()
     ready.acquire()
     try:
-        _thread.start_new_thread(_numarun_stacks_helper, (requests, answers, ready))
+        _thread.start_new_thread(_numarun_stacks_helper, (requests, answers, stacks, ready))
     except RuntimeError:  # no thread can start (a process or memory limit)
-        os.close(answers)
-        os.close(requests)
-        return
+        for fd in opened:
+            os.close(fd)
+        return None
     ready.acquire(True, _READY_WAIT)
+    return signalled
 
 
-def _numarun_stacks_helper(requests: int, answers: int, ready: "_thread.LockType") -> None:
-    """The helper thread: says its thread id, then answers each request line until its FIFO
-    fails (the function's name marks its frames in a dump: :data:`HELPER_FUNCTION`)."""
+def _numarun_stacks_helper(
+    requests: int, answers: int, stacks: int, ready: "_thread.LockType"
+) -> None:
+    """The helper thread: says its thread id, then serves each request line (the last one
+    read, when several came at once) until its FIFO fails. Its function's name marks its
+    frames in a dump (:data:`HELPER_FUNCTION`)."""
     tid = _thread.get_native_id()
     try:
         _answer(answers, b"0", tid, b"ready", b"")
@@ -144,13 +161,21 @@ def _numarun_stacks_helper(requests: int, answers: int, ready: "_thread.LockType
         if b"\n" not in pending:
             continue
         lines, pending = pending.rsplit(b"\n", 1)
-        request = lines.rsplit(b"\n", 1)[-1].strip()
-        if not request.isdigit():
-            continue
-        status, body = _flight_record()
+        latest = {}  # what is asked -> the last request asking for it
+        for line in lines.split(b"\n"):
+            request, _, wanted = line.strip().partition(b" ")
+            if request.isdigit():
+                for what in (b"s", b"f"):
+                    if what in wanted:
+                        latest[what] = request
         try:
-            _answer(answers, request, tid, status, body)
-        except OSError:
+            if b"s" in latest:  # taken holding the GIL: no thread runs Python meanwhile
+                os.write(stacks, b"%s %s\n" % (STACKS_MAGIC, latest[b"s"]))
+                faulthandler.dump_traceback(file=stacks, all_threads=True)
+            if b"f" in latest:
+                status, body = _flight_record()
+                _answer(answers, latest[b"f"], tid, status, body)
+        except (OSError, ValueError):
             return
 
 
