@@ -41,10 +41,12 @@ def _env(runtime: Path) -> dict[str, str]:
     return env  # fmt: skip
 
 
-def run_case(runtime: Path, ranks: int, case: str, *flags: str) -> subprocess.CompletedProcess:
+def run_case(
+    runtime: Path, ranks: int, case: str, *flags: str, program: tuple[str, ...] = ()
+) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "numarun", "--nproc-per-node", str(ranks), *flags, PROGRAM,
-         "--case", case],
+         "--case", case, *program],
         env=_env(runtime), capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
 
@@ -87,8 +89,9 @@ def test_a_skipped_collective_is_named_and_torchs_analyzer_reads_the_dumps(
 def test_a_broadcast_among_all_reduces_is_a_type_mismatch(runtime: Path) -> None:
     done = run_case(runtime, 3, "type", "--hang-timeout", "4")
     assert done.returncode == 124, done.stderr[-3000:]
-    assert "rank 1 waits in broadcast #4 ([4] float32): at #4 ranks 0,2 called all_reduce [4] " \
-        "float32, rank 1 called broadcast [4] float32 (collective type mismatch)" in done.stderr  # fmt: skip
+    expected = ("rank 1 waits in broadcast #4 ([4] float32): at #4 ranks 0,2 called all_reduce "
+                "[4] float32, rank 1 called broadcast [4] float32 (collective type mismatch)")
+    assert expected in done.stderr
     assert "dumps not kept: no log directory stays (give --log-dir to keep them)" in done.stderr
 
 
@@ -96,10 +99,12 @@ def test_a_subgroup_and_the_default_group_are_both_named(runtime: Path) -> None:
     done = run_case(runtime, 3, "subgroup", "--hang-timeout", "4")
     err = done.stderr
     assert done.returncode == 124, err[-3000:]
-    assert "group 0 (default_pg): ranks 1-2 wait in all_reduce #4 ([4] float32); rank 0 is one " \
-        "collective behind" in err and "it waits in group 1 all_reduce #1 ([2] float64)" in err  # fmt: skip
-    assert "group 1: rank 0 waits in all_reduce #1 ([2] float64); rank 1 is one collective " \
-        "behind, in none of its collectives yet; it waits in group 0 (default_pg) " in err  # fmt: skip
+    default = ("group 0 (default_pg): ranks 1-2 wait in all_reduce #4 ([4] float32); rank 0 is "
+               "one collective behind")
+    assert default in err and "it waits in group 1 all_reduce #1 ([2] float64)" in err
+    pair = ("group 1: rank 0 waits in all_reduce #1 ([2] float64); rank 1 is one collective "
+            "behind, in none of its collectives yet; it waits in group 0 (default_pg) ")
+    assert pair in err
     assert "Likely culprits (flight recorder" in err
 
 
@@ -137,7 +142,7 @@ def test_two_ranks_one_hang_the_rank_in_its_data_loader_is_named(runtime: Path) 
 def test_sampling_every_second_interrupts_none_of_torchs_calls(runtime: Path) -> None:
     # Rank 1 waits for rank 0's store (torch's TCPStore client retrying its connection) for
     # 6 s while --hang-timeout 30 samples every rank's stacks every second.
-    done = run_case(runtime, 2, "late-store", "--hang-timeout", "30", "--sleep", "6")
+    done = run_case(runtime, 2, "late-store", "--hang-timeout", "30", program=("--sleep", "6"))
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     assert "ready 0" in output and "ready 1" in output
@@ -179,7 +184,7 @@ def test_numarun_stacks_json_carries_the_flight_verdict(runtime: Path, tmp_path:
             assert done.returncode == 0, done.stderr
             document = json.loads(done.stdout)
             groups = ((document.get("flight") or {}).get("verdict") or {}).get("groups") or []
-            if groups and groups[0]["mismatch"] or time.monotonic() > deadline:
+            if (groups and groups[0]["mismatch"]) or time.monotonic() > deadline:
                 break
             time.sleep(0.5)
         text = subprocess.run([sys.executable, "-m", "numarun", "stacks"], env=_env(runtime),
