@@ -417,7 +417,8 @@ class RankDumps:
         handler then dumps from the thread most likely holding it. True when the signal went;
         only while the handler is installed and no signal is pending."""
         state = self._ranks[local_rank]
-        if self._thread(local_rank) is None or state.exited or self._supervisor is None:
+        if (self._thread(local_rank) is None or state.exited or state.replaced
+                or self._supervisor is None):  # fmt: skip
             return False
         assert self.helpers is not None
         if not self.helpers.should_nudge(local_rank, state.pid):
@@ -430,6 +431,11 @@ class RankDumps:
             return bool(self._supervisor.send_thread_signal(STACKS_SIGNAL, main))
         except OSError:  # no tgkill here: the process (the kernel picks the main thread)
             return bool(self._supervisor.send_signal(STACKS_SIGNAL, [local_rank]))
+
+    def has_helper(self, local_rank: int) -> bool:
+        """Whether the rank is asked through its helper thread (then a handler of its own for
+        signal 42 costs only the fallback signal)."""
+        return self._thread(local_rank) is not None
 
     def awaiting_signal(self, local_rank: int) -> bool:
         """Whether the rank's helper was signalled for its outstanding stacks request (its
@@ -501,7 +507,14 @@ class RankDumps:
             if not final:
                 return None
             signals = _signal_state(state.pid, state.pid)
-            return PENDING if signals is not None and signals[1] else UNANSWERED
+            if signals is not None and signals[1]:
+                return PENDING
+            if self.awaiting_signal(local_rank) and signals is not None:
+                # Signalled, nothing came, nothing pending: the rank's own handler took it.
+                # Never signalled again; its helper is still asked.
+                state.replaced = True
+                return REPLACED
+            return UNANSWERED
         signals = self._state(state) if not state.exited else None
         if signals is None:
             return EXITED

@@ -191,7 +191,7 @@ class HangWatch:
                     self._exited.add(local_rank)
                     progress = True
                 continue
-            if state.fd is None or state.replaced:
+            if state.fd is None or (state.replaced and not dumps.has_helper(local_rank)):
                 continue  # judged by its output alone
             unasked = self._unasked.get(local_rank)
             if unasked == NOT_ARMED:
@@ -268,7 +268,7 @@ class HangWatch:
                 problem = NOT_PYTHON
             elif state.exited:
                 problem = EXITED
-            elif state.replaced:
+            elif state.replaced and not dumps.has_helper(local_rank):
                 problem = REPLACED
             text = self._last.get(local_rank, b"") if problem is None else b""
             if problem is None and not text:
