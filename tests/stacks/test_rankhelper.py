@@ -17,16 +17,16 @@ from pathlib import Path
 import pytest
 
 from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
-from numarun.process.threadsignal import send_to_thread
+from numarun.process.teardown import send_to_thread
+from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
+from numarun.stacks.parse import rank_stacks
+from numarun.stacks.rankhelper import RankHelpers, thread_state
 from numarun.worker.dumphandler import (
     ANSWER_SUFFIX,
     SIGNAL_SUFFIX,
     STACKS_FILE_ENV,
     STACKS_SIGNAL,
 )
-from numarun.stacks.dumps import _signal_state, _structurally_complete, normalized
-from numarun.stacks.parse import rank_stacks
-from numarun.stacks.rankhelper import RankHelpers, thread_state
 
 # A rank whose main thread sits in poll(2) called through ctypes (the GIL released, and EINTR
 # seen as it is: Python's own calls retry), counting the polls a signal interrupted, until the

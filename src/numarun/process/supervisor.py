@@ -409,7 +409,7 @@ class Supervisor:
         """Send ``signum`` to one thread of each running worker process, ``threads`` mapping
         its local rank to the thread's id (``tgkill``: only while that thread belongs to the
         worker); returns the local ranks reached. Raises OSError where the system has no
-        ``tgkill`` (:func:`numarun.process.threadsignal.thread_signals_work`)."""
+        ``tgkill`` (:func:`numarun.process.teardown.send_to_thread`)."""
         return self._teardown.signal_threads(signum, threads)
 
     def request_stop(self, reason: str) -> None:

@@ -47,8 +47,8 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 
 from numarun.process import forkexec
-from numarun.worker.dumphandler import HELPER_FUNCTION, STACKS_FILE_ENV, STACKS_SIGNAL
 from numarun.stacks.rankhelper import FlightAnswer, RankHelpers, reason_text
+from numarun.worker.dumphandler import HELPER_FUNCTION, STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

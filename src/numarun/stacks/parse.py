@@ -65,11 +65,8 @@ _BOOTSTRAP_FILES = tuple(
     os.sep + os.path.join("numarun", *name.split("/"))
     for name in ("worker/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
 )
-# The helper thread's module, where it is now and where the restructure puts it.
-_HELPER_FILES = tuple(
-    os.sep + os.path.join("numarun", *name.split("/"))
-    for name in ("stacks/dumphandler.py", "worker/dumphandler.py")
-)
+# The helper thread's module.
+_HELPER_FILES = (os.sep + os.path.join("numarun", "worker", "dumphandler.py"),)
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
