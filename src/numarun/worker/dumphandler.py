@@ -79,6 +79,7 @@ HELPER_FUNCTION = "_numarun_stacks_helper"  # how the helper's frames are recogn
 FLIGHT_LIMIT = 16 * 1024 * 1024  # bytes of one dump the helper sends; more: said, not sent
 _HIGH_FD = 1000  # where the files' fds move to, when free and allowed
 _READY_WAIT = 5.0  # seconds arm() waits for the helper's first line
+_STOP_WAIT = 1.0  # seconds the interpreter's exit waits for the helper to end
 
 
 def arm() -> None:
@@ -133,7 +134,25 @@ def _start_helper(path: str, stacks: int) -> "int | None":
             os.close(fd)
         return None
     ready.acquire(True, _READY_WAIT)
+    import atexit  # built in: nothing to load
+
+    atexit.register(_stop_helper, requests, ready, os.getpid())
     return signalled
+
+
+def _stop_helper(requests: int, stopped: "_thread.LockType", pid: int) -> None:
+    """At the interpreter's exit (atexit, before its finalization): tell the helper to end
+    and wait for it (at most :data:`_STOP_WAIT` seconds), so that no thread of numarun's is
+    left when the program's modules are torn down (with one left, about one DDP job in ten
+    died at its exit of "terminate called without an active exception"). Not in a forked
+    child, which shares the FIFO with its parent but not the helper."""
+    if os.getpid() != pid:
+        return
+    try:
+        os.write(requests, b"0 q\n")
+    except OSError:
+        return
+    stopped.acquire(True, _STOP_WAIT)
 
 
 def _numarun_stacks_helper(
@@ -149,6 +168,17 @@ def _numarun_stacks_helper(
         return
     finally:
         ready.release()
+    try:
+        _serve(requests, answers, stacks, tid)
+    finally:
+        try:  # noqa: SIM105  (contextlib costs a worker's start-up milliseconds)
+            ready.release()  # what _stop_helper waits for
+        except RuntimeError:  # arm() gave up waiting for the first line: not held
+            pass
+
+
+def _serve(requests: int, answers: int, stacks: int, tid: int) -> None:
+    """Answer each request line until told to stop (``q``) or the FIFO fails."""
     pending = b""
     while True:
         try:
@@ -165,9 +195,11 @@ def _numarun_stacks_helper(
         for line in lines.split(b"\n"):
             request, _, wanted = line.strip().partition(b" ")
             if request.isdigit():
-                for what in (b"s", b"f"):
+                for what in (b"s", b"f", b"q"):
                     if what in wanted:
                         latest[what] = request
+        if b"q" in latest:
+            return
         try:
             if b"s" in latest:  # taken holding the GIL: no thread runs Python meanwhile
                 os.write(stacks, b"%s %s\n" % (STACKS_MAGIC, latest[b"s"]))
