@@ -2,21 +2,29 @@
 on a hang, through one :class:`numarun.process.supervisor.Supervisor` and without threads
 (:class:`RankDumps`).
 
-Mechanism. Each rank's bootstrap (:mod:`numarun.worker.dumphandler`) registers :mod:`faulthandler`
-on signal 42 (:data:`STACKS_SIGNAL`), writing to one file per rank in a private directory of the
-launcher's (``<runtime dir>/<job>.d/rank<local rank>``, 0700, in the per-user directory of
-:mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file, sends signal 42
-to the rank process through :meth:`Supervisor.send_signal` (workers only, never exited ones, never
-their children: a DataLoader worker forked from a rank inherits the registration but is never
-signalled), and reads the file back. faulthandler writes from its C signal handler, so a rank
-blocked in a collective or holding the GIL answers too; nothing goes to its stdout/stderr.
+Mechanism. Each rank's bootstrap (:mod:`numarun.worker.dumphandler`) starts a helper thread and
+registers :mod:`faulthandler` on signal 42 (:data:`STACKS_SIGNAL`); its files are one set per
+rank in a private directory of the launcher's (``<runtime dir>/<job>.d/rank<local rank>`` and
+the helper's ``.req``, ``.fr``, ``.sig``; 0700, in the per-user directory of
+:mod:`numarun.stacks.channel`). To take stacks, the launcher empties a rank's file and writes a
+request line to its helper (:mod:`numarun.stacks.rankhelper`), which dumps every thread while
+it holds the GIL: nothing of the program is interrupted, and nothing goes to its stdout/stderr.
+A rank whose helper has not answered after :data:`~numarun.stacks.rankhelper.NUDGE_AFTER`
+seconds while it sleeps waiting for the GIL is *nudged* (:meth:`RankDumps.nudge`): signal 42 to
+its main thread alone, whose faulthandler handler dumps from C, GIL held or not. A rank without
+a helper (it could not start it) gets signal 42 as a process through
+:meth:`Supervisor.send_signal`, as before the helper existed. Only rank processes are asked or
+signalled, never their children (a DataLoader worker forked from a rank inherits the
+registration, not the helper). With ``flight``, the same request asks the helper for the rank's
+flight recorder (:attr:`Raw.flight`).
 
 Safety. Signal 42 kills by default, so it is sent only to a rank whose ``/proc/<pid>/status``
 shows it caught (``SigCgt``) -- not yet armed (interpreter start-up) or running another program
-after ``exec`` means no signal -- and not while a previous one is still pending (``ShdPnd``).
-The remaining window is the few microseconds between that read and the signal, in which a
-rank would have to ``exec``. A rank whose own code took the signal over (its handler replaced
-numarun's: the user's handler wins) is reported as such and not signalled again in this run.
+after ``exec`` means no signal -- and not while a previous one is still pending (``ShdPnd``,
+and the thread's ``SigPnd``). The remaining window is the few microseconds between that read
+and the signal, in which a rank would have to ``exec``. A rank whose own code took the signal
+over (its handler replaced numarun's: the user's handler wins) is reported as such and not
+signalled again in this run; with a helper, it is still asked through it.
 
 When a dump is complete. faulthandler writes no end marker. A dump is taken as complete when
 its last line is the bottom of the main thread (listed last, so written last), which for both
@@ -34,9 +42,10 @@ few milliseconds.
 The hang verdict built on these dumps is :mod:`numarun.stacks.hang`; a job's stacks wired into
 one supervisor (the socket, at a failure) are :mod:`numarun.stacks.jobstacks`.
 
-Cost: per tick and rank, one read of ``/proc/<pid>/status``, one signal, one read and one
-truncation of a small file in the launcher, and one faulthandler dump (tens of microseconds)
-in the rank; ``benchmarks/bench_stacks.py`` measures the launcher's CPU.
+Cost: per tick and rank, one read of ``/proc/<pid>/status``, one request line (or one signal),
+one read and one truncation of a small file in the launcher, and one faulthandler dump (tens of
+microseconds) in the rank, taken holding the GIL; ``benchmarks/bench_stacks.py`` measures the
+launcher's CPU.
 """
 
 from __future__ import annotations
