@@ -265,6 +265,13 @@ def test_1024_nodes_of_8_ranks_merge_into_one_line_naming_the_rank_behind() -> N
     assert "at #118 ranks 0-8190 called all_reduce [1024] bfloat16, rank 8191 called" in line
     assert verdict.culprits == {8191}
     assert len(line) < 500
+    # Every rank somewhere else: the text and the document stay bounded.
+    scattered = [flight.RankRecord(r.rank, r.version, r.backend, (r.groups[0].replace(
+        enqueued=100 + r.rank, recent=()),)) for r in records]  # fmt: skip
+    wide = merge(scattered, world=range(8192))
+    assert len("\n".join(wide.lines())) < 2000
+    assert len(json.dumps(wide.to_json())) < 64 * 1024
+    assert wide.to_json()["groups"][0]["more_positions"] == 8192 - 64
     assert spent < 60  # a sanity bound only; benchmarks/bench_flight.py measures it
 
 

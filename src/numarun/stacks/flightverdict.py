@@ -37,6 +37,7 @@ __all__ = ["GroupVerdict", "Position", "Verdict", "format_ranks", "merge", "prin
 
 GROUPS_SHOWN = 6
 POSITIONS_SHOWN = 4
+JSON_POSITIONS = 64  # positions per group in to_json (the rest counted): a bounded document
 # Operations whose shapes legitimately differ across ranks (the analyzer checks them apart).
 _UNEVEN = ("all_to_all", "scatter", "gather", "_v", "coalesced")
 MATCH_NAMES = {
@@ -211,7 +212,8 @@ class GroupVerdict:
                            "op": p.entry.op if p.entry else None,
                            "input_sizes": [list(s) for s in p.entry.in_sizes] if p.entry else None,
                            "input_dtypes": list(p.entry.in_dtypes) if p.entry else None}
-                          for p in self.positions],
+                          for p in self.positions[:JSON_POSITIONS]],
+            "more_positions": max(0, len(self.positions) - JSON_POSITIONS),
             "missing": format_ranks(self.missing),
             "elsewhere": {str(rank): place for rank, place in self.elsewhere.items()},
             "unknown": {str(rank): reason for rank, reason in self.unknown.items()},
