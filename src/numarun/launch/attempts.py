@@ -349,6 +349,8 @@ class Job:
         import gc
 
         specs, stacks, duplicates = self._worker_specs(group, port, directory, restart_count)
+        if stacks is not None and self.config.log_dir is not None:  # the directory stays
+            stacks.flight_dir = os.path.join(directory.path, "flight_recorder")
         taken: Standbys | None = None
         try:
             taken = self.warm.take(specs) if self.warm is not None else None
@@ -712,12 +714,14 @@ def _import_failure_path(elastic: bool) -> None:
     started (nothing delays them) and before the supervisor's loop serves its first event:
     the stacks' parser (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang
     watch), the summary and the error files it reads, and under a torch rendezvous the post
-    that carries this node's stacks to the others. A few milliseconds, once per launch;
+    that carries this node's stacks to the others, and the flight recorders' reader (with
+    :mod:`pickle`: 2 ms with its bytecode cached). A few milliseconds, once per launch;
     nothing of it is imported in another thread or while a failure is handled (module
     docstring)."""
     import json  # noqa: F401  (read_error_file)
 
     import numarun.launch.summary  # with launch.errorfile and stacks.parse
+    import numarun.stacks.flightreport  # the ranks' flight recorders (with pickle)
 
     if elastic:
         import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)

@@ -566,10 +566,14 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
         )
         for item in reply.get("dumps", [])
     ]
+    flight = reply.get("flight") if isinstance(reply.get("flight"), dict) else None
     if as_json:
         import json
 
-        print(json.dumps(parse.stacks_to_json(ranks, **fields), indent=1))
+        document = parse.stacks_to_json(ranks, **fields)
+        if flight is not None:
+            document["flight"] = flight
+        print(json.dumps(document, indent=1))
         return 0
     count = len(ranks)
     lines = [
@@ -583,6 +587,7 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
             "each node, or launch with --rdzv-backend c10d to see every node's ranks from any"
         )
     lines.extend(parse.format_groups(parse.group_ranks(ranks)))
+    lines.extend(_flight_lines(flight))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
 
@@ -600,6 +605,22 @@ def _print_waiting(record: dict, as_json: bool) -> int:
         return 0
     print(pending.waiting_line(record))
     return 0
+
+
+def _flight_lines(flight: dict | None) -> list[str]:
+    """The job's flight-recorder verdict as the launcher sent it (escaped again here)."""
+    if flight is None:
+        return []
+    from numarun.stacks.flightverdict import printable
+
+    shown = [line for line in flight.get("lines") or () if isinstance(line, str)][:40]
+    saved = flight.get("saved")
+    if isinstance(saved, str):
+        from numarun.stacks.flightreport import ANALYZER
+
+        shown.append(f"dumps: {saved} (read with: {ANALYZER} {saved})")
+    return ["Flight recorder (each rank's collectives, as torch recorded them):",
+            *(f"  {printable(line)}" for line in shown)]  # fmt: skip
 
 
 def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
