@@ -105,6 +105,7 @@ def test_ddp_the_rank_that_never_entered_the_backward_all_reduce_is_named() -> N
     assert verdict.culprits == {1}
 
 
+@pytest.mark.slow
 def test_torchs_analyzer_reads_the_recorded_dumps_as_numarun_keeps_them() -> None:
     import subprocess
     import sys

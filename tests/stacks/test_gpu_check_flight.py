@@ -56,6 +56,7 @@ def test_the_command_runs_the_nccl_case_of_the_test_program(gpu_check) -> None:
     assert Path(command[command.index("--log-dir") + 2]).is_file()  # the program exists
 
 
+@pytest.mark.slow
 def test_the_pipeline_on_gloo_names_the_rank_behind(
     gpu_check, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from numarun.rendezvous.round import Round
     from numarun.rendezvous.torchrdzv import ElasticNode
     from numarun.stacks.jobstacks import JobStacks
+    from numarun.stacks.pending import PendingRecord
 
 
 class Interrupted(BaseException):
@@ -190,6 +191,7 @@ class Job:
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.pending: PendingRecord | None = None  # where `numarun stacks` reads a wait
         self.resume_collector = False  # turn the cyclic collector on as the first workers start
 
     def run(self, port: int) -> int:
@@ -228,6 +230,8 @@ class Job:
                 self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
             raise
         finally:
+            if self.pending is not None:
+                self.pending.remove()
             if self.node is not None:
                 self.node.close()
 
@@ -241,6 +245,9 @@ class Job:
             self.job_view = JobNotices(self.node)
             self.node.diagnostics = self.job_view
             self.waiting_for = f"waiting for the {self.node.where}"
+            self.pending = _pending_record(config)
+            if self.pending is not None:  # `numarun stacks` says the job waits (issue 32)
+                self.node.waiting.on_change = self.pending.update
             self.node.connect()
         restart_count = 0
         reforms = 0
@@ -290,6 +297,8 @@ class Job:
                     warning = self.node.finish(succeeded=True)
                     if self.node.verdict is not None:  # the job hung while this node waited
                         _hung_after(attempt, *self.node.verdict)
+                    elif self.node.ended_elsewhere is not None:
+                        return self._failed_elsewhere(attempt, self.node.ended_elsewhere)
                     elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
@@ -309,6 +318,17 @@ class Job:
                 )
             if self.node is None and config.master_port is None:
                 port = workerenv.free_port()  # the old store's port may still be held
+
+    def _failed_elsewhere(self, attempt: _Attempt, why: str) -> int:
+        """This node's ranks all finished, and the job failed on another node (``why``: its
+        notice, or the rendezvous closed): one line, exit status 1 (docs/differences.md: the
+        job's outcome, whichever node's status a scheduler reads)."""
+        line = f"the job failed after this node's ranks finished: {why}"
+        attempt.line = f"{attempt.name}: {line}"
+        self.report(attempt)
+        sys.stderr.write(f"numarun: {line}\n")
+        sys.stderr.flush()
+        return 1
 
     def _announce(self, message: str) -> None:
         # Fire-and-forget from a helper thread, waited for at most a second: a store that
@@ -631,14 +651,11 @@ def _job_stacks(
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
     from numarun.stacks.jobstacks import JobStacks
 
-    entrypoint = " ".join([config.entrypoint, *config.args])
     try:
         return JobStacks(
             ranks,
             python=config.entrypoint_kind != "binary",
-            describe={"run_id": config.run_id, "host": os.uname().nodename,
-                      "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
-                      "backend": config.rdzv_backend},
+            describe=_describe(config),
             hang_timeout=config.hang_timeout,
             hang_job=job_view.hang_job() if job_view is not None else None,
             scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
@@ -651,6 +668,25 @@ def _job_stacks(
         if not config.quiet:
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
+        return None
+
+
+def _describe(config: LaunchConfig) -> dict:
+    """What ``numarun stacks`` lists of this job."""
+    entrypoint = " ".join([config.entrypoint, *config.args])
+    return {"run_id": config.run_id, "host": os.uname().nodename, "entrypoint": entrypoint[:200],
+            "nnodes": config.max_nodes, "backend": config.rdzv_backend}  # fmt: skip
+
+
+def _pending_record(config: LaunchConfig) -> PendingRecord | None:
+    """The record ``numarun stacks`` reads while this job waits in its rendezvous; None where
+    the per-user runtime directory is refused (the job's stacks say why when its ranks run)."""
+    from numarun.stacks.channel import runtime_dir
+    from numarun.stacks.pending import PendingRecord
+
+    try:
+        return PendingRecord(runtime_dir(create=True), _describe(config))
+    except (NumarunError, OSError):
         return None
 
 

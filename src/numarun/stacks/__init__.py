@@ -23,6 +23,8 @@
   result as one bounded document and back, one screen at 8,192 ranks. Pure.
 - ``channel``: the per-user runtime directory, ``JobServer`` (serving ``numarun stacks`` from
   the supervisor's loop, never blocking it) and the client side of ``numarun stacks``.
+- ``pending``: the status record of a launcher waiting in its rendezvous (no socket yet), and
+  the client's checked read of it.
 
 May import: ``numarun.process``, ``numarun.placement``, ``numarun.machine``, ``numarun.worker``,
 ``numarun.errors`` and this package.
