@@ -422,7 +422,11 @@ REFORM = textwrap.dedent(
         # stands for a launch whose standbys were born for another local world size).
         where = "a stand-in rendezvous"
         verdict = None  # no hang verdict ever reaches this node
+        ended_elsewhere = None  # nor another node's failure
         watch = diagnostics = None
+
+        class waiting:  # where the waits' status goes (numarun stacks on a waiting job)
+            on_change = None
 
         def __init__(self, config):
             self.change, self.rounds = None, 0

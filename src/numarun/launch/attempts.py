@@ -62,6 +62,7 @@ if TYPE_CHECKING:
     from numarun.rendezvous.round import Round
     from numarun.rendezvous.torchrdzv import ElasticNode
     from numarun.stacks.jobstacks import JobStacks
+    from numarun.stacks.pending import PendingRecord
 
 
 class Interrupted(BaseException):
@@ -197,6 +198,7 @@ class Job:
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.pending: PendingRecord | None = None  # where `numarun stacks` reads a wait
         self.resume_collector = False  # turn the cyclic collector on as the first workers start
         self.main_code: MainCode | None = None  # the attempt's script, compiled once for all
 
@@ -236,6 +238,8 @@ class Job:
                 self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
             raise
         finally:
+            if self.pending is not None:
+                self.pending.remove()
             if self.node is not None:
                 self.node.close()
 
@@ -249,6 +253,9 @@ class Job:
             self.job_view = JobNotices(self.node)
             self.node.diagnostics = self.job_view
             self.waiting_for = f"waiting for the {self.node.where}"
+            self.pending = _pending_record(config)
+            if self.pending is not None:  # `numarun stacks` says the job waits (issue 32)
+                self.node.waiting.on_change = self.pending.update
             self.node.connect()
         restart_count = 0
         reforms = 0
@@ -298,6 +305,8 @@ class Job:
                     warning = self.node.finish(succeeded=True)
                     if self.node.verdict is not None:  # the job hung while this node waited
                         _hung_after(attempt, *self.node.verdict)
+                    elif self.node.ended_elsewhere is not None:
+                        return self._failed_elsewhere(attempt, self.node.ended_elsewhere)
                     elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
@@ -318,6 +327,17 @@ class Job:
             if self.node is None and config.master_port is None:
                 port = workerenv.free_port()  # the old store's port may still be held
 
+    def _failed_elsewhere(self, attempt: _Attempt, why: str) -> int:
+        """This node's ranks all finished, and the job failed on another node (``why``: its
+        notice, or the rendezvous closed): one line, exit status 1 (docs/differences.md: the
+        job's outcome, whichever node's status a scheduler reads)."""
+        line = f"the job failed after this node's ranks finished: {why}"
+        attempt.line = f"{attempt.name}: {line}"
+        self.report(attempt)
+        sys.stderr.write(f"numarun: {line}\n")
+        sys.stderr.flush()
+        return 1
+
     def _announce(self, message: str) -> None:
         # Fire-and-forget from a helper thread, waited for at most a second: a store that
         # stopped answering must not hold the exit.
@@ -337,6 +357,8 @@ class Job:
         import gc
 
         specs, stacks, duplicates = self._worker_specs(group, port, directory, restart_count)
+        if stacks is not None and self.config.log_dir is not None:  # the directory stays
+            stacks.flight_dir = os.path.join(directory.path, "flight_recorder")
         taken: Standbys | None = None
         try:
             taken = self.warm.take(specs) if self.warm is not None else None
@@ -656,14 +678,11 @@ def _job_stacks(
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
     from numarun.stacks.jobstacks import JobStacks
 
-    entrypoint = " ".join([config.entrypoint, *config.args])
     try:
         return JobStacks(
             ranks,
             python=config.entrypoint_kind != "binary",
-            describe={"run_id": config.run_id, "host": os.uname().nodename,
-                      "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
-                      "backend": config.rdzv_backend},
+            describe=_describe(config),
             hang_timeout=config.hang_timeout,
             hang_job=job_view.hang_job() if job_view is not None else None,
             scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
@@ -676,6 +695,25 @@ def _job_stacks(
         if not config.quiet:
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
+        return None
+
+
+def _describe(config: LaunchConfig) -> dict:
+    """What ``numarun stacks`` lists of this job."""
+    entrypoint = " ".join([config.entrypoint, *config.args])
+    return {"run_id": config.run_id, "host": os.uname().nodename, "entrypoint": entrypoint[:200],
+            "nnodes": config.max_nodes, "backend": config.rdzv_backend}  # fmt: skip
+
+
+def _pending_record(config: LaunchConfig) -> PendingRecord | None:
+    """The record ``numarun stacks`` reads while this job waits in its rendezvous; None where
+    the per-user runtime directory is refused (the job's stacks say why when its ranks run)."""
+    from numarun.stacks.channel import runtime_dir
+    from numarun.stacks.pending import PendingRecord
+
+    try:
+        return PendingRecord(runtime_dir(create=True), _describe(config))
+    except (NumarunError, OSError):
         return None
 
 
@@ -723,9 +761,10 @@ def _import_failure_path(elastic: bool) -> None:
     """Import what acting on a failure needs, in the main thread, before any failure is acted
     on (module docstring says when): the stacks' parser
     (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang watch), the summary
-    and the error files it reads, and under a torch rendezvous the post that carries this
-    node's stacks to the others. A few milliseconds, once per launch (then a look in
-    ``sys.modules``); nothing of it is imported in another thread.
+    and the error files it reads, under a torch rendezvous the post that carries this node's
+    stacks to the others, and the flight recorders' reader (with :mod:`pickle`: 2 ms with its
+    bytecode cached). A few milliseconds, once per launch (then a look in ``sys.modules``);
+    nothing of it is imported in another thread.
 
     The first time, what was imported since the start-up's ``gc.freeze()`` (these modules, and
     the few the workers' start brought) is frozen too: it lives until exit as the start-up's
@@ -735,6 +774,7 @@ def _import_failure_path(elastic: bool) -> None:
     import json  # noqa: F401  (read_error_file)
 
     import numarun.launch.summary  # with launch.errorfile and stacks.parse
+    import numarun.stacks.flightreport  # the ranks' flight recorders (with pickle)
 
     if elastic:
         import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)

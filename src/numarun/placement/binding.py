@@ -125,7 +125,9 @@ class _Symbols:
         self._handle = _ctypes.dlopen(None, _ctypes.RTLD_LOCAL)
 
 
-def _c_function(name: str, restype: type) -> _CFunction | None:
+def c_function(name: str, restype: type) -> _CFunction | None:
+    """The C function ``name`` of this process's own symbols (libc's), returning ``restype``,
+    with ``errno`` kept for :func:`get_errno`; None where there is no such symbol."""
     try:
         function = _CFunction((name, _Symbols()))
     except (AttributeError, OSError):  # no such symbol, or no dlopen
@@ -136,15 +138,16 @@ def _c_function(name: str, restype: type) -> _CFunction | None:
 
 _PAGE_BITS = 4096 * 8  # the kernel refuses node masks longer than one page
 _ULONG_BITS = _ctypes.sizeof(c_ulong) * 8
+POINTER_BYTES = _ctypes.sizeof(c_void_p)  # 8 in a 64-bit process
 
 
 def _syscall_numbers() -> tuple[int, int, int, int] | None:
-    table = _SYSCALLS_64 if _ctypes.sizeof(c_void_p) == 8 else _SYSCALLS_32
+    table = _SYSCALLS_64 if POINTER_BYTES == 8 else _SYSCALLS_32
     return table.get(os.uname().machine)
 
 
-_SYSCALL = _c_function("syscall", c_long)
-_PRCTL = _c_function("prctl", c_int)
+_SYSCALL = c_function("syscall", c_long)
+_PRCTL = c_function("prctl", c_int)
 _NUMBERS = _syscall_numbers()
 _NR_SET_MEMPOLICY = _NUMBERS[0] if _NUMBERS else -1
 _NR_GET_MEMPOLICY = _NUMBERS[1] if _NUMBERS else -1

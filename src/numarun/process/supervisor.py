@@ -42,6 +42,11 @@ to the supervisor over a pipe, keeps ended workers unreaped until the supervisor
 worker's end (``done``), reaps the rest, and kills the whole run if the supervisor dies, even by
 SIGKILL. The supervisor pins the watchdog with a pidfd (a caller that ignores SIGCHLD has the
 kernel reap it) and reaps it when the run ends, waiting at most two seconds, SIGKILL, two more.
+Right after forking the watchdog, before waiting for it, :meth:`Supervisor.start` calls the
+supervisor's ``on_forked()`` once: what the workers will want early can be made there while the
+watchdog forks them and they start (the launcher compiles their script for them). It must bound
+its own time; what it raises propagates from ``start`` as any failed start's error does, the
+workers already forked killed.
 
 Watching is one epoll loop (:mod:`numarun.process.loop`) over the watchdog's status pipe,
 each ``"forkserver"`` worker's :class:`multiprocessing.Process` sentinel, the workers' output,
@@ -146,7 +151,7 @@ from numarun.process.teardown import Teardown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from numarun.process.record import Worker
     from numarun.process.spec import WorkerExit, WorkerSpec
@@ -166,11 +171,10 @@ class Supervisor:
     from the loop as each worker's end is observed. ``kill(pid, signum)`` sends the signals to
     workers and their process groups (a negative pid is a process group, as for ``os.kill``);
     with the default ``os.kill`` other processes are signalled through pidfds, a replacement
-    (tests) sends every signal.
-    ``use_watchdog``: the watchdog kills the run if the supervisor dies (it is started
-    anyway: it is the workers' parent). ``remove_if_killed``: a directory the watchdog removes
-    after killing the run, if the supervisor dies (the launcher's temporary directory when it
-    holds nothing but the workers' error files).
+    (tests) sends every signal. ``use_watchdog``: the watchdog kills the run if the supervisor
+    dies (it is started anyway: it is the workers' parent). ``remove_if_killed``: a directory
+    the watchdog removes after killing the run, if the supervisor dies (the launcher's
+    temporary directory when it holds nothing but the workers' error files).
     ``relay_signal``: a teardown caused by a teardown signal sends that signal first (SIGINT
     after Ctrl-C, so that workers' ``except KeyboardInterrupt`` runs, as under torchrun);
     otherwise, and after a failure or :meth:`stop`, the first signal is SIGTERM.
@@ -179,12 +183,7 @@ class Supervisor:
     job started with SIGINT ignored still stops on an explicit ``kill -INT``).
     ``on_failure(exit)`` is called from the loop once, when the first failure is observed and
     before the others are signalled (say, to take the other workers' stacks); it blocks the
-    loop while it runs, so it must bound its own time. ``on_forked()`` is called once by
-    :meth:`start`, right after it forked the watchdog and before it waits for it: what the
-    workers will want early can be made there, while the watchdog forks them and they start
-    (the launcher compiles their script); it must bound its own time, and what it raises
-    propagates from :meth:`start` as any failed start's error does (the workers already
-    forked killed).
+    loop while it runs, so it must bound its own time. ``on_forked()``: module docstring.
 
     Callers extend the loop without threads: :meth:`call_every` (timers), :meth:`call_later`,
     :meth:`add_reader` / :meth:`add_writer` (an fd of the caller's, such as a listening socket,
@@ -411,6 +410,13 @@ class Supervisor:
         descendants), or to those of ``local_ranks``; returns the local ranks reached. A
         worker that has exited is never signalled, so a reused pid is never hit."""
         return self._teardown.signal_each(signum, local_ranks)
+
+    def send_thread_signal(self, signum: int, threads: Mapping[int, int]) -> list[int]:
+        """Send ``signum`` to one thread of each running worker process, ``threads`` mapping
+        its local rank to the thread's id (``tgkill``: only while that thread belongs to the
+        worker); returns the local ranks reached. Raises OSError where the system has no
+        ``tgkill`` (:func:`numarun.process.teardown.send_to_thread`)."""
+        return self._teardown.signal_threads(signum, threads)
 
     def request_stop(self, reason: str) -> None:
         """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;

@@ -65,6 +65,14 @@ class Heartbeats:
         self._next_beat = now + self.beat_interval
         return True
 
+    def look(self, round_: WatchedRound) -> int | None:
+        """When due (:meth:`due`), this node's beat and a look at the neighbour's: the
+        neighbour's group rank once it is silent (:meth:`silent_neighbour`), else None."""
+        if not self.due():
+            return None
+        self.beat(round_)
+        return self.silent_neighbour(round_)
+
     def beat(self, round_: WatchedRound) -> None:
         """Add 1 to this node's counter (one that is not a number is named and set back)."""
         conn = round_.conn
