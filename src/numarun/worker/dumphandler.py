@@ -35,26 +35,32 @@ STACKS_SIGNAL = 42
 _HIGH_FD = 1000  # where the dump fd moves to, when free and allowed
 
 
-def arm() -> None:
-    """Register the stack dump for this rank, if the launcher asked for one; never raises.
+def arm(path: "str | None" = None) -> "tuple[str, int] | None":
+    """Register the stack dump for this rank, if the launcher asked for one (``path``, or
+    the environment's); never raises. Returns (the file's path, the fd the dumps go to) once
+    armed, else None.
 
     Without ``NUMARUN_STACKS_FILE`` (not started by a numarun that takes stacks) nothing
     happens. A file that cannot be opened or a registration that fails leaves the rank
-    running unarmed: the launcher then reports its stacks as unavailable.
+    running unarmed: the launcher then reports its stacks as unavailable. (A ``--preload``
+    standby arms before its imports, on a file it is given at birth: see
+    :mod:`numarun.worker.bootstrap`.)
     """
-    path = os.environ.pop(STACKS_FILE_ENV, None)
+    path = os.environ.pop(STACKS_FILE_ENV, None) or path
     if not path:
-        return
+        return None
     try:
         # No O_CREAT: the launcher made the file; a rank never creates files of its own here.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return
+        return None
     fd = _move_high(fd)
     try:
         faulthandler.register(STACKS_SIGNAL, file=fd, all_threads=True, chain=False)
     except (OSError, RuntimeError, ValueError):
         os.close(fd)
+        return None
+    return path, fd
 
 
 def _move_high(fd: int) -> int:
