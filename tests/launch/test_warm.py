@@ -230,19 +230,27 @@ def test_every_attempt_of_a_restarting_job_runs_on_standbys_and_none_is_wasted(
 def test_a_module_that_cannot_be_imported_is_one_warning_and_the_job_runs_cold(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "out"
+    # The module is there (the launcher finds it) but its import fails in the standbys; the
+    # exception's text, with a terminal escape in it, is shown escaped.
+    out, modules = tmp_path / "out", tmp_path / "modules"
     out.mkdir()
+    modules.mkdir()
+    (modules / "wm_broken_module.py").write_text(
+        "raise ImportError('needs libfoo \\x1b[31mred\\x1b[0m')\n"
+    )
     run_id = f"wm-missing-{os.getpid()}"
     done = _run(
         "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-id", run_id,
-        "--preload", "light_preload_module,wm_no_such_module", VIEW, str(out),
+        "--preload", "light_preload_module,wm_broken_module", VIEW, str(out),
+        PYTHONPATH=os.pathsep.join([str(PROGRAMS), str(modules), SRC]),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1, done.stderr
-    assert "could not import 'wm_no_such_module' (ModuleNotFoundError: No module named" in (
-        warnings[0]
-    )
+    assert (
+        "could not import 'wm_broken_module' (ImportError: needs libfoo \\x1b[31mred\\x1b[0m)"
+    ) in warnings[0]
+    assert "\x1b" not in done.stderr
     assert warnings[0].endswith("; the job runs cold")
     # Cold: the attempts' workers did not import the module that did import either.
     views = [json.loads(path.read_text()) for path in out.glob("view.*.json")]
@@ -369,8 +377,9 @@ def test_standbys_waiting_beside_running_workers_are_no_ranks_and_leave_nothing(
 
 
 def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path: Path) -> None:
-    # One node of two in a c10d rendezvous: the standbys start at once and wait with the
-    # launcher for the other node, which never comes; a SIGTERM ends them all.
+    # One node of two in a c10d rendezvous: the standbys start at once, the first attempt's
+    # and the next one's (a torch rendezvous may re-form the group at any time), and wait
+    # with the launcher for the other node, which never comes; a SIGTERM ends them all.
     pytest.importorskip("torch")
     run_id = f"wm-rdzv-{os.getpid()}"
     proc = subprocess.Popen(
@@ -380,7 +389,7 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
     try:
-        _wait_for(lambda: len(processes_with_run_id(run_id)) == 2, "the standbys")
+        _wait_for(lambda: len(processes_with_run_id(run_id)) == 4, "the standbys")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=LIMIT)
         assert proc.returncode == 128 + signal.SIGTERM, err

@@ -111,6 +111,8 @@ class LaunchConfig:
     warnings: tuple[str, ...] = ()
     quiet: bool = False  # -q: numarun prints errors and the failure summary only
     preload: tuple[str, ...] = ()  # --preload: the modules each local rank's standby imports
+    preload_required: bool = False  # --preload-required: a failed preload ends the job
+    preload_late: bool = False  # --preload-late: the next standbys start with the workers
 
     @property
     def elastic(self) -> bool:
@@ -167,6 +169,9 @@ def parse_args(
     event_log_handler = _event_log_handler(ns)
     hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
     preload = _preload(ns.preload, kind)
+    if (ns.preload_required or ns.preload_late) and not preload:
+        flag = "--preload-required" if ns.preload_required else "--preload-late"
+        raise UsageError(f"{flag} goes with --preload MODULES (which modules to preload?)")
     run_id = _run_id(ns.rdzv_id, nodes.backend)
     return LaunchConfig(
         entrypoint=entrypoint,
@@ -213,6 +218,8 @@ def parse_args(
         warnings=(*nodes.warnings, *output_warnings, *_after_entrypoint(entrypoint, args)),
         quiet=ns.quiet,
         preload=preload,
+        preload_required=ns.preload_required,
+        preload_late=ns.preload_late,
     )
 
 
