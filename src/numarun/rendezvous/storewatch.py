@@ -14,7 +14,8 @@ The thread sleeps blocked in the store, in ``wait`` for the next event key of th
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
 agent does (:mod:`numarun.rendezvous.torchrdzv`) and runs the work the loop queued (this node's
-hang marks).
+hang marks), and at each of this node's heartbeats (every second,
+:mod:`numarun.rendezvous.liveness`).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
 thread waits for the key after the last one it read. The counter is checked like any value read
@@ -123,10 +124,12 @@ class StoreWatch:
         interval: float,
         look: Callable[[WatchedRound], list[Result]],
         on_event: Callable[[WatchedRound, int, bytes], None] | None = None,
+        beat: tuple[float, Callable[[WatchedRound], None]] | None = None,
     ) -> None:
         self.interval = interval
         self._look = look
         self._on_event = on_event
+        self._beat = beat  # (seconds, call): this node's heartbeat, on its own cadence
         self._cond = threading.Condition()
         self._round: WatchedRound | None = None
         self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
@@ -311,11 +314,15 @@ class StoreWatch:
         round_.conn = conn = Conn(round_.store)
         if conn.own:
             round_.poster = Conn(round_.store)
-        next_look = time.monotonic()
+        next_look = next_beat = time.monotonic()
         looks = 0
         while round_.active:
             self._run_work(round_)
             now = time.monotonic()
+            if self._beat is not None and now >= next_beat:
+                self._beat[1](round_)  # the rendezvous's health, like a look: errors are Lost
+                next_beat = time.monotonic() + self._beat[0]
+            wake = min(next_look, next_beat) if self._beat is not None else next_look
             if now >= next_look:
                 looks += 1
                 # On its own connection events wake the watch; the count is read now and then
@@ -334,10 +341,10 @@ class StoreWatch:
             if not conn.own:
                 with self._cond:
                     if round_.active and not self._work:
-                        self._cond.wait(next_look - now)
+                        self._cond.wait(wake - now)
                 continue
             key = EVENT_KEY.format(round_.seen + 1)
-            if conn.wait([key], next_look - now):
+            if conn.wait([key], wake - now):
                 value = conn.get_after_wait(key)
                 if value is not None:
                     self._took(round_, value)

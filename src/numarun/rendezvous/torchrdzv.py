@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
-from numarun.rendezvous.liveness import Heartbeats
+from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes
 from numarun.rendezvous.round import Round, WorkerPlace
 from numarun.rendezvous.storeops import Conn, Forged, first_line, root_cause, run_blocking
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
@@ -150,7 +150,9 @@ class ElasticNode:
         self.host = socket.gethostname()
         self.diagnostics: Diagnostics | None = None
         self.verdict: object = None  # what ended the exit barrier's wait (a hang verdict)
-        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event)
+        # This node's heartbeat, every second while a round is watched (the barrier included).
+        beat = (BEAT_INTERVAL, lambda round_: self.heartbeats.beat(round_))
+        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event, beat)
         self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
         self._handler: Any = None
         self._store: Any = None
@@ -169,6 +171,7 @@ class ElasticNode:
         self._last_round: WatchedRound | None = None
         self._round_started = 0.0
         self._waiting_since = 0.0
+        self._said_spare = False  # the spare's waiting line is said once
         default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
         self.where = (
             f"{config.rdzv_backend} rendezvous {config.run_id!r} at "
@@ -227,6 +230,9 @@ class ElasticNode:
             awaited = max(0, config.min_nodes - here)
             count = f": {here} of {wanted} node(s) there, {awaited} more awaited"
             if getattr(state, "complete", False) and self.round is None:
+                if self._said_spare:
+                    return  # said once: a spare may wait for days
+                self._said_spare = True
                 count = f": the round is complete with {here} node(s); this node waits as a spare"
         else:
             count = f": waiting for {wanted} node(s)"
@@ -251,12 +257,13 @@ class ElasticNode:
                     conn = Conn(last_watched.store, clone=False)
                     storewatch.wake(conn, last_watched.me)
                     conn.close()
+            lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
             if previous is None:
-                info = torchcompat.first_join(handler, config.max_nodes)
+                info = torchcompat.first_join(handler, config.max_nodes, between=lost.look)
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
-                info = torchcompat.rejoin(handler)
+                info = torchcompat.rejoin(handler, config.max_nodes, between=lost.look)
             self._delete_posted()
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).
@@ -371,18 +378,11 @@ class ElasticNode:
         exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
         which torch's handler would wait behind."""
         heartbeats = self.heartbeats
-        if self._in_barrier:
-            if heartbeats.due():
-                heartbeats.beat(round_)
-            return []
-        if self.change is not None:
+        if self._in_barrier or self.change is not None:
             return []
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
-        silent = None
-        if heartbeats.due():
-            heartbeats.beat(round_)
-            silent = heartbeats.silent_neighbour(round_)
+        silent = heartbeats.silent_neighbour(round_)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
