@@ -552,6 +552,67 @@ def test_torch_preloaded_workers_start_past_import_torch_without_cuda(tmp_path: 
     assert _nothing_left(run_id)
 
 
+STAMP = textwrap.dedent(
+    """\
+    import os, time
+    with open(os.path.join(os.environ["WM_OUT"], f"{__name__}.{os.getpid()}"), "w") as file:
+        file.write(repr(time.monotonic()))
+    """
+)
+EARLY = textwrap.dedent(
+    """\
+    import os, sys, time
+    start = time.monotonic()
+    out, attempt = os.environ["WM_OUT"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    with open(os.path.join(out, f"start.{attempt}.{os.getpid()}"), "w") as file:
+        file.write(repr(start))
+    if attempt == "0":
+        # One second after its start, or once one import time has passed since the launch
+        # (both sets of standbys past torch) on a machine too loaded for one second.
+        time.sleep(1.0)
+        while len([n for n in os.listdir(out) if n.startswith("wm_ready.")]) < 2:
+            time.sleep(0.01)
+        with open(os.path.join(out, "failed"), "w") as file:
+            file.write(repr(time.monotonic()))
+        sys.exit(1)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_failure_a_second_into_the_first_attempt_restarts_on_waiting_standbys(
+    tmp_path: Path, backend: str
+) -> None:
+    # The next attempt's standbys start at launch beside the first attempt's, on every
+    # backend (on c10d, before the launcher's own torch import and the rendezvous): when the
+    # first attempt's worker fails a second after its start, they are past `import torch`
+    # already, and the restart is a hand-over.
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("wm_born", "wm_ready"):
+        (tmp_path / f"{name}.py").write_text(STAMP)
+    (tmp_path / "early.py").write_text(EARLY)
+    run_id = f"wm-early-{backend}-{os.getpid()}"
+    flags = ["--rdzv-id", run_id, "--max-restarts", "1", "--preload", "wm_born,torch,wm_ready"]
+    if backend == "c10d":
+        flags += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    done = _run(*flags, str(tmp_path / "early.py"), WM_OUT=str(out),
+                PYTHONPATH=os.pathsep.join([str(tmp_path), SRC]))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "preload: wm_born, torch, wm_ready (on standbys)" in done.stderr
+    assert "cold" not in done.stderr
+    stamps = {path.name: float(path.read_text()) for path in out.iterdir()}
+    (first,) = [name for name in stamps if name.startswith("start.0.")]
+    (second,) = [name for name in stamps if name.startswith("start.1.")]
+    pid = second.rsplit(".", 1)[1]
+    # The second attempt's worker was born before the first attempt's script started, and
+    # past its imports before the failure: nothing was imported after it.
+    assert stamps[f"wm_born.{pid}"] < stamps[first]
+    assert stamps[f"wm_ready.{pid}"] < stamps["failed"] < stamps[second]
+    assert _nothing_left(run_id)
+
+
 # --- numarun.spawn -------------------------------------------------------------------------------
 
 FORKSERVER = textwrap.dedent(
