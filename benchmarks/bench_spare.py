@@ -24,6 +24,7 @@ average before and after is printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pickle
@@ -161,7 +162,8 @@ def one_loss(launcher: str, folder: Path, nproc: int, limit: float) -> dict[str,
         victims = _processes_of(lost)
         lost_at = time.clock_gettime(time.CLOCK_MONOTONIC)
         for pid in victims:
-            os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         deadline = time.monotonic() + limit
         lost_pid = nodes[lost].pid
         while time.monotonic() < deadline:
@@ -184,7 +186,8 @@ def one_loss(launcher: str, folder: Path, nproc: int, limit: float) -> dict[str,
             if proc.poll() is None:
                 proc.kill()
             for pid in _processes_of(name):
-                os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             proc.communicate()
         del store
     return result

@@ -5,23 +5,28 @@ would be (the same argv, CPUs, memory policy, working directory, limits, signal 
 and its environment less :data:`HAND_OVER`), which imports the modules and then waits
 (:mod:`numarun.worker.preload`, inside it). When an attempt starts, each standby is handed the
 attempt's complete environment and runs the user's script or module as a cold worker would.
-:class:`Warm` keeps one set of standbys (:class:`Standbys`) for the launch's next attempt:
+:class:`Warm` keeps the sets of standbys (:class:`Standbys`) for the launch's attempts to come:
 
-* :meth:`Warm.start` starts a set: the first one at once, before and while the rendezvous
-  forms, and the next one as soon as an attempt's workers run (from that attempt's
-  ``on_started``), whenever another attempt may follow (a restart left, or a torch rendezvous,
-  which may re-form the group at any time). A standby is a worker of a
+* :meth:`Warm.start` starts sets until enough wait: at launch the first attempt's, before and
+  while the rendezvous forms, and beside it the next attempt's whenever another attempt may
+  follow (a restart left, or a torch rendezvous, which may re-form the group at any time; not
+  with ``--preload-late``), so that a failure soon after the start restarts warm too; then,
+  from each attempt's ``on_started``, one set waits again. Each set is born armed for stack
+  dumps, on a directory of its own that the attempt taking it reads
+  (:meth:`Warm.dumps_for_next`). A standby is a worker of a
   :class:`numarun.process.standby.StandbySupervisor`: the watchdog forks and binds it, and
   owns it (a launcher killed even by SIGKILL takes it down), and that supervisor runs the
   attempt it is handed (:meth:`Standbys.adopt`, :meth:`Standbys.hand_over`).
-* :meth:`Warm.take` gives an attempt the waiting set when it was born for it: as many standbys
-  as ranks, each alive, with the same argv, binding, working directory, output streams and
-  environment (less :data:`HAND_OVER`) as the attempt's cold worker; otherwise the set is
+* :meth:`Warm.take` gives an attempt the oldest waiting set when it was born for it: as many
+  standbys as ranks, each alive, with the same argv, binding, working directory, output streams
+  and environment (less :data:`HAND_OVER`) as the attempt's cold worker; otherwise the set is
   discarded, the attempt starts cold and :attr:`Warm.note` says why.
-* A module that cannot be imported, or an import that initialised CUDA, is said in one
-  warning line (the first time); from then on the launch runs cold: no more standbys are
-  started, a set that waits is discarded, and a standby handed its attempt already becomes
-  its rank's cold worker by itself (``execve`` of the same command line).
+* A module that cannot be imported, or an import that initialised CUDA (or CUDA found at
+  the hand-over), is said in one warning line (the first time; what a standby reported is
+  escaped); from then on the launch runs cold: no more standbys are started, a set that waits
+  is discarded, and a standby handed its attempt already becomes its rank's cold worker by
+  itself (``execve`` of the same command line). With ``--preload-required`` it is
+  :attr:`Warm.fatal` instead (the launch stops the attempt that runs, and ends).
 * :meth:`Warm.close` discards what waits, on every way a launch ends.
 
 Each standby's end of a Unix stream socket is passed to it (``NUMARUN_STANDBY_FD``); the
@@ -31,8 +36,8 @@ launcher's teardown signals blocked (:func:`numarun.process.standby.signals_bloc
 that comes meanwhile goes to the launcher's own handling once the call returned.
 
 A waiting standby is not a rank: ``numarun stacks`` and ``--hang-timeout`` see an attempt's
-ranks only, from its hand-over on (until its imports are done and its script starts, a
-handed-over rank counts as starting up).
+ranks only, from its hand-over on (a rank handed over while it still imports shows them in its
+stacks, as a cold worker's would).
 """
 
 from __future__ import annotations
