@@ -376,20 +376,28 @@ def test_standbys_waiting_beside_running_workers_are_no_ranks_and_leave_nothing(
             os.kill(pid, signal.SIGKILL)
 
 
-def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path: Path) -> None:
+@pytest.mark.parametrize("late", [False, True])
+def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(
+    tmp_path: Path, late: bool
+) -> None:
     # One node of two in a c10d rendezvous: the standbys start at once, the first attempt's
-    # and the next one's (a torch rendezvous may re-form the group at any time), and wait
-    # with the launcher for the other node, which never comes; a SIGTERM ends them all.
+    # and the next one's (a torch rendezvous may re-form the group at any time; with
+    # --preload-late the first attempt's only), and wait with the launcher for the other
+    # node, which never comes; a SIGTERM ends them all.
     pytest.importorskip("torch")
-    run_id = f"wm-rdzv-{os.getpid()}"
+    run_id = f"wm-rdzv-{late}-{os.getpid()}"
     proc = subprocess.Popen(
         [*NUMARUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
-         "--preload", "light_preload_module", VIEW, str(tmp_path)],
+         "--preload", "light_preload_module", *(["--preload-late"] if late else []), VIEW,
+         str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
     try:
-        _wait_for(lambda: len(processes_with_run_id(run_id)) == 4, "the standbys")
+        wanted = 2 if late else 4
+        _wait_for(lambda: len(processes_with_run_id(run_id)) == wanted, "the standbys")
+        time.sleep(0.5)  # no more come
+        assert len(processes_with_run_id(run_id)) == wanted
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=LIMIT)
         assert proc.returncode == 128 + signal.SIGTERM, err

@@ -526,10 +526,12 @@ class Warm:
 
 
 def _shown(text: str) -> str:
-    """What a standby reported, safe for the terminal: control characters as escapes."""
-    from numarun.machine.topology import printable
-
-    return printable(text)
+    """What a standby reported, safe for the terminal: each character that is not printable
+    written as in a Python string literal (``\\x1b``); nothing imported (it is read in the
+    loop, which imports nothing while workers run)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
 
 
 def _dump_files(local_ranks: list[int]) -> tuple[str | None, dict[int, str]]:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import datetime, timezone
 
 from numarun.rendezvous.storeops import Forged, as_count
 from numarun.rendezvous.storewatch import ALIVE_KEY, read_count
@@ -160,17 +161,13 @@ class LostNodes:
             self._give_up(holder, state, lost)
 
     def _give_up(self, holder: Any, state: Any, lost: list[tuple[Any, int]]) -> None:
-        from datetime import datetime, timezone
-
         heartbeats = getattr(state, "last_heartbeats", None)
         if not isinstance(heartbeats, dict) or not callable(getattr(holder, "mark_dirty", None)):
             return
         for node, rank in lost:
             heartbeats[node] = datetime.fromtimestamp(0, timezone.utc)
             self._seen.pop(node, None)
-            from numarun.stacks.digest import printable
-
-            host = printable(str(getattr(node, "addr", "?"))[:200])  # from the store: untrusted
+            host = _shown(str(getattr(node, "addr", "?"))[:200])  # from the store: untrusted
             line = (
                 f"numarun: node {rank} ({host}) of the {self.where} stopped beating (no "
                 f"heartbeat for {self.after:g} s: its launcher is gone); given up, the next "
@@ -181,6 +178,10 @@ class LostNodes:
                 sys.stderr.write(line + "\n")
                 sys.stderr.flush()
         holder.mark_dirty()  # torch's next sync writes it, and every node's sync drops them
+
+
+def _shown(text: str) -> str:
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
 
 
 def _count(store: Any, key: str) -> int | None:
