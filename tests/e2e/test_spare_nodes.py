@@ -120,7 +120,7 @@ def test_a_lost_node_is_replaced_by_the_spare_and_nothing_of_it_is_left(tmp_path
     for name in ("host", "spare"):
         assert nodes[name].returncode == 0, (name, said[name])
     assert _spare_lines(said["spare"]) == 1, said["spare"]
-    given_up = "stopped beating (no heartbeat for 3 s: its launcher is gone); given up"
+    given_up = "stopped beating (no heartbeat for 4 s: its launcher is gone); given up"
     assert any(given_up in line for line in said["host"] + said["spare"]), said
     assert not _of(markers["host"]) and not _of(markers["spare"])
 

@@ -37,10 +37,12 @@ _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many l
 BEAT_INTERVAL = 1.0
 """Seconds between a watched node's beats: a store ``add`` each, on numarun's own
 connection (a thousand nodes: a thousand small writes a second to the store)."""
-LOST_AFTER = 3.0
+LOST_AFTER = 4.0
 """Seconds a participant's counter may stand still, once it beat from its store thread (the
-count past the mark of its join), before a node waiting in torch's join gives it up: three
-beats missed. A launcher that is alive beats from its own thread, whatever its workers do."""
+count past the mark of its join), before a node waiting in torch's join gives it up: four
+beats missed. A launcher that is alive beats from its own thread, whatever its workers do;
+that thread's longest wait inside one event of the whole-job view (an answer from its loop,
+then the other nodes' digests: 3.5 s at most) stays below it."""
 _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
 
 
