@@ -61,12 +61,20 @@ def test_a_lost_node_is_replaced_by_the_spare_and_nothing_of_it_is_left(tmp_path
     out = tmp_path / "out"
     out.mkdir()
     run_id = f"spare-{os.getpid()}"
+    port = free_port()
+    # The rendezvous' store lives apart (a machine of its own, as a job's endpoint would):
+    # whichever node is lost, the store stays.
+    store = subprocess.Popen(
+        [TORCH_PYTHON, "-c", STORE, str(port)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=_env("store"),
+    )  # fmt: skip
     command = [
         TORCH_PYTHON, "-m", "numarun", "--nnodes", "2", "--nproc-per-node", "1",
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-        "--rdzv-id", run_id, "--max-restarts", "3", "--preload", "torch", PROGRAM, str(out),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", run_id,
+        "--rdzv-conf", "is_host=0", "--max-restarts", "3", "--preload", "torch", PROGRAM,
+        str(out),
     ]  # fmt: skip
-    markers = {name: f"{name}-{run_id}" for name in ("host", "lost", "spare")}
+    markers = {name: f"{name}-{run_id}" for name in ("stays", "lost", "spare")}
     nodes: dict[str, subprocess.Popen[str]] = {}
     said: dict[str, list[str]] = {}  # each node's stderr lines, read as they come
 
@@ -80,8 +88,8 @@ def test_a_lost_node_is_replaced_by_the_spare_and_nothing_of_it_is_left(tmp_path
         threading.Thread(target=lambda: lines.extend(node.stderr), daemon=True).start()
 
     try:
-        start("host")  # the first one hosts the rendezvous' store: it stays
-        _wait_for(lambda: bool(_of(markers["host"])), "the first launcher")
+        assert store.stdout is not None and store.stdout.readline() == "up\n"
+        start("stays")
         start("lost")
         _wait_for(lambda: len(_ready(out)) == 2, "the first round's workers")
         start("spare")
@@ -99,14 +107,19 @@ def test_a_lost_node_is_replaced_by_the_spare_and_nothing_of_it_is_left(tmp_path
         def regrouped() -> list[dict]:
             return [entry for entry in _ready(out) if entry["pid"] not in first]
 
-        _wait_for(lambda: len(regrouped()) == 2, "the group of the survivor and the spare")
+        try:
+            _wait_for(lambda: len(regrouped()) == 2, "the group of the survivor and the spare")
+        except AssertionError as error:
+            left = {name: [(pid, _state(pid)) for pid in _of(marker)]
+                    for name, marker in markers.items()}  # fmt: skip
+            raise AssertionError(f"{error}: {_ready(out)} {left} {said}") from None
         group = sorted(regrouped(), key=lambda entry: entry["rank"])
-        assert {entry["node"] for entry in group} == {markers["host"], markers["spare"]}
+        assert {entry["node"] for entry in group} == {markers["stays"], markers["spare"]}
         assert [entry["world"] for entry in group] == [2, 2]
         assert all(entry["warm"] for entry in group), group  # on standbys, past import torch
         _wait_for(lambda: not _of(markers["lost"]), "nothing of the lost node", 60)
         (out / "stop").touch()
-        for name in ("host", "spare"):
+        for name in ("stays", "spare"):
             nodes[name].wait(timeout=LIMIT)
     finally:
         for name, node in nodes.items():
@@ -116,13 +129,32 @@ def test_a_lost_node_is_replaced_by_the_spare_and_nothing_of_it_is_left(tmp_path
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             node.wait()
+        store.kill()
+        store.communicate()
     time.sleep(0.5)  # the reading threads take the last lines
-    for name in ("host", "spare"):
+    for name in ("stays", "spare"):
         assert nodes[name].returncode == 0, (name, said[name])
     assert _spare_lines(said["spare"]) == 1, said["spare"]
     given_up = "stopped beating (no heartbeat for 4 s: its launcher is gone); given up"
-    assert any(given_up in line for line in said["host"] + said["spare"]), said
-    assert not _of(markers["host"]) and not _of(markers["spare"])
+    assert any(given_up in line for line in said["stays"] + said["spare"]), said
+    assert not _of(markers["stays"]) and not _of(markers["spare"])
+
+
+STORE = (
+    "import sys\n"
+    "from torch.distributed import TCPStore\n"
+    "store = TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False)\n"
+    "print('up', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def _state(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as cmdline, open(f"/proc/{pid}/wchan") as wchan:
+            return f"{cmdline.read()[-80:]!r} {wchan.read()}"
+    except OSError:
+        return "gone"
 
 
 def _spare_lines(lines: list[str]) -> int:
