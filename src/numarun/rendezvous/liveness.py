@@ -2,7 +2,8 @@
 up while this node waits in torch's join.
 
 Each numarun node adds 1 to ``numarun/alive/<group rank>`` every :data:`BEAT_INTERVAL` seconds
-while its round is watched (workers running, their teardown, the exit barrier) and, every look,
+while its round is watched (workers running, their teardown, the exit barrier; a thread of its
+own, :meth:`numarun.rendezvous.storewatch.StoreWatch`'s ``numarun-beat``) and, every look,
 reads its successor's; a counter that stays still for torch's keep-alive window
 (``keep_alive_interval * keep_alive_max_attempt``; at least three looks) means that node's
 launcher is gone (:class:`Heartbeats`, in the ``numarun-store`` thread). DESIGN.md
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from numarun.cmdline.config import LaunchConfig
+    from numarun.rendezvous.storeops import Conn
     from numarun.rendezvous.storewatch import WatchedRound
 
 _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
@@ -75,10 +77,9 @@ class Heartbeats:
         self._watched_beat = 0
         self._watched_since = now
 
-    def beat(self, round_: WatchedRound) -> None:
-        """Add 1 to this node's counter (one that is not a number is named and set back)."""
-        conn = round_.conn
-        assert conn is not None
+    def beat(self, round_: WatchedRound, conn: Conn) -> None:
+        """Add 1 to this node's counter through ``conn`` (one that is not a number is named
+        and set back)."""
         key = ALIVE_KEY.format(round_.me)
         try:
             conn.add(key, 1)

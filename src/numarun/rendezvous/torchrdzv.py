@@ -151,7 +151,7 @@ class ElasticNode:
         self.diagnostics: Diagnostics | None = None
         self.verdict: object = None  # what ended the exit barrier's wait (a hang verdict)
         # This node's heartbeat, every second while a round is watched (the barrier included).
-        beat = (BEAT_INTERVAL, lambda round_: self.heartbeats.beat(round_))
+        beat = (BEAT_INTERVAL, lambda round_, conn: self.heartbeats.beat(round_, conn))
         self.watch = StoreWatch(self.poll_interval, self._look, self._on_event, beat)
         self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
         self._handler: Any = None
