@@ -88,6 +88,15 @@ def test_preload_takes_module_names_each_once() -> None:
             parse_args(["--preload", bad, "train.py"], {})
 
 
+def test_preload_required_and_late_go_with_preload() -> None:
+    config = parse_args(["--preload", "torch", "--preload-required", "--preload-late", "t.py"], {})
+    assert (config.preload_required, config.preload_late) == (True, True)
+    assert not parse_args(["--preload", "torch", "t.py"], {}).preload_required
+    for flag in ("--preload-required", "--preload-late"):
+        with pytest.raises(UsageError, match=f"^{flag} goes with --preload MODULES"):
+            parse_args([flag, "t.py"], {})
+
+
 def test_preload_with_no_python_is_refused_in_one_line() -> None:
     done = _run("--preload", "torch", "--no-python", "true")
     assert done.returncode == 2
