@@ -93,6 +93,8 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cpus_allowed": (("--numa-binding", "cpu"), ("0", "x")),
     "hang_timeout": ((), ("30", "x")),
     "preload": ((), ("torch,json", "not-a-module")),
+    "preload_required": (("--preload", "torch"), ("1", "x")),
+    "preload_late": (("--preload", "torch"), ("1", "x")),
 }
 
 

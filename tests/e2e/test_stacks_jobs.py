@@ -483,6 +483,20 @@ def test_stale_sockets_are_removed_without_following_links(runtime: Path, tmp_pa
     assert (victim / "keep").read_text() == "not numarun's"
 
 
+def test_a_dead_launchers_standby_dump_directories_are_removed(runtime: Path) -> None:
+    # --preload standbys get their dump directory before any socket exists: one whose
+    # launcher is gone is removed at the next look; a live launcher's stays.
+    ended = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    dead, alive_pid = int(ended.stdout), os.getpid()
+    for pid in (dead, alive_pid):
+        (runtime / f"{pid}-0badc0de.d").mkdir(mode=0o700)
+        (runtime / f"{pid}-0badc0de.d" / "rank0").write_text("")
+    done = stacks(runtime)
+    assert done.returncode == 1 and "no running numarun job of uid" in done.stderr
+    assert os.listdir(runtime) == [f"{alive_pid}-0badc0de.d"]
+
+
 def test_a_runtime_directory_that_is_not_private_is_refused(runtime: Path, tmp_path: Path) -> None:
     script = tmp_path / "quick.py"
     script.write_text("print('ran')\n")

@@ -197,7 +197,9 @@ class Job:
         self.node: ElasticNode | None = None
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
-        self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.warm: Warm | None = None  # --preload: the standbys for the attempts to come
+        self.preload_off: str | None = None  # why --preload cannot work (the launcher's check)
+        self._running: Supervisor | None = None  # the supervisor of the attempt that runs
         self.pending: PendingRecord | None = None  # where `numarun stacks` reads a wait
         self.resume_collector = False  # turn the cyclic collector on as the first workers start
         self.main_code: MainCode | None = None  # the attempt's script, compiled once for all
@@ -206,8 +208,9 @@ class Job:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
         rendezvous ends the job; print the report; return the exit status. The first attempt
         runs in ``dirs.first`` (closed here), later ones in directories ``dirs`` makes. With
-        ``--preload`` the first standbys start first thing, before any rendezvous, and
-        whatever standbys wait when the job ends are torn down, however it ends.
+        ``--preload`` the first standbys start first thing, before any rendezvous (and, when
+        another attempt may follow, the next attempt's beside them), and whatever standbys
+        wait when the job ends are torn down, however it ends.
 
         The caller's :class:`SignalGuard` covers the whole job: a teardown signal while no
         supervisor runs raises :class:`Interrupted` out of here (under a torch rendezvous the
@@ -228,6 +231,7 @@ class Job:
             # One attempt, as numarun has always run it: nothing imported.
             self.waiting_for = "setting up the workers"
             attempt = self.run_attempt(None, port, "attempt_0", first, 0)
+            self._preload_failed()
             self.waiting_for = "reporting the run's end"
             return self.report(attempt)
         self.waiting_for = "between attempts"
@@ -276,7 +280,14 @@ class Job:
                     return 0
                 if self.last is None and self.dirs.renamed_after_round:
                     self.dirs.after_first_round(group.group_rank)
-            attempt = self.run_attempt(group, port, name, directory, restart_count)
+            try:
+                attempt = self.run_attempt(group, port, name, directory, restart_count)
+                self._preload_failed()
+            except NumarunError as error:
+                if self.node is not None and self.warm is not None and self.warm.fatal:
+                    self._announce(f"stopped: {error}")  # the others end too, knowing why
+                    self.node.finish(succeeded=False)
+                raise
             result = attempt.result
             change = self.node.change if self.node is not None else None
             ours = change is not None and result.stop_reason == change.reason
@@ -338,6 +349,14 @@ class Job:
         sys.stderr.flush()
         return 1
 
+    def _preload_failed(self) -> None:
+        """``--preload-required`` and a preload failed: the job ends here (its workers torn
+        down already), with that one line and exit status 1."""
+        if self.warm is not None and self.warm.fatal is not None:
+            from numarun.launch.warm import PreloadFailed
+
+            raise PreloadFailed(self.warm.fatal)
+
     def _announce(self, message: str) -> None:
         # Fire-and-forget from a helper thread, waited for at most a second: a store that
         # stopped answering must not hold the exit.
@@ -362,6 +381,9 @@ class Job:
         taken: Standbys | None = None
         try:
             taken = self.warm.take(specs) if self.warm is not None else None
+            if self.warm is not None and self.warm.fatal is not None:
+                close_sinks(specs)
+                self._preload_failed()  # nothing of this attempt started
             self._say_start(name, group, port, taken is not None)
             supervisor = self._supervisor(specs, stacks, taken, restart_count)
             # What the first attempt starts with lives until exit; freezing it keeps the
@@ -410,8 +432,12 @@ class Job:
                 config, plan, base, self.binary_path, attempt_dir=directory.path, port=port,
                 group=group, restart_count=restart_count, mem_policies=self.mem_policies,
             )  # fmt: skip
-            # This attempt's ranks (under a torch rendezvous they come from the round).
-            stacks = _job_stacks(config, [(s.local_rank, s.rank) for s in setups], self.job_view)
+            # This attempt's ranks (under a torch rendezvous they come from the round); with
+            # --preload the dump files its standbys were armed on at birth.
+            made = self.warm.dumps_for_next() if self.warm is not None else None
+            stacks = _job_stacks(
+                config, [(s.local_rank, s.rank) for s in setups], self.job_view, made
+            )
             for setup in setups:
                 local_rank, env = setup.local_rank, setup.env
                 if stacks is not None:
@@ -490,10 +516,11 @@ class Job:
                 running.hand_over(specs)  # the workers run from here
             if self.warm is not None:
                 if more:
-                    self.warm.start()  # the next attempt's standbys
+                    self.warm.start()  # the next attempt's standbys, unless they wait
                 self.warm.watch(supervisor, running)
             _on_started(supervisor, stacks, self.node is not None)
 
+        self._running = supervisor
         try:
             result = supervisor.run(on_started=started)
         except (NumarunError, Interrupted):
@@ -502,6 +529,7 @@ class Job:
             self.started = True
             raise
         finally:
+            self._running = None
             close_sinks(specs)  # closed already when the run ended; not when start failed
             if self.node is not None:
                 self.node.unwatch()
@@ -537,7 +565,10 @@ class Job:
 
     def _start_warm(self) -> None:
         """``--preload``: :class:`numarun.launch.warm.Warm` for this job, and its first
-        standbys, now."""
+        standbys, now: the first attempt's and, when another attempt may follow (a restart
+        left, or a torch rendezvous) and not ``--preload-late``, the next one's beside them,
+        so that a failure soon after the start restarts warm too. With
+        ``--preload-required`` a failed preload stops the attempt that runs."""
         from numarun.launch import warm
         from numarun.process.standby import StandbySupervisor
 
@@ -551,7 +582,16 @@ class Job:
             lambda specs: StandbySupervisor(specs, **self._supervisor_options()),
             (lambda line: None) if config.quiet else warm.say,
         )
-        self.warm.start()
+        self.warm.on_fatal = self._stop_running
+        if self.preload_off is not None:
+            self.warm.turn_off(self.preload_off)
+            return
+        more = config.elastic or config.max_restarts > 0
+        self.warm.start(2 if more and not config.preload_late else 1)
+
+    def _stop_running(self, reason: str) -> None:
+        if self._running is not None:
+            self._running.request_stop(reason)
 
     def _say_start(self, name: str, group: Round | None, port: int, warm: bool) -> None:
         """The start line for the first attempt (:mod:`numarun.launch.startline`; what
@@ -668,11 +708,15 @@ def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
 
 
 def _job_stacks(
-    config: LaunchConfig, ranks: Sequence[tuple[int, int]], job_view: JobNotices | None
+    config: LaunchConfig,
+    ranks: Sequence[tuple[int, int]],
+    job_view: JobNotices | None,
+    made: str | None = None,
 ) -> JobStacks | None:
     """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.jobstacks`)
     for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``job_view``) the
-    whole job's stacks and hang verdict.
+    whole job's stacks and hang verdict; ``made``: the dump directory its standbys were
+    armed on (:meth:`numarun.launch.warm.Warm.dumps_for_next`).
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
@@ -686,6 +730,7 @@ def _job_stacks(
             hang_timeout=config.hang_timeout,
             hang_job=job_view.hang_job() if job_view is not None else None,
             scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
+            made=made,
         )  # fmt: skip
     except (NumarunError, OSError) as error:
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):

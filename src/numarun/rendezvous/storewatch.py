@@ -14,7 +14,9 @@ The thread sleeps blocked in the store, in ``wait`` for the next event key of th
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
 agent does (:mod:`numarun.rendezvous.torchrdzv`) and runs the work the loop queued (this node's
-hang marks).
+hang marks). This node's heartbeat (every second, :mod:`numarun.rendezvous.liveness`) is a
+thread of its own per round, ``numarun-beat``, on the round's posting connection (in this
+thread, at wake-ups of its own, where a torch cannot clone).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
 thread waits for the key after the last one it read. The counter is checked like any value read
@@ -123,10 +125,12 @@ class StoreWatch:
         interval: float,
         look: Callable[[WatchedRound], list[Result]],
         on_event: Callable[[WatchedRound, int, bytes], None] | None = None,
+        beat: tuple[float, Callable[[WatchedRound, Conn], None]] | None = None,
     ) -> None:
         self.interval = interval
         self._look = look
         self._on_event = on_event
+        self._beat = beat  # (seconds, call): this node's heartbeat, on its own cadence
         self._cond = threading.Condition()
         self._round: WatchedRound | None = None
         self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
@@ -311,11 +315,22 @@ class StoreWatch:
         round_.conn = conn = Conn(round_.store)
         if conn.own:
             round_.poster = Conn(round_.store)
-        next_look = time.monotonic()
+        next_look = next_beat = time.monotonic()
         looks = 0
+        beat = self._beat
+        if beat is not None and round_.poster is not None:
+            # A thread of its own beats on the posting connection: no wake-up of this one
+            # (a timed-out store wait costs this thread ten times a beat).
+            threading.Thread(target=self._beating, args=(round_, *beat), name="numarun-beat",
+                             daemon=True).start()  # fmt: skip
+            beat = None
         while round_.active:
             self._run_work(round_)
             now = time.monotonic()
+            if beat is not None and now >= next_beat:
+                beat[1](round_, conn)  # the rendezvous's health, like a look: errors are Lost
+                next_beat = time.monotonic() + beat[0]
+            wake = min(next_look, next_beat) if beat is not None else next_look
             if now >= next_look:
                 looks += 1
                 # On its own connection events wake the watch; the count is read now and then
@@ -334,13 +349,37 @@ class StoreWatch:
             if not conn.own:
                 with self._cond:
                     if round_.active and not self._work:
-                        self._cond.wait(next_look - now)
+                        self._cond.wait(wake - now)
                 continue
             key = EVENT_KEY.format(round_.seen + 1)
-            if conn.wait([key], next_look - now):
+            if conn.wait([key], wake - now):
                 value = conn.get_after_wait(key)
                 if value is not None:
                     self._took(round_, value)
+
+    def _beating(
+        self, round_: WatchedRound, interval: float, beat: Callable[[WatchedRound, Conn], None]
+    ) -> None:
+        """This node's heartbeat while ``round_`` is watched, every ``interval`` seconds on
+        the round's posting connection (one call at a time with the posts). A beat that fails
+        ends the beating: the store thread's own calls find out what is wrong with the store
+        and say it."""
+        while True:
+            with self._cond:
+                if not round_.active:
+                    return
+            with round_.post_lock:
+                conn = round_.poster
+                if conn is None or not round_.active:
+                    return
+                try:
+                    beat(round_, conn)
+                except Exception:
+                    return
+            deadline = time.monotonic() + interval
+            with self._cond:  # woken early by anything that notifies: waits on to the beat
+                while round_.active and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
 
     def _run_work(self, round_: WatchedRound) -> None:
         while True:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
-from numarun.rendezvous.liveness import Heartbeats
+from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes
 from numarun.rendezvous.round import Round, WorkerPlace
 from numarun.rendezvous.storeops import (
     Conn,
@@ -158,7 +158,9 @@ class ElasticNode:
         self.host = socket.gethostname()
         self.diagnostics: Diagnostics | None = None
         self.verdict: object = None  # what ended the exit barrier's wait (a hang verdict)
-        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event)
+        # This node's heartbeat, every second while a round is watched (the barrier included).
+        beat = (BEAT_INTERVAL, lambda round_, conn: self.heartbeats.beat(round_, conn))
+        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event, beat)
         self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
         self._handler: Any = None
         self._store: Any = None
@@ -242,12 +244,13 @@ class ElasticNode:
                     conn = Conn(last_watched.store, clone=False)
                     storewatch.wake(conn, last_watched.me)
                     conn.close()
+            lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
             if previous is None:
-                info = torchcompat.first_join(handler, config.max_nodes)
+                info = torchcompat.first_join(handler, config.max_nodes, between=lost.look)
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
-                info = torchcompat.rejoin(handler)
+                info = torchcompat.rejoin(handler, config.max_nodes, between=lost.look)
             self._delete_posted()
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).

@@ -60,6 +60,7 @@ class Waiting:
         self._since_wall = 0.0
         self._last_line = 0.0
         self._said: dict | None = None
+        self._said_spare = False
 
     def begin(self, doing: str) -> None:
         """A wait starts (its clock, its first status)."""
@@ -74,7 +75,10 @@ class Waiting:
         now = time.monotonic()
         if now - self._last_line >= WAIT_LINE_EVERY - TICK / 2:
             self._last_line = now
-            self.say()
+            spare = bool(self.status().get("spare"))
+            if not (spare and self._said_spare):  # said once: a spare may wait for days
+                self._said_spare = spare
+                self.say()
         self._publish()
 
     def end(self) -> None:

@@ -318,6 +318,20 @@ def _remove_stale(directory: str, name: str) -> None:
         pass
 
 
+def _remove_orphan(directory: str, name: str) -> None:
+    """A dump directory without a socket (``--preload`` standbys make theirs before any
+    socket) whose launcher (``<pid>-...``) is gone: removed as a stale socket's is."""
+    pid = name.partition("-")[0]
+    if not pid.isdigit():
+        return
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        _remove_stale(directory, name)
+    except OSError:
+        pass  # alive, another user's pid now: left alone
+
+
 def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[FoundJob]:
     """The calling user's running jobs on this host, oldest first; stale sockets removed. A job
     that waits in its rendezvous (no ranks yet, so no socket) is found by its status record
@@ -340,6 +354,8 @@ def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[FoundJob]:
                 if record is not None:
                     jobs.append(FoundJob(path, record))
                 continue
+            if entry.endswith(".d") and f"{entry[:-2]}.sock" not in names:
+                _remove_orphan(directory, entry[:-2])
             if not entry.endswith(".sock"):
                 continue
             try:

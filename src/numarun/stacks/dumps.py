@@ -177,6 +177,43 @@ class Raw:
         return cls(stacks.rank, stacks.local_rank, stacks.pid, stacks.text, stacks.problem)
 
 
+def rank_file(directory: str, local_rank: int) -> str:
+    """The dump file of ``local_rank`` in a job's dump directory."""
+    return os.path.join(directory, f"rank{local_rank}")
+
+
+def make_files(directory: str, local_ranks: Iterable[int]) -> list[str]:
+    """Make ``directory`` (0700) and an empty dump file (0600) per local rank in it, with its
+    helper's files (:func:`numarun.stacks.rankhelper.make_helper_files`), ahead of the
+    :class:`RankDumps` that will read them (``made=True``); their paths. On an error nothing
+    stays."""
+    from numarun.stacks.rankhelper import make_helper_files
+
+    os.mkdir(directory, 0o700)
+    paths: list[str] = []
+    try:
+        for local_rank in local_ranks:
+            path = rank_file(directory, local_rank)
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                             | os.O_CLOEXEC, 0o600))  # fmt: skip
+            make_helper_files(path)
+            paths.append(path)
+    except BaseException:
+        remove_files(directory)
+        raise
+    return paths
+
+
+def remove_files(directory: str) -> None:
+    """Remove a dump directory and its files (never following a link); best effort."""
+    with suppress(OSError):
+        for name in os.listdir(directory):
+            with suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+    with suppress(OSError):
+        os.rmdir(directory)
+
+
 class _Collection:
     """One taking of dumps in progress: which ranks are still awaited, what was read, since
     when each file stopped growing."""
@@ -295,25 +332,28 @@ class RankDumps:
 
     ``ranks``: (local rank, global rank) pairs. ``directory`` None: the ranks are not Python
     (``--no-python``) and are never signalled. Files are made here (0600, close-on-exec, kept
-    open); :meth:`close` closes and removes them.
+    open), or with ``made`` found made already (by :func:`make_files`: the files ``--preload``
+    standbys were armed on at birth); :meth:`close` closes and removes them.
     """
 
-    def __init__(self, ranks: Sequence[tuple[int, int]], directory: str | None) -> None:
+    def __init__(
+        self, ranks: Sequence[tuple[int, int]], directory: str | None, *, made: bool = False
+    ) -> None:
         self.directory = directory
         self._ranks: dict[int, _Rank] = {}
         self._supervisor: Supervisor | None = None
         self.helpers: RankHelpers | None = None
+        flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC
+        if not made:
+            flags |= os.O_CREAT | os.O_EXCL
         try:
             if directory is not None:
-                self.helpers = RankHelpers(directory, [local_rank for local_rank, _ in ranks])
+                local_ranks = [local_rank for local_rank, _ in ranks]
+                self.helpers = RankHelpers(directory, local_ranks, made=made)
             for local_rank, rank in ranks:
                 fd = None
                 if directory is not None:
-                    fd = os.open(
-                        self.path(local_rank),
-                        os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                        0o600,
-                    )
+                    fd = os.open(self.path(local_rank), flags, 0o600)
                     forkexec.track(fd)  # forked workers close it
                 self._ranks[local_rank] = _Rank(local_rank, rank, fd)
         except BaseException:
@@ -322,7 +362,7 @@ class RankDumps:
 
     def path(self, local_rank: int) -> str:
         assert self.directory is not None
-        return os.path.join(self.directory, f"rank{local_rank}")
+        return rank_file(self.directory, local_rank)
 
     def worker_env(self, local_rank: int) -> dict[str, str]:
         """What the rank's environment needs for its bootstrap to arm the dump."""
@@ -611,11 +651,7 @@ class RankDumps:
                 forkexec.close(state.fd)
                 state.fd = None
         if self.directory is not None:
-            for name in os.listdir(self.directory) if os.path.isdir(self.directory) else ():
-                with suppress(OSError):
-                    os.unlink(os.path.join(self.directory, name))
-            with suppress(OSError):
-                os.rmdir(self.directory)
+            remove_files(self.directory)
 
 
 # --- the runtime directory: the job sockets' (numarun.stacks.channel) and the dumps' ---------

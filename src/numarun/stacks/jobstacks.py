@@ -52,7 +52,10 @@ class JobStacks:
     request of scope ``"job"`` and calls ``reply(fields)`` once, from the loop (``fields`` joins
     this job's description in the reply). :attr:`scope` says what ``numarun stacks`` can see
     of the job: ``"job"`` (every node), ``"node"`` (a static rendezvous over several nodes:
-    this node only) or ``"all"`` (one node: everything)."""
+    this node only) or ``"all"`` (one node: everything). ``made``: the name (in the per-user
+    runtime directory) of a dump directory made already, with its files
+    (:func:`numarun.stacks.dumps.make_files`: those ``--preload`` standbys were armed on at
+    birth), which this job's dumps read and remove at the end; the socket takes that name."""
 
     def __init__(
         self,
@@ -64,16 +67,18 @@ class JobStacks:
         close_when_done: bool = False,
         hang_job: JobHang | None = None,
         scope: str = "all",
+        made: str | None = None,
     ) -> None:
         # Made here, before the workers; channel, the socket's module, only once they started.
         self.runtime_dir = runtime_dir(create=True)
-        self.name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.name = made or f"{os.getpid()}-{os.urandom(4).hex()}"
         directory = None
         if python:
             directory = os.path.join(self.runtime_dir, f"{self.name}.d")
-            os.mkdir(directory, 0o700)
+            if made is None:
+                os.mkdir(directory, 0o700)
         try:
-            self.dumps = RankDumps(ranks, directory)
+            self.dumps = RankDumps(ranks, directory, made=made is not None)
         except BaseException:
             if directory is not None:
                 with suppress(OSError):  # gone already: RankDumps.close removed it

@@ -95,20 +95,36 @@ class _Files:
         self.nudged = False  # the helper was signalled for it
 
 
+def make_helper_files(base: str, *, fifo_only: bool = False) -> None:
+    """Make the helper's files of the rank whose dump file is ``base`` (0600, never following
+    a link): its request FIFO and, unless ``fifo_only``, its answer and signal files, empty
+    (for a :class:`RankHelpers` made later with ``made=True``)."""
+    os.mkfifo(base + REQUEST_SUFFIX, 0o600)
+    if not fifo_only:
+        for suffix in (ANSWER_SUFFIX, SIGNAL_SUFFIX):
+            os.close(os.open(base + suffix, _FLAGS, 0o600))
+
+
 class RankHelpers:
     """The helper files of one job's ranks (``local_ranks`` in ``directory``, next to the dump
-    files ``rank<N>``). :meth:`close` closes them; the directory's owner removes them."""
+    files ``rank<N>``), made here, or with ``made`` found made already
+    (:func:`make_helper_files`). :meth:`close` closes them; the directory's owner removes
+    them."""
 
-    def __init__(self, directory: str, local_ranks: Iterable[int]) -> None:
+    def __init__(
+        self, directory: str, local_ranks: Iterable[int], *, made: bool = False
+    ) -> None:
         self.directory = directory
         self._files: dict[int, _Files] = {}
         self._request = 0
+        flags = _FLAGS & ~(os.O_CREAT | os.O_EXCL) if made else _FLAGS
         try:
             for local_rank in local_ranks:
                 base = os.path.join(directory, f"rank{local_rank}")
-                answers = forkexec.track(os.open(base + ANSWER_SUFFIX, _FLAGS, 0o600))
-                signalled = forkexec.track(os.open(base + SIGNAL_SUFFIX, _FLAGS, 0o600))
-                os.mkfifo(base + REQUEST_SUFFIX, 0o600)
+                if not made:
+                    make_helper_files(base, fifo_only=True)
+                answers = forkexec.track(os.open(base + ANSWER_SUFFIX, flags, 0o600))
+                signalled = forkexec.track(os.open(base + SIGNAL_SUFFIX, flags, 0o600))
                 requests = forkexec.track(os.open(
                     base + REQUEST_SUFFIX, os.O_RDWR | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
                 ))  # fmt: skip

@@ -80,33 +80,41 @@ FLIGHT_LIMIT = 16 * 1024 * 1024  # bytes of one dump the helper sends; more: sai
 _HIGH_FD = 1000  # where the files' fds move to, when free and allowed
 _READY_WAIT = 5.0  # seconds arm() waits for the helper's first line
 _STOP_WAIT = 1.0  # seconds the interpreter's exit waits for the helper to end
+_running: "list[tuple[int, _thread.LockType, int]]" = []  # the helper started, if any
 
 
-def arm() -> None:
+def arm(path: "str | None" = None) -> "tuple[str, int] | None":
     """Start the helper and register the stack dump for this rank, if the launcher asked for
-    one; never raises.
+    one (``path``, or the environment's); never raises. Returns (the file's path, the fd the
+    dumps go to) once armed, else None.
 
     Without ``NUMARUN_STACKS_FILE`` (not started by a numarun that takes stacks) nothing
     happens. A file that cannot be opened or a registration that fails leaves the rank
     running unarmed: the launcher then reports its stacks as unavailable. A helper that cannot
     start (no answer file, no thread) leaves the stacks armed: the launcher then signals the
-    process as a whole, as numarun did before the helper existed.
+    process as a whole, as numarun did before the helper existed. Armed again on another file
+    (a ``--preload`` standby handed an attempt whose file is not the one it was born with: see
+    :mod:`numarun.worker.bootstrap`), the first helper is stopped first.
     """
-    path = os.environ.pop(STACKS_FILE_ENV, None)
+    path = os.environ.pop(STACKS_FILE_ENV, None) or path
     if not path:
-        return
+        return None
     try:
         # No O_CREAT: the launcher made the file; a rank never creates files of its own here.
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
-        return
+        return None
     fd = _move_high(fd)
+    if _running:  # armed before on another file: that helper ends first
+        _stop_helper(*_running.pop())
     signalled = _start_helper(path, fd)
     try:
         faulthandler.register(STACKS_SIGNAL, file=fd if signalled is None else signalled,
                               all_threads=True, chain=False)  # fmt: skip
     except (OSError, RuntimeError, ValueError):
         os.close(fd)
+        return None
+    return path, fd
 
 
 def _start_helper(path: str, stacks: int) -> "int | None":
@@ -136,8 +144,16 @@ def _start_helper(path: str, stacks: int) -> "int | None":
     ready.acquire(True, _READY_WAIT)
     import atexit  # built in: nothing to load
 
-    atexit.register(_stop_helper, requests, ready, os.getpid())
+    helper = (requests, ready, os.getpid())
+    _running.append(helper)
+    atexit.register(_stop_running, helper)
     return signalled
+
+
+def _stop_running(helper: "tuple[int, _thread.LockType, int]") -> None:
+    if helper in _running:
+        _running.remove(helper)
+        _stop_helper(*helper)
 
 
 def _stop_helper(requests: int, stopped: "_thread.LockType", pid: int) -> None:
