@@ -283,7 +283,7 @@ def run(args: argparse.Namespace) -> dict:
 
         new = args.protocol == "new"
         window("stacks", {"op": "ask", "node": 0}, merger,
-               "merged" if new else "reply", nodes if new else 1)  # fmt: skip
+               "merged" if new else "reply", 1)  # fmt: skip  (the asking node alone merges)
         for worker in others:
             worker.ask({"op": "still", "nodes": list(range(1, nodes))})
         _wait_stills(port, nodes - 1, args.limit)

@@ -203,7 +203,7 @@ def test_a_job_of_thousands_of_classes_keeps_the_odd_and_the_largest_on_one_scre
     assert len(view.classes) == merge.MAX_CLASSES + 1
     assert len(merge.encode_view(view)) < merge.VIEW_LIMIT
     folded = [c for c in view.classes if c.problem]
-    assert folded[0].problem == "in 4,032 other classes of stacks, not shown"
+    assert folded[0].problem == "and 4,032 more classes of 1 rank (their stacks not shown)"
     assert len(folded[0].ranks) == 4032
 
 

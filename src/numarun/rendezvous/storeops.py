@@ -116,6 +116,10 @@ class Conn:
             return None
         return bytes(self.store.get(key))
 
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is there (one request)."""
+        return bool(self.store.check([key]))
+
     def get_after_wait(self, key: str) -> bytes | None:
         """``key``'s value once a :meth:`wait` for it returned (None: it woke for nothing)."""
         if not self.own:

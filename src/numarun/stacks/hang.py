@@ -37,6 +37,7 @@ again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged cl
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -125,6 +126,7 @@ class HangWatch:
         self._unasked: dict[int, str] = {}  # local rank -> why the last tick did not ask it
         self._progress_at = time.monotonic()
         self._supervisor: Supervisor | None = None
+        self._job_failed = False
 
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
@@ -193,15 +195,32 @@ class HangWatch:
             self._progress_at = now
             if self.still and self.job is not None:
                 self.still = False
-                self.job.moving()
+                self._tell_job(self.job.moving)
         elif now - self._progress_at >= self.timeout and not unknown:
             if self.job is None:
                 self._declare(now)
                 return
             if not self.still:
                 self.still = True
-                self.job.still(self.last_raw(), now - self._progress_at)
+                self._tell_job(self.job.still, self.last_raw(), now - self._progress_at)
         self._unasked = dumps.ask(dumps.live())
+
+    def _tell_job(self, call: Callable[..., None], *args: object) -> None:
+        """The whole job's side of a hang (a diagnostic of its own): what it raises is one
+        line, once, and the run goes on (no verdict is reached without it)."""
+        try:
+            call(*args)
+        except Exception as error:
+            if not self._job_failed:
+                self._job_failed = True
+                text = str(error).strip().split("\n", 1)[0] or type(error).__name__
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(
+                        f"numarun: warning: the whole job's hang watch failed "
+                        f"({type(error).__name__}: {text}); a hang over every node cannot be "
+                        "declared, the training goes on\n"
+                    )
+                    sys.stderr.flush()
 
     def idle(self) -> float:
         """Seconds since this node's ranks last made progress."""
