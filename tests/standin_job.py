@@ -89,10 +89,11 @@ class FaultyStore(dist.Store):
 
 class Job:
     """``count`` stand-ins on one real store; :meth:`until` runs their loop until ``done``.
-    ``faults``: the stand-ins' stores are :class:`FaultyStore` s sharing that dictionary."""
+    ``faults``: the stand-ins' stores are :class:`FaultyStore` s sharing that dictionary;
+    ``standin``: keyword arguments of each :class:`jobwide_standins.StandIn`."""
 
     def __init__(self, count: int, store_factory: Callable[[], object] | None = None,
-                 faults: dict | None = None) -> None:  # fmt: skip
+                 faults: dict | None = None, **standin: object) -> None:  # fmt: skip
         self.server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                                     timeout=timedelta(seconds=60))  # fmt: skip
         self.tally = js.Tally()
@@ -101,7 +102,8 @@ class Job:
         if faults is not None:
             plain = make
             make = lambda: FaultyStore(plain(), faults)  # noqa: E731
-        self.nodes = [js.StandIn(self.host, make(), i, count, interval=INTERVAL)
+        self.nodes = [js.StandIn(self.host, make(), i, count, interval=INTERVAL,
+                                 **standin)  # type: ignore[arg-type]
                       for i in range(count)]  # fmt: skip
         for node in self.nodes:
             node.register()
@@ -135,3 +137,12 @@ def ask_and_read(job: Job, asker: int = 0) -> merge.JobView:
 
 def lost(job: Job) -> list[str]:
     return [n.stop_reason() or "" for n in job.nodes if "rendezvous" in (n.stop_reason() or "")]
+
+
+def rss_mib() -> float:
+    """This process's resident memory, MiB (the stand-ins, their threads and the store)."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    return 0.0

@@ -101,7 +101,8 @@ def _still(watch: StoreWatch, round_: WatchedRound, conn: Conn, dumps: list[Raw]
                                  state=kind, known=job.mark_classes)  # fmt: skip
     publish(watch, round_, frames, conn)
     key = STILL_KEY.format(round_.me)
-    conn.set(key, digest.encode())
+    job.post = digest.encode()
+    conn.set(key, job.post)
     if not job.listed:
         conn.append(STILL_NODES_KEY, str(round_.me), str(round_.me).encode())
         job.listed = True
@@ -110,10 +111,10 @@ def _still(watch: StoreWatch, round_: WatchedRound, conn: Conn, dumps: list[Raw]
         return
     job.still = True
     count = _count(watch, round_, conn, 1)
+    job.chain += 1
+    _next_wave(watch, round_, job.chain)  # until a verdict: a judge that died, a post overwritten
     if count >= nodes(watch, round_, conn):
         judge(watch, round_, conn, count)
-    else:
-        _next_wave(watch, round_)
 
 
 def _moving(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> None:
@@ -209,13 +210,17 @@ def judge(watch: StoreWatch, round_: WatchedRound, conn: Conn, count: int) -> No
             watch.note(round_, STILLS_KEY, f"{STILLS_KEY} is {count}, more than the "
                        f"{len(listed)} nodes ever still (another client of the store?)")
             conn.repair(STILLS_KEY, str(count).encode(), len(unique))
-        elif moving:
+        elif moving and count >= need:
             watch.note(round_, "verdict waits", f"the count says every node is still, but "
                        f"node {moving[0]}'s post says moving: the hang verdict waits (its ranks "
                        "moved, or another client of the store wrote it)")  # fmt: skip
         return
     if all(digest.state == "done" for digest in unique.values()):
         return  # every node's ranks ended: the job finished, it did not hang
+    if count != len(unique):
+        watch.note(round_, f"{STILLS_KEY} repair", f"{STILLS_KEY} said {count} while "
+                   f"{len(unique)} nodes' posts say still: set to {len(unique)}")  # fmt: skip
+        conn.repair(STILLS_KEY, str(count).encode(), len(unique))
     others = [node for node in range(round_.size) if node not in unique]
     view = merge(list(unique.values()), kind="hang", by=node_label(round_.me, round_.host),
                  size=round_.size, missing=[(NOT_JUDGED, others)] if others else [])  # fmt: skip
@@ -241,6 +246,8 @@ def read_verdict(watch: StoreWatch, round_: WatchedRound, number: int, sender: i
                    "reached this node, whose ranks are moving: not acted on, and denied "
                    "(another client of the store, or ranks that moved since)")  # fmt: skip
         deny(watch, round_, round_.conn, number)
+        if round_.conn is not None and not job.still:  # a post forged for it: taken back
+            round_.conn.set(STILL_KEY.format(round_.me), MOVING)
         return
     try:
         view, _ = read_view(body, world=round_.world, nodes=round_.size)
@@ -305,29 +312,40 @@ def read_deny(watch: StoreWatch, round_: WatchedRound, sender: int, fields: list
 # --- taking over a judge that died ---------------------------------------------------------------
 
 
-def _next_wave(watch: StoreWatch, round_: WatchedRound) -> None:
+def _next_wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
     job = state(round_)
     delay = TAKEOVER_LOOKS * watch.interval * (1 + job.waves // 30)
-    watch.later(round_, delay, lambda later: _wave(watch, later))
+    watch.later(round_, delay, lambda later: _wave(watch, later, chain))
 
 
-def _wave(watch: StoreWatch, round_: WatchedRound) -> None:
-    """In the store thread, while this node is still and no verdict came: the first still
-    node of each wave reads the count and judges a complete one nobody judged (the judge
-    died after its count)."""
+def _wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
+    """In the store thread, while this node is still (since the mark that started ``chain``)
+    and no verdict came: its post set again when another client overwrote it; the first still
+    node of each wave reads the count and judges a complete one nobody judged (the judge died
+    after its count), and now and then (waves 1, 2, 4, then every 8th) checks every post
+    whatever the count says (a count that another client lowered)."""
     job = state(round_)
-    if not job.still or job.acted:
+    if not job.still or job.acted or chain != job.chain:
         return
     job.waves += 1
     conn = round_.conn
-    if conn is not None and not job.pending:
-        try:
-            first = conn.add(TAKEOVER_KEY.format(job.waves), 1) == 1
-        except Forged:
-            first = False
-        if first:
+    if conn is not None:
+        key = STILL_KEY.format(round_.me)
+        if job.post is not None and conn.get_now(key) != job.post:
+            watch.note(round_, f"{key} overwritten", f"{key} was overwritten by another client "
+                       "of the store: set again")  # fmt: skip
+            conn.set(key, job.post)
+        if not job.pending and _first(conn, TAKEOVER_KEY.format(job.waves)):
             round_.shared.append(TAKEOVER_KEY.format(job.waves))
             count = _count(watch, round_, conn, 0)
-            if count >= nodes(watch, round_, conn):
+            full = job.waves in (1, 2, 4) or job.waves % 8 == 0
+            if full or count >= nodes(watch, round_, conn):
                 judge(watch, round_, conn, count)
-    _next_wave(watch, round_)
+    _next_wave(watch, round_, chain)
+
+
+def _first(conn: Conn, key: str) -> bool:
+    try:
+        return conn.add(key, 1) == 1
+    except Forged:
+        return False

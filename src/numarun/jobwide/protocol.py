@@ -75,11 +75,13 @@ class JobRound:
         self.still = False  # this node is counted in numarun/stills
         self.done: list[Raw] | None = None  # this node's ranks all ended: they, for answers
         self.listed = False
+        self.post: bytes | None = None  # this node's still post, as set
         self.marks = 0  # marks handed to the posting threads (loop side)
         self.applied = 0  # the last mark applied in the store
         self.pending: dict[int, tuple[object, int]] = {}  # verdict event -> (view, its judge)
         self.acted = False  # a verdict was handed to the loop
-        self.waves = 0  # takeover waves done (verdict)
+        self.waves = 0  # takeover waves done (hangverdict)
+        self.chain = 0  # this node's still marks: the waves of an earlier one stop
         self.frame_posts: dict[str, bytes] = {}  # class id -> its frames post, this round
         self.never_came: set[str] = set()  # class ids whose frames were not there in time
         self.claimed: set[str] = set()
