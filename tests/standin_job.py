@@ -102,8 +102,8 @@ class Job:
         if faults is not None:
             plain = make
             make = lambda: FaultyStore(plain(), faults)  # noqa: E731
-        self.nodes = [js.StandIn(self.host, make(), i, count, interval=INTERVAL,
-                                 **standin)  # type: ignore[arg-type]
+        standin.setdefault("interval", INTERVAL)
+        self.nodes = [js.StandIn(self.host, make(), i, count, **standin)  # type: ignore[arg-type]
                       for i in range(count)]  # fmt: skip
         for node in self.nodes:
             node.register()

@@ -21,7 +21,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
 os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
-from numarun.jobwide import hangverdict  # noqa: E402
+from numarun.jobwide import hangverdict, protocol  # noqa: E402
 from numarun.rendezvous import storewatch  # noqa: E402
 from numarun.rendezvous.storeops import Conn  # noqa: E402
 from numarun.stacks import digest as codec  # noqa: E402
@@ -213,3 +213,49 @@ def test_a_store_without_clone_or_extended_api_serves_the_whole_job(
     for node in job.nodes:
         node.go_still()
     job.until(lambda: all(node.verdict_at() for node in job.nodes))
+
+
+# --- faults, each with a bound -------------------------------------------------------------------
+
+
+def test_a_mark_reaches_the_store_at_once_not_at_the_threads_next_look(
+    make_job: Callable[..., Job],
+) -> None:
+    # Looks every 30 s: the store thread sleeps in its wait meanwhile. A node's still mark and
+    # its moving mark reach the store at once, in order (before: queued until the thread woke,
+    # so a node that moved was counted still for up to a look interval).
+    job = make_job(2, interval=30.0)
+    job.run_for(0.5)
+    conn = Conn(job.raw)
+    job.nodes[1].go_still()
+    job.until(lambda: conn.count(hangverdict.STILLS_KEY) == 1, limit=20.0)
+    hangverdict.mark(job.nodes[1].node.watch, job.nodes[1].node.watched_round, "moving", [])
+    job.until(lambda: conn.count(hangverdict.STILLS_KEY) == 0, limit=20.0)
+    assert conn.get_now(hangverdict.STILL_KEY.format(1)) == hangverdict.MOVING
+
+
+def test_frames_that_never_come_are_waited_for_once_per_round(make_job: Callable[..., Job]) -> None:
+    # A class claimed by a node that died before it set its frames: every read of the class's
+    # frames used to wait FRAMES_WAIT; now the first one does, and no later one asks the store.
+    job = make_job(1)
+    round_ = job.nodes[0].node.watched_round
+    conn = round_.conn
+    claimed = "0123456789abcdef"
+    Conn(job.raw).add(protocol.CLAIM_KEY.format(claimed), 1)  # claimed, never set
+    assert protocol.frames_of(round_, [claimed], conn) == {}
+    before = job.tally.snapshot()["requests"]
+    for _ in range(5):
+        assert protocol.frames_of(round_, [claimed], conn) == {}
+    assert job.tally.snapshot()["requests"] == before
+
+
+def test_an_asking_node_that_dies_leaves_the_others_free(make_job: Callable[..., Job]) -> None:
+    job = make_job(3)
+    asker = job.nodes[0]
+    asker.ask()
+    asker.node.watch.end()  # its launcher is gone once its request was posted
+    others = job.nodes[1:]
+    job.until(lambda: Conn(job.raw).count(protocol.REPLIED_KEY.format(1)) >= 2)
+    view = ask_and_read(job, asker=1)  # the others answer the next request as usual
+    assert view.rank_count == 16 and [n.index for n in others if n.supervisor.stopped] == []
+    assert view.missing == [("did not answer within 2 s", [0])]

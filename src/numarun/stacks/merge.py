@@ -356,7 +356,9 @@ def encode_view(
     else each rank set of more than a few ranges is cut to its first and last ranges with its
     count (what :func:`format_view` shows of it), then the details of each node dropped, then
     frames inline and classes beyond what fits folded into one line that says how many; the
-    largest class and the odd ones (the smallest) are kept the longest."""
+    largest class and the odd ones (the smallest) are kept the longest. The header (missing
+    nodes, at most 64 lines; notes, at most 16) is always whole: a few KB, at most about 50 KB
+    at 8,192 nodes."""
     inline = dict(frames) if frames is not None else None
     for terse in (0, 1, 2):
         data = _encode(view, view.classes, inline, terse)
@@ -372,17 +374,21 @@ def encode_view(
             kept = trial
         inline = kept
     classes = _by_interest(view.classes)
+    hidden, hidden_ranks = 0, 0
     while True:
         data = _encode(view, classes, inline, 2)
         if len(data) <= limit or len(classes) <= 1:
             return data if len(data) <= limit else _encode(view, [], None, 2)
-        keep = max(1, len(classes) * 3 // 4)
-        dropped = classes[keep:]
-        count = sum(item.count for item in dropped)
-        folded = JobClass(None, [], [], problem=f"and {len(dropped):,} more classes of "
-                          f"{count:,} ranks in all (not shown: the view's size limit)",
-                          total=count)  # fmt: skip
-        classes = [*classes[:keep - 1], folded] if keep > 1 else [folded]
+        shown = classes[:-1] if hidden else classes
+        keep = max(1, len(shown) * 3 // 4)
+        if keep >= len(shown):  # the largest class alone does not fit: the header alone
+            return _encode(view, [], None, 2)
+        hidden += len(shown) - keep
+        hidden_ranks += sum(item.count for item in shown[keep:])
+        folded = JobClass(None, [], [], problem=f"and {hidden:,} more classes of "
+                          f"{hidden_ranks:,} ranks in all (not shown: the view's size limit)",
+                          total=hidden_ranks)  # fmt: skip
+        classes = [*shown[:keep], folded]
 
 
 def _by_interest(classes: Sequence[JobClass]) -> list[JobClass]:
@@ -579,11 +585,19 @@ def compress_hosts(names: Iterable[str]) -> str:
         if len(numbers) == 1:
             parts.append((1, f"{prefix}{numbers[0]:0{width}d}{suffix}"))
             continue
-        runs = []
+        runs, length, shown_count = [], len(prefix) + len(suffix) + 6, 0
         for chunk in format_ranks(numbers).split(","):
             low, _, high = chunk.partition("-")
-            runs.append(f"{int(low):0{width}d}" + (f"-{int(high):0{width}d}" if high else ""))
-        parts.append((len(numbers), f"{prefix}[{','.join(runs)}]{suffix}"))
+            run = f"{int(low):0{width}d}" + (f"-{int(high):0{width}d}" if high else "")
+            if runs and length + len(run) > _HOSTS_SHOWN:  # one pattern of no regularity
+                runs.append("...")
+                break
+            runs.append(run)
+            length += len(run) + 1
+            shown_count += int(high or low) - int(low) + 1
+        cut = len(numbers) - shown_count
+        parts.append((len(numbers), f"{prefix}[{','.join(runs)}]{suffix}"
+                      + (f" ({len(numbers):,})" if cut else "")))
     parts += [(1, name) for name in plain]
     shown, used, hidden = [], 0, 0
     for size, part in sorted(parts, key=lambda item: item[1]):
