@@ -157,14 +157,13 @@ def still_digests(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> tuple[
     """(digests of the listed nodes that are still or done, the listed nodes, those whose
     post says moving). The posts are read :data:`READ_CHUNK` at a time and decoded with a
     bound on the ranks they name in all (the job's): memory in proportion to the job."""
-    listed: list[int] = []
+    listed: dict[int, None] = {}  # in the order listed, each node once
     bad = 0
     for line in conn.lines(STILL_NODES_KEY, range(round_.size)):
         for token in line.split(b","):
             token = token.strip()
             if token.isdigit() and len(token) < 10 and int(token) < round_.size:
-                if int(token) not in listed:
-                    listed.append(int(token))
+                listed[int(token)] = None
             elif token:
                 bad += 1
     if bad:
@@ -174,8 +173,9 @@ def still_digests(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> tuple[
     moving: list[int] = []
     refused: list[str] = []
     ranks = round_.world  # ranks the posts may name in all
-    for start in range(0, len(listed), READ_CHUNK):
-        chunk = listed[start : start + READ_CHUNK]
+    order = list(listed)
+    for start in range(0, len(order), READ_CHUNK):
+        chunk = order[start : start + READ_CHUNK]
         values = conn.get_many([STILL_KEY.format(node) for node in chunk], FRAMES_WAIT)
         for node, value in zip(chunk, values, strict=True):
             if value is None:
@@ -196,7 +196,7 @@ def still_digests(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> tuple[
     if refused:
         watch.note(round_, "still posts", f"{len(refused)} still post(s) left out: "
                    f"{refused[0]}")  # fmt: skip
-    return list(found.values()), listed, moving
+    return list(found.values()), order, moving
 
 
 def judge(watch: StoreWatch, round_: WatchedRound, conn: Conn, count: int) -> None:
