@@ -14,7 +14,9 @@ observed is never declared hung. A rank that does not answer a dump request by t
 (its signal still pending: a rank starved of CPU on a loaded machine, or one blocking the signal)
 is *unknown*: not progress, and not stillness either: no verdict is reached (and no node says it
 is still) at a sample in which a rank is unknown, so a busy job on a loaded machine is never taken
-for a hung one; a rank that never answers keeps its node from ever being judged hung.
+for a hung one; a rank that never answers keeps its node from ever being judged hung. So is a
+rank whose dump shows no Python frame in any thread: its interpreter is starting up or exiting
+(a rank whose exit takes longer than the timeout on a loaded machine is not a hang).
 
 Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
 ``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
@@ -185,6 +187,9 @@ class HangWatch:
                 unknown = True
                 continue
             if not data:
+                continue
+            if b'File "' not in data:  # no Python frame in any thread: starting or exiting
+                unknown = True
                 continue
             observable = True
             sample = normalized(data)
