@@ -13,22 +13,29 @@ the usual bound whatever the store does, and a frozen store costs at most this t
 The thread sleeps blocked in the store, in ``wait`` for the next event key of the round, so
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
-agent does (:mod:`numarun.rendezvous.torchrdzv`) and runs the work the loop queued (this node's
-hang marks).
+agent does (:mod:`numarun.rendezvous.torchrdzv`), or sooner for timed work
+(:meth:`StoreWatch.later`: a hang verdict's window, a still node's waves). Work queued from
+other threads (:meth:`StoreWatch.queue`) runs at its next wake-up.
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
-thread waits for the key after the last one it read. The counter is checked like any value read
-from the store: one that is not a number is named and set back to the last event there, one that
-jumped is named and the events after the jump are read, one that went back is named and followed
-(:meth:`StoreWatch._check_count`). An event key is never deleted while another node may not have
-read it: its poster deletes it once the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
+thread waits for the key after the last one it read. The counter is read at each look and checked
+like any value read from the store: an event counted but not set within :data:`HOLE_GRACE` (its
+poster died between its two calls) is skipped, so a hole costs at most a look interval and that;
+one that is not a number is named and set back to the last event there, one that jumped is named
+and the events after the jump are read, one that went back is named and followed
+(:meth:`StoreWatch._check_count`). Once the round is over for this node (the first ``stop``
+notice read, or its own posted: :attr:`WatchedRound.stopping`) no event is read any more. An
+event key is never deleted while another node may not have read it: its poster deletes it once
+the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
 
 What happens at each event is not this module's: the round's events are handed to the
 ``on_event`` callable its :class:`StoreWatch` was made with (the rendezvous's own, which passes
 the whole-job view's on to :mod:`numarun.jobwide`); docs/protocol.md lists every key and event.
 A diagnostic that fails there, or in queued work, is one line (:meth:`StoreWatch.note`), never a
-lost rendezvous: only the look (the rendezvous's own health) and the event wait end a round's
-watch with :class:`numarun.rendezvous.storeresults.Lost`.
+lost rendezvous; so is a store call on numarun's own keys that fails or times out (the event wait
+and reads, the counter, a post: :meth:`StoreWatch.unavailable`; the events then rest until the
+next look). Only the look (the rendezvous's own health: what torch's handler raises) ends a
+round's watch with :class:`numarun.rendezvous.storeresults.Lost`.
 
 Local news that cannot wait for the thread's next wake-up (this node's failure notice, a
 ``numarun stacks`` request) is posted by a short-lived thread that nobody waits for
