@@ -31,14 +31,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from numarun.jobwide.results import Ask, Merged
-from numarun.rendezvous.storeops import Conn, Forged, first_line
+from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line
 from numarun.rendezvous.storeresults import Notice
 from numarun.rendezvous.storewatch import (
     ALIVE_KEY,
     NODES_KEY,
     StoreWatch,
     WatchedRound,
-    read_count,
 )
 from numarun.stacks.digest import (
     FRAMES_LIMIT,
@@ -202,12 +201,11 @@ def missing_nodes(
     conn = conn or round_.conn
     assert conn is not None
     missing = [node for node in range(round_.size) if node not in answered]
-    torchrun, slow = [], []
-    for index, node in enumerate(missing):
-        if index < _MISSING_CHECKED and not read_count(conn, ALIVE_KEY.format(node), 1, 1 << 62):
-            torchrun.append(node)
-        else:
-            slow.append(node)
+    checked = missing[:_MISSING_CHECKED]
+    beats = conn.get_many([ALIVE_KEY.format(node) for node in checked], 0.0)  # a few requests
+    torchrun = [node for node, beat in zip(checked, beats, strict=True)
+                if not (as_count(beat) or 0) > 0]  # fmt: skip
+    slow = [node for node in missing if node not in set(torchrun)]
     return [(why, found) for why, found in ((NOT_NUMARUN, torchrun), (late, slow)) if found]
 
 

@@ -77,7 +77,8 @@ EVENTS_KEY = "numarun/events"
 EVENT_KEY = "numarun/event/{}"
 ALIVE_KEY = "numarun/alive/{}"
 NODES_KEY = "numarun/nodes"
-_SCAN = 64  # event numbers looked at around a hole or a jump
+_SCAN = 64  # event numbers looked at around a jump
+_PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
 HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
 
@@ -503,11 +504,12 @@ class StoreWatch:
         if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
             if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
                 return  # its poster was between its two calls: read by the next wait
-            for number in range(seen + 2, min(count, seen + _SCAN) + 1):
+            last = min(count, seen + _PROBES)
+            for number in range(seen + 2, last + 1):
                 if conn.has(EVENT_KEY.format(number)):
                     round_.seen = number - 1
                     return
-            round_.seen = count
+            round_.seen = last  # holes, all of them: the next look goes on from there
             return
         low = count
         while count - low < _SCAN:
@@ -560,10 +562,10 @@ class StoreWatch:
 
 
 def _posted_soon_after(conn: Conn, seen: int) -> bool:
-    """Whether an event is there within :data:`_SCAN` numbers after the hole at ``seen + 1``
+    """Whether an event is there within :data:`_PROBES` numbers after the hole at ``seen + 1``
     (posters between their two calls), as there never is after a counter another client moved
     far ahead."""
-    return any(conn.has(EVENT_KEY.format(number)) for number in range(seen + 2, seen + _SCAN + 1))
+    return any(conn.has(EVENT_KEY.format(number)) for number in range(seen + 2, seen + _PROBES + 1))
 
 
 def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,
