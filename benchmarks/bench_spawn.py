@@ -4,7 +4,8 @@
                                      [--counts 1,2,4,8] [--method spawn] [--no-torch]
                                      [--sections startup,workercpu,teardown,cpu,memory,poll]
                                      [--memory-mib 50] [--memory-methods spawn,fork]
-                                     [--poll-runs 5]
+                                     [--poll-runs 5] [--teardown-method fork]
+                                     [--main-imports-torch] [--autogroup off]
 
 Six measurements, each taken alternately for every contender so they share the machine's
 conditions, and reported as medians and ratios:
@@ -64,6 +65,12 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+# --main-imports-torch: this module (the main module, which "spawn" workers import again) imports
+# torch, as a training script does, so every spawned worker, numarun's and torch's, imports it.
+MAIN_TORCH_ENV = "BENCH_SPAWN_MAIN_IMPORTS_TORCH"
+if os.environ.get(MAIN_TORCH_ENV) == "1":
+    import torch  # noqa: F401
 
 BARE_CODE = "import time; print(time.monotonic())"
 
@@ -213,13 +220,18 @@ def bench_worker_cpu(repeats: int, method: str) -> list[str]:
     ]
 
 
-def teardown(spawn: Callable[..., object], expected: type[BaseException], nprocs: int) -> float:
+def teardown(
+    spawn: Callable[..., object],
+    expected: type[BaseException],
+    nprocs: int,
+    method: str = "fork",
+) -> float:
     """Seconds from rank 0's failure to ``spawn`` raising in the parent."""
     import tempfile
 
     with tempfile.TemporaryDirectory() as directory:
         try:
-            spawn(fail_or_sleep, args=(directory, nprocs), nprocs=nprocs, start_method="fork")
+            spawn(fail_or_sleep, args=(directory, nprocs), nprocs=nprocs, start_method=method)
         except expected:
             raised_at = time.monotonic()
         else:
@@ -340,19 +352,21 @@ def bench_startup(
     return rows
 
 
-def bench_teardown(runs: int, nprocs: int, torch_mp: Any) -> list[str]:
+def bench_teardown(runs: int, nprocs: int, torch_mp: Any, method: str = "fork") -> list[str]:
     import numarun
 
     ours: list[float] = []
     theirs: list[float] = []
     for _ in range(runs):
-        ours.append(teardown(numarun.spawn, numarun.ProcessRaisedException, nprocs))
+        ours.append(teardown(numarun.spawn, numarun.ProcessRaisedException, nprocs, method))
         if torch_mp is not None:
             theirs.append(
-                teardown(torch_mp.start_processes, torch_mp.ProcessRaisedException, nprocs)
+                teardown(
+                    torch_mp.start_processes, torch_mp.ProcessRaisedException, nprocs, method
+                )
             )
     return [
-        f"| failure to full teardown, {nprocs} workers (median of {runs}) | "
+        f"| failure to full teardown, {nprocs} {method} workers (median of {runs}) | "
         f"{_cell(ours)} | {_cell(theirs)} | < 50 ms |"
     ]
 
@@ -464,6 +478,11 @@ def main() -> None:
     parser.add_argument("--memory-methods", default="spawn,fork")
     parser.add_argument("--memory-repeats", type=int, default=3)
     parser.add_argument("--poll-runs", type=int, default=5)
+    parser.add_argument("--teardown-method", default="fork",
+                        choices=("spawn", "fork", "forkserver"), help="start method (teardown)")
+    parser.add_argument("--main-imports-torch", action="store_true",
+                        help="the main module imports torch, as a training script does: every "
+                        "spawned worker, numarun's and torch's, imports it too")
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     parser.add_argument(
         "--autogroup", choices=("as-is", "off"), default="as-is",
@@ -475,6 +494,8 @@ def main() -> None:
         method, nprocs, size = args.memory_child
         memory_child(method, int(nprocs), int(size))
         return
+    if args.main_imports_torch:
+        os.environ[MAIN_TORCH_ENV] = "1"  # read as the workers import the main module
     before = autogroup()
     if args.autogroup == "off" and before not in (None, "0"):
         try:
@@ -495,6 +516,8 @@ def measure(args: Any) -> None:
     torch_mp = None if args.no_torch else _torch_mp()
     counts = [int(count) for count in args.counts.split(",")]
     parent = "with torch imported" if torch_mp is not None else "without torch"
+    if os.environ.get(MAIN_TORCH_ENV) == "1":
+        parent += " by the main module (every spawned worker imports it)"
     state = autogroup()
     if state is None:
         scheduling = "no autogroup in this kernel: every task weighs the same"
@@ -522,7 +545,7 @@ def measure(args: Any) -> None:
         rows += ["", "### Teardown and supervision cost", ""]
         rows += ["| measurement | numarun | torch.multiprocessing | target |", "|---|---|---|---|"]
     if "teardown" in sections:
-        rows += bench_teardown(args.teardown_runs, 4, torch_mp)
+        rows += bench_teardown(args.teardown_runs, 4, torch_mp, args.teardown_method)
     if "cpu" in sections:
         rows += bench_cpu(3.0, torch_mp)
     if "poll" in sections:

@@ -1,25 +1,44 @@
 """Node stand-ins that run numarun's real whole-job protocol against a real torch ``TCPStore``.
 
-A stand-in is what a launcher node is to the protocol, with only what is not the protocol
-replaced: torch's rendezvous handler (a stub that says no node waits and the rendezvous is open),
-the supervisor (:class:`FakeSupervisor`: the stand-ins of one process share one real
-:class:`numarun.process.loop.Loop`, whose every callback is timed) and the workers (synthetic
-faulthandler dumps: three behaviour classes, about 40 frames per thread, four threads per rank,
-one odd rank). Everything else is the code the launcher runs: :class:`ElasticNode`, its
-``numarun-store`` thread (:class:`StoreWatch`), :class:`JobStacks` and :class:`HangWatch`, the
-digests, the merge, the decoding, on torch's store (wrapped by :class:`CountingStore`, a
-``torch.distributed.Store`` that counts each request and its bytes).
+A stand-in is what a launcher node is to the protocol. Everything of numarun's is the real code:
+:class:`ElasticNode`, its ``numarun-store`` thread (:class:`StoreWatch`), :class:`JobStacks`,
+:class:`HangWatch` and its ticks, :class:`RankDumps`' taking of dumps (its polling on the loop's
+timers), the digests, the merge, the decoding; every store call goes through a
+``torch.distributed.Store`` that counts it (:class:`CountingStore`). What is not numarun's is
+replaced, and each replacement is a claim about a cost, measured on the real thing by
+``benchmarks/jobwide_costs.py``:
 
-The same stand-ins drive the protocol of ``main`` before this change (``--protocol old`` in
-``bench_jobwide_scale.py``: numarun imported from a checkout of that commit), through the names
-both versions share, with a branch where their interfaces differ.
+* torch's rendezvous handler (:class:`TorchTraffic`): what torch's ``DynamicRendezvousHandler``
+  (c10d backend) sends and reads while workers run, by its own mechanism at its defaults: a
+  state sync (one ``get`` of the whole rendezvous state, cached 1 s) at each of numarun's looks
+  (``num_nodes_waiting``, ``is_closed``), and torch's keep-alive thread every 5 s (a sync, then
+  ``compare_set`` of the whole state with this node's heartbeat changed, again while another
+  node's write came first). The state is the real one's size at N nodes (torch's own
+  ``_RendezvousState`` pickled as torch does); what is left out is its CPU on each node
+  (``pickle.loads`` of the state at each sync: :func:`jobwide_costs.unpickle_cpu`), which no
+  2-core machine can spend for thousands of nodes: the benchmark reports it apart. Checked
+  against real handlers by ``jobwide_costs.py --check``. ``None``: a stub (nobody waits, the
+  round is open), for the tests.
+* the workers (:class:`SyntheticRanks`, a :class:`RankDumps`): no processes; each rank answers
+  a dump request with its synthetic faulthandler text (three behaviour classes, four threads of
+  about 40 frames, one odd rank) after a latency drawn from the one measured on real ranks
+  (signal 42, faulthandler, the file read back); while the ranks "move", each sample differs
+  from the last; frozen, they stop moving and the real hang watch finds them still.
+* the supervisor (:class:`FakeSupervisor`): the stand-ins of one process share one real
+  :class:`numarun.process.loop.Loop` (:class:`LoopHost`), whose every callback is timed;
+  ``call_every`` runs (the hang watch's ticks), at a random phase per node, as nodes start.
+* a launcher's death (:class:`Fate`): from a chosen store call on (or at once), every store call
+  of the node blocks for good, its loop's callbacks and torch's keep-alive stop: to the store
+  and the other nodes it is gone, as a SIGKILLed launcher is (its sockets stay open).
 
-Used by ``benchmarks/bench_jobwide_scale.py`` and by ``tests/jobwide/test_protocol.py``.
+Used by ``benchmarks/bench_jobwide_scale.py``, ``tests/standin_job.py`` (the protocol's tests)
+and ``tests/test_bench_jobwide_scale.py`` (the benchmark at tiny N).
 """
 
 from __future__ import annotations
 
 import random
+import re
 import threading
 import time
 from collections.abc import Callable
@@ -28,73 +47,111 @@ from typing import Any
 
 import torch.distributed as dist
 
-from numarun.cmdline.config import parse_args
-from numarun.jobwide.notices import JobNotices
-from numarun.process.loop import Loop
-from numarun.process.spec import WorkerExit
-from numarun.rendezvous.round import Round, WorkerPlace
-from numarun.rendezvous.storeresults import Result
-from numarun.rendezvous.torchrdzv import ElasticNode
-from numarun.stacks.jobstacks import JobStacks
-from numarun.stacks.parse import rank_stacks
+import jobwide_product as product
 
-NEW = hasattr(JobStacks, "take_async")  # this checkout's protocol, or main's before it
-PREFIX = "torch.rendezvous.bench.0/"  # torch's per-round prefix, as the c10d handler makes it
+RUN_ID = "bench"
+PREFIX = f"torch.rendezvous.{RUN_ID}.0/"  # torch's per-round prefix, as the c10d handler makes it
+TORCH_STATE_KEY = f"torch.rendezvous.{RUN_ID}"  # where torch's c10d backend keeps its state
+_FAMILY = re.compile(r"[0-9a-f]{16}|[0-9]+")
+
+
+def round_prefix(number: int) -> str:
+    return f"torch.rendezvous.{RUN_ID}.{number}/"
 
 
 class Tally:
-    """Requests and bytes through the store (keys and values, both ways), class frames apart."""
+    """Requests and bytes through the store (keys and values, both ways), class frames apart,
+    and by key family (the key with its numbers as ``N``)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.requests = 0
         self.bytes = 0
         self.frames = 0
+        self.families: dict[str, list[int]] = {}
 
-    def add(self, key: str | list[str], *values: Any) -> None:
+    def add(self, key: str | list[str], *values: Any, family: str | None = None) -> None:
         keys = [key] if isinstance(key, str) else list(key)
         size = sum(len(k) for k in keys) + sum(
             len(v) if isinstance(v, bytes | str) else 8 for v in values
         )
+        if family is None:
+            family = _FAMILY.sub("N", keys[0]) if keys else ""
         with self.lock:
+            counts = self.families.setdefault(family, [0, 0])
+            counts[0] += 1
+            counts[1] += size
             self.requests += 1
             if any("numarun/frames/" in k for k in keys):
                 self.frames += size
             else:
                 self.bytes += size
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict:
         with self.lock:
-            return {"requests": self.requests, "bytes": self.bytes, "frames": self.frames}
+            return {"requests": self.requests, "bytes": self.bytes, "frames": self.frames,
+                    "families": {k: list(v) for k, v in self.families.items()}}  # fmt: skip
+
+
+class Fate:
+    """Whether a node's launcher lives. :meth:`kill` (or ``when(op, key)`` returning True
+    before a store call) ends it: that call and every later one of the node block for good."""
+
+    def __init__(self) -> None:
+        self.dead = threading.Event()
+        self.at: float | None = None
+        self.why = ""
+        self.when: Callable[[str, str], bool] | None = None
+
+    def check(self, op: str, key: str) -> None:
+        if not self.dead.is_set():
+            when = self.when
+            if when is None or not when(op, key):
+                return
+            self.kill(f"before {op} {key}")
+        threading.Event().wait()  # the process is gone: nothing more from this thread
+
+    def kill(self, why: str) -> None:
+        if not self.dead.is_set():
+            self.at = time.monotonic()
+            self.why = why
+            self.dead.set()
 
 
 class CountingStore(dist.Store):
     """A ``torch.distributed.Store`` in front of another (a ``PrefixStore``), counting each
-    request and its bytes in ``tally``; clones count in the same tally."""
+    request and its bytes in ``tally``; clones count in the same tally and share the node's
+    :class:`Fate`."""
 
-    def __init__(self, inner: Any, tally: Tally) -> None:
+    def __init__(self, inner: Any, tally: Tally, fate: Fate | None = None) -> None:
         super().__init__()
         self._inner = inner
         self._tally = tally
+        self.fate = fate or Fate()
 
     def set(self, key: str, value: Any) -> None:
+        self.fate.check("set", key)
         self._tally.add(key, value)
         self._inner.set(key, value)
 
     def get(self, key: str) -> bytes:
+        self.fate.check("get", key)
         value = self._inner.get(key)
         self._tally.add(key, value)
         return value
 
     def add(self, key: str, amount: int) -> int:
+        self.fate.check("add", key)
         self._tally.add(key, amount)
         return self._inner.add(key, amount)
 
     def check(self, keys: list[str]) -> bool:
+        self.fate.check("check", keys[0] if keys else "")
         self._tally.add(keys)
         return self._inner.check(keys)
 
     def wait(self, keys: list[str], timeout: timedelta | None = None) -> None:
+        self.fate.check("wait", keys[0] if keys else "")
         self._tally.add(keys)
         if timeout is None:
             self._inner.wait(keys)
@@ -102,19 +159,23 @@ class CountingStore(dist.Store):
             self._inner.wait(keys, timeout)
 
     def delete_key(self, key: str) -> bool:
+        self.fate.check("delete_key", key)
         self._tally.add(key)
         return self._inner.delete_key(key)
 
     def compare_set(self, key: str, expected: Any, desired: Any) -> bytes:
+        self.fate.check("compare_set", key)
         value = self._inner.compare_set(key, expected, desired)
         self._tally.add(key, expected, desired, value)
         return value
 
     def append(self, key: str, value: Any) -> None:
+        self.fate.check("append", key)
         self._tally.add(key, value)
         self._inner.append(key, value)
 
     def multi_get(self, keys: list[str]) -> list[bytes]:
+        self.fate.check("multi_get", keys[0] if keys else "")
         values = self._inner.multi_get(keys)
         self._tally.add(keys, *values)
         return values
@@ -123,7 +184,8 @@ class CountingStore(dist.Store):
         return self._inner.has_extended_api()
 
     def clone(self) -> CountingStore:
-        return CountingStore(self._inner.clone(), self._tally)
+        self.fate.check("clone", "")
+        return CountingStore(self._inner.clone(), self._tally, self.fate)
 
     def set_timeout(self, timeout: timedelta) -> None:
         self._inner.set_timeout(timeout)
@@ -133,12 +195,16 @@ class CountingStore(dist.Store):
         return self._inner.timeout
 
 
+def client(port: int, timeout: float = 300.0) -> Any:
+    """A node's TCPStore client, as torch's c10d handler makes it (one per node)."""
+    return dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
+                         timeout=timedelta(seconds=timeout))  # fmt: skip
+
+
 def connect(port: int, tally: Tally, timeout: float = 60.0) -> CountingStore:
     """A node's store as torch's c10d handler gives it: a TCPStore client under the round's
     prefix (counted)."""
-    client = dist.TCPStore("127.0.0.1", port, is_master=False, wait_for_workers=False,
-                           timeout=timedelta(seconds=timeout))  # fmt: skip
-    return CountingStore(dist.PrefixStore(PREFIX, client), tally)
+    return CountingStore(dist.PrefixStore(PREFIX, client(port, timeout)), tally)
 
 
 class LoopHost:
@@ -152,7 +218,7 @@ class LoopHost:
     def __init__(self) -> None:
         import gc
 
-        self.loop = Loop(lambda signum: None)
+        self.loop = product.Loop(lambda signum: None)
         self.loop.open()
         self.max_wall = 0.0
         self.max_cpu = 0.0
@@ -203,11 +269,15 @@ class LoopHost:
 
 class FakeSupervisor:
     """What the protocol needs of a :class:`Supervisor`, on a :class:`LoopHost`'s loop:
-    readers, one-shot timers, ``request_stop`` (recorded); ``call_every`` is not run (the
-    stand-ins' hang marks are driven by the caller)."""
+    readers, timers, ``request_stop`` (recorded). ``ticks``: ``call_every`` runs its callback
+    (first at a random phase within one interval, as nodes' runs start at slightly different
+    times), else it is dropped (the tests drive the hang marks). :meth:`retire` (the run is
+    over, or the launcher died) stops its timers and stop requests."""
 
-    def __init__(self, host: LoopHost) -> None:
+    def __init__(self, host: LoopHost, ticks: bool = False) -> None:
         self.host = host
+        self.ticks = ticks
+        self.retired = False
         self.stopped: tuple[float, str] | None = None
 
     def add_reader(self, fd: int, callback: Callable[[], None]) -> None:
@@ -223,13 +293,24 @@ class FakeSupervisor:
         self.host.loop.remove_writer(fd)
 
     def call_every(self, interval: float, callback: Callable[[], None]) -> None:
-        pass
+        if not self.ticks:
+            return
+        timed = self.host.timed(callback)
+
+        def tick() -> None:
+            if self.retired:
+                return
+            timed()
+            self.host.loop.call_later(interval, tick)
+
+        self.host.loop.call_later(interval * random.random(), tick)
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> object:
-        return self.host.loop.call_later(delay, self.host.timed(callback))
+        timed = self.host.timed(callback)
+        return self.host.loop.call_later(delay, lambda: None if self.retired else timed())
 
     def request_stop(self, reason: str) -> None:
-        if self.stopped is None:
+        if self.stopped is None and not self.retired:
             self.stopped = (time.monotonic(), reason)
 
     def send_signal(self, signum: int, local_ranks: Any = None) -> list[int]:
@@ -238,15 +319,108 @@ class FakeSupervisor:
     def pids(self) -> list[int]:
         return []
 
+    def retire(self) -> None:
+        self.retired = True
+
 
 class _Handler:
-    """torch's rendezvous handler as the watch uses it: nobody waits, the round is open."""
+    """torch's rendezvous handler as the watch uses it, for the tests: nobody waits, the round
+    is open, no traffic."""
 
     def num_nodes_waiting(self) -> int:
         return 0
 
     def is_closed(self) -> bool:
         return False
+
+
+class TorchTraffic:
+    """torch's ``DynamicRendezvousHandler`` (c10d backend) of one node, as far as the store
+    sees it while workers run (module docstring): :meth:`num_nodes_waiting` and
+    :meth:`is_closed` sync the state (a ``get`` of it when the last sync is over ``cache``
+    seconds old), torch's keep-alive thread (:meth:`start`) every ``keep_alive`` seconds after
+    the last one ended syncs, then writes the state with this node's heartbeat changed
+    (``compare_set`` against the state it last read; when another node wrote first, the value
+    it gets back is its new token and it writes again, as torch's op executor does, until it
+    wins or torch's 5 s heartbeat timeout passes). Its calls go through torch's connection of
+    the node (``client``, shared with the round's store, as torch's handler shares it),
+    counted in ``tally``; a dead :class:`Fate` ends them."""
+
+    def __init__(
+        self, client: Any, index: int, nodes: int, tally: Tally, fate: Fate, *,
+        keep_alive: float = 5.0, cache: float = 1.0, timeout: float = 5.0,
+    ) -> None:  # fmt: skip
+        self.client = client
+        self.index = index
+        self.nodes = nodes
+        self.tally = tally
+        self.fate = fate
+        self.keep_alive = keep_alive
+        self.cache = cache
+        self.timeout = timeout
+        self.lock = threading.Lock()  # torch's _heartbeat_lock
+        self.token: bytes | None = None
+        self.synced = -1e9
+        self.beats = 0
+        self.retries = 0
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def _call(self, op: str, *args: Any) -> Any:
+        if self.fate.dead.is_set():
+            threading.Event().wait()  # the launcher is gone
+        value = getattr(self.client, op)(*args)
+        self.tally.add(TORCH_STATE_KEY, *args[1:], value, family=op)
+        return value
+
+    def _sync(self) -> None:
+        if time.monotonic() - self.synced < self.cache and self.token is not None:
+            return
+        self.token = bytes(self._call("get", TORCH_STATE_KEY))
+        self.synced = time.monotonic()
+
+    def num_nodes_waiting(self) -> int:
+        with self.lock:
+            self._sync()
+        return 0
+
+    def is_closed(self) -> bool:
+        with self.lock:
+            self._sync()
+        return False
+
+    def beat(self) -> None:
+        """One keep-alive of torch's (its ``_keep_alive``): sync, then write until it wins."""
+        with self.lock:
+            self._sync()
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                assert self.token is not None
+                token = self.token
+                self.beats += 1
+                slot = (len(token) - 16) * self.index // max(1, self.nodes)
+                desired = token[:slot] + b"%08d" % (self.beats % 10**8) + token[slot + 8 :]
+                got = bytes(self._call("compare_set", TORCH_STATE_KEY, token, desired))
+                self.token, self.synced = got, time.monotonic()
+                if got == desired:
+                    return
+                self.retries += 1
+
+    def start(self, phase: float | None = None) -> None:
+        """torch's keep-alive thread (``_PeriodicTimer``): the first beat after ``phase``
+        seconds (default: a random part of one interval), then one interval after each."""
+
+        def run() -> None:
+            wait = self.keep_alive * random.random() if phase is None else phase
+            while not self._stop.wait(wait):
+                self.beat()
+                wait = self.keep_alive
+
+        self._thread = threading.Thread(target=run, name="torch-keep-alive", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
 
 
 # --- synthetic stacks ----------------------------------------------------------------------------
@@ -257,10 +431,13 @@ _HELPERS = [
     ("_worker_loop", f"{_LIB}/utils/data/_utils/worker.py"),
     ("_run_logger", "/usr/lib/python3.11/logging/handlers.py"),
 ]
+BEHAVIOURS = ("allreduce", "backward", "odd", "dataload")
+_BOTTOM = '  File "<string>", line 1 in <module>'  # numarun's bootstrap: a rank's -c code
 
 
-def _frames(kind: str, depth: int = 40) -> list[str]:
-    """``depth`` frames of one behaviour, innermost first, faulthandler's format."""
+def _frames(kind: str, depth: int = 40, step: int = 0) -> list[str]:
+    """``depth`` frames of one behaviour, innermost first, faulthandler's format; ``step``
+    moves the innermost frame's line (a rank that made progress)."""
     inner = {
         "allreduce": [(f"{_LIB}/distributed/distributed_c10d.py", 2501, "all_reduce"),
                       (f"{_LIB}/distributed/c10d_logger.py", 83, "wrapper"),
@@ -270,20 +447,24 @@ def _frames(kind: str, depth: int = 40) -> list[str]:
                      ("/job/train.py", 52, "backward_step")],
         "odd": [("/usr/lib/python3.11/threading.py", 320, "wait"),
                 ("/job/data.py", 12, "load_batch")],
+        "dataload": [(f"{_LIB}/utils/data/dataloader.py", 1133, "_get_data"),
+                     ("/job/train.py", 61, "next_batch")],
         "helper": [("/usr/lib/python3.11/threading.py", 324, "wait"),
                    ("/usr/lib/python3.11/queue.py", 180, "get")],
     }[kind]  # fmt: skip
-    outer = ['  File "/job/train.py", line 140 in <module>',
+    inner = [(inner[0][0], inner[0][1] + step, inner[0][2]), *inner[1:]]
+    outer = [_BOTTOM, '  File "/job/train.py", line 140 in <module>',
              '  File "/job/train.py", line 120 in main']  # fmt: skip
-    for level in range(depth - len(inner) - 2):  # the same path from the outside in
+    for level in range(depth - len(inner) - 3):  # the same path from the outside in
         module = f"{_LIB}/nn/modules/module.py" if level % 2 else "/job/model.py"
         outer.append(f'  File "{module}", line {100 + level} in forward_{level}')
     return [f'  File "{f}", line {n} in {fn}' for f, n, fn in inner] + outer[::-1]
 
 
-def synthetic_dump(kind: str, seed: int) -> str:
-    """One rank's faulthandler text: three helper threads, then the main thread of ``kind``;
-    thread ids differ from rank to rank, as between processes."""
+def synthetic_dump(kind: str, seed: int, step: int = 0) -> str:
+    """One rank's faulthandler text: three helper threads, then the main thread of ``kind``
+    (listed last, ending with the bootstrap's frame, as a real rank's); thread ids differ from
+    rank to rank, as between processes."""
     rng = random.Random(seed)
     blocks = []
     for name, path in _HELPERS:
@@ -292,15 +473,18 @@ def synthetic_dump(kind: str, seed: int) -> str:
         blocks.append("\n".join([f"Thread {ident} (most recent call first):", *frames]))
     ident = f"0x{rng.getrandbits(47) << 4:016x}"
     blocks.append("\n".join([f"Current thread {ident} (most recent call first):",
-                             *_frames(kind)]))  # fmt: skip
+                             *_frames(kind, step=step)]))  # fmt: skip
     return "\n\n".join(blocks) + "\n"
 
 
 def behaviour(rank: int, local_rank: int, node: int, nodes: int, pattern: str) -> str:
     """Which class a rank is in: the odd rank (the middle of the job, one less) waits for data;
     ``block``: the last eighth of the nodes still in backward; ``strided``: local rank 0 of
-    every node in backward; the rest in all_reduce."""
+    every node in backward; ``random4``: one of four behaviours at random (seeded by the
+    rank); the rest in all_reduce."""
     world = nodes * 8
+    if pattern == "random4":
+        return random.Random(rank).choice(BEHAVIOURS)
     if rank == world // 2 - 1:
         return "odd"
     if pattern == "strided" and local_rank == 0:
@@ -310,116 +494,215 @@ def behaviour(rank: int, local_rank: int, node: int, nodes: int, pattern: str) -
     return "allreduce"
 
 
+class SyntheticRanks(product.RankDumps):
+    """A node's ranks as :class:`RankDumps` sees them, without processes (module docstring):
+    :meth:`ask` records when each rank's dump will be there (``latency()`` seconds later);
+    :meth:`read` gives it from then on. While :attr:`moving`, each ask's sample differs from
+    the last (the innermost frame's line alternates); frozen (``moving`` False), it stays the
+    same."""
+
+    def __init__(self, ranks: list[tuple[int, int]], texts: list[tuple[bytes, bytes]],
+                 latency: Callable[[], float]) -> None:  # fmt: skip
+        super().__init__(ranks, None)
+        for local_rank, state in self._ranks.items():
+            state.fd = -1  # "a Python rank with a dump file": asked, read, judged
+            state.pid = 10_000 + local_rank
+        self.texts = texts
+        self.latency = latency
+        self.moving = True
+        self._flip = 0
+        self._ready: dict[int, tuple[float, bytes]] = {}
+
+    def ask(self, local_ranks: Any = None) -> dict[int, str]:
+        now = time.monotonic()
+        if self.moving:
+            self._flip ^= 1
+        problems: dict[int, str] = {}
+        for local_rank in self.local_ranks if local_ranks is None else local_ranks:
+            state = self._ranks[local_rank]
+            if state.exited:
+                problems[local_rank] = "exited"
+                continue
+            state.asked_at = now
+            self._ready[local_rank] = (now + self.latency(), self.texts[local_rank][self._flip])
+        return problems
+
+    def freeze(self) -> None:
+        """The ranks stop moving, each at its first sample (the one :meth:`StandIn.raw`
+        gives)."""
+        self.moving = False
+        self._flip = 0
+
+    def read(self, local_rank: int) -> bytes:
+        ready = self._ready.get(local_rank)
+        if ready is None or time.monotonic() < ready[0]:
+            return b""
+        return ready[1]
+
+    def answer_problem(self, local_rank: int, data: bytes, *, final: bool) -> str | None:
+        return product.PENDING if final and not data else None
+
+    def close(self) -> None:
+        for state in self._ranks.values():
+            state.fd = None
+
+
+def latency_sampler(samples: list[float] | None, seed: int) -> Callable[[], float]:
+    """Draws from measured dump latencies (seconds); none measured: 2.3 ms (8 real ranks asked
+    at once on this machine: ``jobwide_costs.dump_latency``)."""
+    rng = random.Random(seed)
+    found = samples or [0.0023]
+    return lambda: rng.choice(found)
+
+
+class _RecordingHangJob:
+    """The node's ``hang_job`` (the bridge to the store thread), noting when this node's hang
+    watch said its ranks are still."""
+
+    def __init__(self, inner: Any, stand_in: StandIn) -> None:
+        self.inner = inner
+        self.stand_in = stand_in
+
+    def still(self, dumps: list, idle: float) -> None:
+        self.stand_in.times.setdefault("still", time.monotonic())
+        self.inner.still(dumps, idle)
+
+    def moving(self) -> None:
+        self.inner.moving()
+
+
 # --- one stand-in --------------------------------------------------------------------------------
 
 
 class StandIn:
     """One node: a real :class:`ElasticNode` watching a real round of ``store``, with real
-    :class:`JobStacks` and :class:`HangWatch` whose ranks' dumps are synthetic. ``times``:
-    when each kind of result first reached this node's loop (``time.monotonic()``)."""
+    :class:`JobStacks` and :class:`HangWatch` over :class:`SyntheticRanks`. ``times``: when each
+    kind of result first reached this node's loop in the round (``time.monotonic()``);
+    ``counts``: how many of each kind. ``torch``: the node's :class:`TorchTraffic` (None: a
+    stub handler); ``ticks``: the hang watch samples the ranks on the loop's timer (else the
+    caller marks the node still: :meth:`go_still`)."""
 
     def __init__(
         self, host: LoopHost, store: Any, index: int, nodes: int, ranks: int = 8, *,
         interval: float = 2.0, hang_timeout: float = 30.0, pattern: str = "block",
-        hostname: str | None = None, keep_alive: int = 60,
+        hostname: str | None = None, keep_alive: int = 60, torch: TorchTraffic | None = None,
+        ticks: bool = False, latency: Callable[[], float] | None = None,
     ) -> None:  # fmt: skip
+        self.host = host
         self.index = index
-        config = parse_args([
+        self.nodes = nodes
+        self.ranks = ranks
+        self.hang_timeout = hang_timeout
+        self.torch = torch
+        self.ticks = ticks
+        self.latency = latency or latency_sampler(None, index)
+        config = product.parse_args([
             "--nnodes", str(nodes), "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", "bench", "--monitor-interval",
+            "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", RUN_ID, "--monitor-interval",
             str(interval), "--hang-timeout", str(hang_timeout),
-            # A neighbour is declared gone after 3 silent keep-alive windows: longer than the
-            # stand-ins of a process take to start one after the other.
             "--rdzv-conf", f"keep_alive_interval={keep_alive}", "train.py",
         ])  # fmt: skip
-        node = ElasticNode(config)
+        node = product.ElasticNode(config)
         node.host = hostname or f"node{index:04d}"
-        node._handler = _Handler()
-        node._store = store
-        world = nodes * ranks
-        places = tuple(WorkerPlace(index * ranks + r, index * ranks + r, world, world)
-                       for r in range(ranks))  # fmt: skip
-        node.round = Round(index, nodes, "127.0.0.1", 1, places)
-        node.heartbeats.watch_neighbour(index, nodes, time.monotonic())
+        node._handler = torch if torch is not None else _Handler()
         self.node = node
-        self.view = JobNotices(node)
+        self.view = product.JobNotices(node)
         node.diagnostics = self.view
+        first = index * ranks
+        kinds = [behaviour(first + r, r, index, nodes, pattern) for r in range(ranks)]
         self.texts = [
-            (index * ranks + r, r, 10000 + r,
-             synthetic_dump(behaviour(index * ranks + r, r, index, nodes, pattern),
-                            index * ranks + r))
+            tuple(synthetic_dump(kinds[r], first + r, step).encode() for step in (0, 1))
             for r in range(ranks)
         ]  # fmt: skip
-        self.supervisor = FakeSupervisor(host)
-        self.times: dict[str, float] = {}
-        self.results: dict[str, Result] = {}
-        self.replies: list[dict] = []
-        stand_in = self
-
-        class Stacks(JobStacks):
-            def take(self) -> list:  # main's protocol, and the failure path
-                return stand_in.rank_stacks()
-
-            def take_async(self, done: Callable[[list], None]) -> None:
-                done(stand_in.raw())
-
-        self.stacks = Stacks(
-            [(r, index * ranks + r) for r in range(ranks)], python=False,
-            describe={"run_id": "bench", "host": node.host, "entrypoint": "train.py"},
-            hang_timeout=hang_timeout, hang_job=self.view.hang_job(), scope="job",
-        )  # fmt: skip
-        self.stacks.at_failure = None
         original = node._on_result
 
-        def on_result(result: Result) -> None:
+        def on_result(result: product.Result) -> None:
             now = time.monotonic()
             self.times.setdefault(result.kind, now)
             self.results.setdefault(result.kind, result)
+            self.counts[result.kind] = self.counts.get(result.kind, 0) + 1
             original(result)
 
         node._on_result = on_result  # type: ignore[method-assign]
+        self.start_round(store, 0)
+
+    def start_round(self, store: Any, number: int) -> None:
+        """A new round of ``store`` (torch's per-round prefix store of round ``number``): what
+        the launcher has after ``next_round`` and before the workers start (a new
+        :class:`JobStacks`, a new supervisor). Call :meth:`register` and :meth:`watch` next."""
+        node, index, ranks, nodes = self.node, self.index, self.ranks, self.nodes
+        self.store = store
+        self.fate: Fate = getattr(store, "fate", None) or Fate()
+        node._store = store
+        world = nodes * ranks
+        places = tuple(product.WorkerPlace(index * ranks + r, index * ranks + r, world, world)
+                       for r in range(ranks))  # fmt: skip
+        node.round = product.NodeRound(index, nodes, "127.0.0.1", 1, places)
+        node.change = None
+        node._announced = False
+        node._in_barrier = False
+        node.heartbeats.watch_neighbour(index, nodes, time.monotonic())
+        self.number = number
+        self.times: dict[str, float] = {}
+        self.results: dict[str, product.Result] = {}
+        self.counts: dict[str, int] = {}
+        self.replies: list[dict] = []
+        self.supervisor = FakeSupervisor(self.host, self.ticks)
+        pairs = [(r, index * ranks + r) for r in range(ranks)]
+        self.stacks = product.JobStacks(
+            pairs, python=False, describe={"run_id": RUN_ID, "host": node.host,
+                                           "entrypoint": "train.py"},
+            hang_timeout=self.hang_timeout, scope="job",
+        )  # fmt: skip
+        self.dumps = SyntheticRanks(pairs, self.texts, self.latency)  # type: ignore[arg-type]
+        self.dumps.moving = self.ticks  # without ticks, the same sample every time
+        self.stacks.dumps = self.dumps
+        self.stacks.hang = product.HangWatch(
+            self.dumps, self.hang_timeout, output_watched=False,
+            job=_RecordingHangJob(self.view.hang_job(), self),
+        )  # fmt: skip
 
     def register(self) -> None:
         """What a node does once the round formed: say it is a numarun node (ALIVE, NODES)."""
-        from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY
+        conn = product.Conn(self.node._store, clone=False)
+        conn.add(product.ALIVE_KEY.format(self.index), 1)
+        conn.add(product.NODES_KEY, 1)
+        conn.close()
 
-        store = self.node._store
-        if NEW:
-            from numarun.rendezvous.storeops import Conn
-
-            conn = Conn(store, clone=False)
-            conn.add(ALIVE_KEY.format(self.index), 1)
-            conn.add(NODES_KEY, 1)
-            conn.close()
-        else:
-            store.add(ALIVE_KEY.format(self.index), 1)
-            store.add(NODES_KEY, 1)
-
-    def watch(self, settle: float = 30.0) -> None:
-        """Begin the round's watch; wait (at most ``settle`` seconds) until its thread has its
-        connections: torch's client, connecting many at once from one process, waits 5 s per
-        16 or so (launchers on many machines do not share that process)."""
+    def begin(self) -> None:
+        """Hand the round to the store thread (it connects twice: the connect storm when every
+        node of a process does so at once) and start the hang watch's timer."""
         self.node.begin_watch(self.supervisor)  # type: ignore[arg-type]
         self.view.attach(self.stacks)
         self.stacks.attach(self.supervisor)  # type: ignore[arg-type]
+        self.dumps.attach(self.supervisor)  # type: ignore[arg-type]
+
+    def connected(self) -> bool:
+        """Whether the round's store thread has its connections."""
         round_ = self.node.watched_round
+        return round_ is not None and round_.conn is not None and (
+            round_.poster is not None or not round_.conn.own
+        )
+
+    def watch(self, settle: float = 30.0) -> None:
+        """:meth:`begin`, then wait (at most ``settle`` seconds) for the connections."""
+        self.begin()
         deadline = time.monotonic() + settle
-        while time.monotonic() < deadline:
-            if NEW and round_.conn is not None and (round_.poster or not round_.conn.own):
-                return
-            if not NEW and getattr(round_, "waiter", None) is not None:
-                return
+        while time.monotonic() < deadline and not self.connected():
             time.sleep(0.002)
 
+    def end_round(self) -> None:
+        """The run is over: results stop, the round's watch ends (its thread lets it go)."""
+        self.supervisor.retire()
+        self.node.unwatch()
+        self.node._end_watch()
+
     def raw(self) -> list:
-        from numarun.stacks.dumps import Raw
+        first = self.index * self.ranks
+        return [product.Raw(first + local, local, 10_000 + local, texts[0].decode(), None)
+                for local, texts in enumerate(self.texts)]  # fmt: skip
 
-        return [Raw(rank, local, pid, text, None) for rank, local, pid, text in self.texts]
-
-    def rank_stacks(self) -> list:
-        return [rank_stacks(rank, local, pid, text, None) for rank, local, pid, text in self.texts]
-
-    # --- the three events ------------------------------------------------------------------------
+    # --- the events ------------------------------------------------------------------------------
 
     def ask(self) -> None:
         """``numarun stacks`` for the whole job on this node (as its socket would ask)."""
@@ -432,18 +715,32 @@ class StandIn:
         self.stacks.job_wide(reply)
 
     def go_still(self) -> None:
-        """This node's ranks have been still for the timeout (its hang watch says so)."""
+        """This node's ranks have been still for the timeout (as its hang watch says it)."""
         hang = self.stacks.hang
         assert hang is not None
         hang.still = True
-        dumps = self.raw() if NEW else self.rank_stacks()
-        self.view.hang_job().still(dumps, hang.timeout)
+        self.view.hang_job().still(self.raw(), hang.timeout)
+
+    def freeze(self) -> None:
+        """This node's ranks stop moving: its hang watch's ticks find them still after the
+        timeout."""
+        self.dumps.freeze()
 
     def fail(self) -> None:
-        """Its rank 0 fails: the stacks of the others, then the notice (``on_failure``)."""
-        ended = WorkerExit(0, self.index * 8, 4242, 1, None, "failed", time.time())
-        self.stacks.at_failure = (ended, self.rank_stacks()[1:])
+        """Its rank 0 fails: the supervisor's ``on_failure`` (the other ranks' stacks, taken
+        as the launcher takes them: blocking, at most 1 s), then the notice."""
+        ended = product.WorkerExit(0, self.index * self.ranks, 10_000, 1, None, "failed",
+                                   time.time())  # fmt: skip
+        self.times.setdefault("failed", time.monotonic())
+        self.stacks.on_failure(ended)
         self.view.on_worker_failure(ended)
+
+    def die(self, why: str = "killed") -> None:
+        """The launcher is SIGKILLed now (:class:`Fate`)."""
+        self.fate.kill(why)
+        self.supervisor.retire()
+        if self.torch is not None:
+            self.torch.stop()
 
     def verdict_at(self) -> float | None:
         """When the loop stopped the run on the job's hang verdict (None: not, or not so)."""
@@ -454,7 +751,9 @@ class StandIn:
         return self.supervisor.stopped[1] if self.supervisor.stopped else None
 
     def close(self) -> None:
+        if self.torch is not None:
+            self.torch.stop()
+        self.supervisor.retire()
         self.node.unwatch()
         self.node.watch.close(self.node.watched_round or self.node._last_round, limit=0.1)
         self.stacks.close()
-

@@ -9,13 +9,15 @@ handled by :mod:`numarun.launch.launcher` with torchrun-compatible flags (``numa
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from collections.abc import Sequence
 
-from numarun.cmdline.usage import OneLineParser
 from numarun.errors import NumarunError, UsageError
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 SUBCOMMANDS = ("topo", "plan", "check", "snapshot", "stacks")
 
@@ -38,6 +40,16 @@ def commands_help() -> str:
     lines += [f"  numarun {name:<{width}}  {SUMMARIES.get(name, '')}".rstrip() for name in names]
     lines.append("  numarun [options] train.py ...  a launch, as torchrun (the options above)")
     return "\n".join(lines)
+
+
+def _parser(**settings: object) -> argparse.ArgumentParser:
+    """A subcommand's argparse parser, reporting bad usage as one line (exit 2) instead of
+    usage + error, with a "did you mean" for an unknown option, as the launcher's parser.
+    argparse is imported here, by the subcommands only: a launch reads its options without it
+    (:func:`numarun.cmdline.options.read_options`)."""
+    from numarun.cmdline.usage import OneLineParser
+
+    return OneLineParser(**settings)  # type: ignore[arg-type]
 
 
 def _topology_args(parser: argparse.ArgumentParser) -> None:
@@ -64,7 +76,7 @@ def _read(args: argparse.Namespace):  # -> Topology
 
 
 def _cmd_topo(argv: Sequence[str]) -> int:
-    parser = OneLineParser(prog="numarun topo", description="Show the machine as numarun sees it.")
+    parser = _parser(prog="numarun topo", description="Show the machine as numarun sees it.")
     _topology_args(parser)
     parser.add_argument("--json", action="store_true", help="print JSON for machines")
     parser.add_argument(
@@ -91,10 +103,10 @@ def _cmd_topo(argv: Sequence[str]) -> int:
     return 0
 
 
-def _plan_parser() -> OneLineParser:
+def _plan_parser() -> argparse.ArgumentParser:
     from numarun.placement.plan import MODES
 
-    parser = OneLineParser(
+    parser = _parser(
         prog="numarun plan",
         description="Print each local rank's GPU, CPUs and memory nodes. Starts nothing. "
         "Without --numa-binding or --nproc-per-node, both are chosen for this machine "
@@ -211,7 +223,7 @@ def _json_one_rank_per_line(document: dict) -> str:
 
 
 def _cmd_snapshot(argv: Sequence[str]) -> int:
-    parser = OneLineParser(
+    parser = _parser(
         prog="numarun snapshot",
         description="Save exactly the sysfs files numarun reads, to attach to a bug report. "
         "Replay with --sysfs-root after extracting it.",
@@ -238,7 +250,7 @@ def _cmd_snapshot(argv: Sequence[str]) -> int:
 
 
 def _cmd_stacks(argv: Sequence[str]) -> int:
-    parser = OneLineParser(
+    parser = _parser(
         prog="numarun stacks",
         description="Print the Python stacks of every thread of every rank of a running numarun "
         "job of yours on this host; ranks with identical stacks are grouped, the odd ones out "
@@ -268,10 +280,25 @@ def _cmd_stacks(argv: Sequence[str]) -> int:
     return stacks_command(args.run_id, as_json=args.json, timeout=args.timeout)
 
 
+def _whole_mib(text: str) -> int:
+    """``--buffer-mib``: a whole number of MiB, written as an integer or as ``1e3``."""
+    try:
+        return int(text)
+    except ValueError:
+        pass
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if value != value or value in (float("inf"), float("-inf")) or value != int(value):
+        raise UsageError(f"--buffer-mib must be a whole number of MiB, not {text!r}")
+    return int(value)
+
+
 def _cmd_check(argv: Sequence[str]) -> int:
     from numarun.check.command import DEFAULT_BUFFER_MIB, DEFAULT_SECONDS
 
-    parser = OneLineParser(
+    parser = _parser(
         prog="numarun check",
         description="Start the planned ranks exactly as a job's (bound at birth by numarun's "
         "supervisor), each running a built-in probe: it reads the CPUs it really has in its first "
@@ -301,14 +328,24 @@ def _cmd_check(argv: Sequence[str]) -> int:
                         help="print what would be checked and measured; start nothing")
     parser.add_argument("--seconds", type=float, default=DEFAULT_SECONDS, metavar="S",
                         help=f"measuring time, shared by the phases (default {DEFAULT_SECONDS:g})")
-    parser.add_argument("--buffer-mib", "--buffer_mib", type=int, default=DEFAULT_BUFFER_MIB,
+    parser.add_argument("--buffer-mib", "--buffer_mib", type=_whole_mib, default=DEFAULT_BUFFER_MIB,
                         metavar="MIB", help="size of each copy buffer per rank "
                         f"(default {DEFAULT_BUFFER_MIB}; lowered to fit memory)")
     parser.add_argument("--json", action="store_true", help="print JSON for programs")
     args = parser.parse_args(argv)  # fmt: skip
-    from numarun.check.command import CheckStopped, chosen_binding, launch_argv, run_check
+    from numarun.check.command import (
+        CheckStopped,
+        check_buffer_mib,
+        chosen_binding,
+        launch_argv,
+        run_check,
+    )
     from numarun.check.verdict import format_text
+    from numarun.machine.topology import read_topology
 
+    # Before anything is said or started (run_check checks it again, for its own callers).
+    check_buffer_mib(args.buffer_mib, read_topology(args.sysfs_root or "/"),
+                     real=not args.dry_run)  # fmt: skip
     nproc_per_node, numa_binding, note = chosen_binding(
         args.nproc_per_node,
         args.numa_binding,
@@ -376,14 +413,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         if args and args[0] in (*SUBCOMMANDS, "help"):
             return _subcommand(args[0], args[1:])
-        from numarun.launch import launcher
-
+        launcher = _import_launcher()
         return _leave(launcher.main(args, epilog=commands_help()))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
         # `numarun topo | head` closed our stdout: not an error worth a traceback.
         return 1
+
+
+def _import_launcher():  # -> the module numarun.launch.launcher
+    """The launcher, imported without cyclic collections (as launcher.main runs: its docstring
+    says why): every launch's start-up path."""
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        from numarun.launch import launcher
+    finally:
+        if collecting:
+            gc.enable()
+    return launcher
 
 
 def _subcommand(name: str, argv: list[str]) -> int:

@@ -4,6 +4,14 @@ Every :class:`NumarunError` carries a one-line message that tells the user what 
 where there is one, how to fix it. The command line prints that line and exits with
 :attr:`NumarunError.exit_code` (2, argparse's code for usage errors, unless stated otherwise);
 it never shows a traceback for these.
+
+One family for the Python API: every :class:`NumarunError` is a :class:`ValueError` (a bad
+value, or a request this machine cannot meet, found before anything starts), so a caller of
+``numarun.spawn`` catches any of them as ``except ValueError`` (as it would
+``torch.multiprocessing``'s) or as ``except NumarunError``, and tells them apart by subclass:
+:class:`InvalidArgument` (an argument of the API itself), :class:`UsageError` (a malformed or
+conflicting value, as the command line's flags), :class:`PlanError`, :class:`BindingError`,
+:class:`TopologyError`.
 """
 
 from __future__ import annotations
@@ -13,8 +21,9 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 
-class NumarunError(Exception):
-    """Base class: bad input or an impossible request, detected before anything starts."""
+class NumarunError(ValueError):
+    """Base class: bad input or an impossible request, detected before anything starts; a
+    :class:`ValueError` (module docstring)."""
 
     exit_code = 2
 
@@ -23,10 +32,10 @@ class UsageError(NumarunError):
     """A malformed argument or a combination of arguments that cannot work."""
 
 
-class InvalidArgument(UsageError, ValueError):
-    """A bad argument to numarun's Python API (``numarun.spawn``): a :class:`UsageError` that
-    is also the :class:`ValueError` ``torch.multiprocessing`` raises for the same mistake, so
-    code written against either catches it."""
+class InvalidArgument(UsageError):
+    """A bad argument to numarun's Python API (``numarun.spawn``): a :class:`UsageError`, hence
+    the :class:`ValueError` ``torch.multiprocessing`` raises for the same mistake, so code
+    written against either catches it."""
 
 
 class TopologyError(NumarunError):

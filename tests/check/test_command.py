@@ -277,7 +277,8 @@ def test_sysfs_root_without_dry_run_is_refused_as_for_a_job(
 
 def test_bad_check_options_are_one_line() -> None:
     for args in (["--seconds", "0"], ["--seconds", "inf"], ["--seconds", "nan"],
-                 ["--buffer-mib", "0"], ["--nproc-per-node", "1", "--mem-binding", "bind"],
+                 ["--buffer-mib", "0"], ["--buffer-mib", "1.5"], ["--buffer-mib", "x"],
+                 ["--nproc-per-node", "1", "--mem-binding", "bind"],
                  ["--numa-binding", "nodes"],
                  ["--frobnicate"]):  # fmt: skip
         done = run_check(*args)
@@ -285,6 +286,35 @@ def test_bad_check_options_are_one_line() -> None:
         # The last line says it; no traceback (a start line may come first).
         assert done.stderr.splitlines()[-1].startswith("numarun: error: "), args
         assert "Traceback" not in done.stderr and done.stdout == ""
+
+
+@pytest.mark.parametrize("size", ["1e12", "1000000000000"])
+def test_a_buffer_beyond_the_machines_memory_is_one_line_and_nothing_starts(size: str) -> None:
+    # A unit slip (bytes for MiB) ran for over a minute and measured nothing.
+    total = command._meminfo("MemTotal:")
+    assert total is not None
+    done = run_check("--buffer-mib", size, "--seconds", "0.2")
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr == (
+        f"numarun: error: --buffer-mib 1000000000000 is more than this machine's memory "
+        f"({total >> 20} MiB in all): give at most {total >> 20}; a size that does not fit in "
+        "the memory available now is lowered to fit\n"
+    )
+
+
+def test_a_buffer_beyond_a_planned_machines_memory_is_refused_in_a_dry_run(
+    shape_root: Callable[[str], Path],
+) -> None:
+    root = shape_root("dgx_h100")
+    total = sum(node.memory_bytes for node in read_topology(str(root)).nodes)
+    assert total > 0
+    fits = str(total >> 20)
+    assert dry_run(root, "--buffer-mib", fits)["settings"]["buffer_mib"] == total >> 20
+    assert dry_run(root, "--buffer-mib", "1e3")["settings"]["buffer_mib"] == 1000
+    done = run_check("--dry-run", "--sysfs-root", str(root), "--buffer-mib", str((total >> 20) + 1))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith(f"numarun: error: --buffer-mib {(total >> 20) + 1} is more than")
+    assert len(done.stderr.splitlines()) == 1
 
 
 def test_help_lists_check() -> None:

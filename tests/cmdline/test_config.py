@@ -298,3 +298,27 @@ def test_hang_timeout_option() -> None:
     with pytest.raises(UsageError, match="add --redirects 3 or --tee 3"):
         parse_args(["--hang-timeout", "5", "--no-python", "prog"])
     assert parse_args(["--hang-timeout", "5", "--tee", "3", "--no-python", "prog"]).hang_timeout
+
+
+@pytest.mark.parametrize(
+    ("nproc", "timeout", "floor"),
+    [("1", "0.001", "1"), ("4", "0.5", "1"), ("16", "1.5", "2"), ("64", "7", "8")],
+)
+def test_a_hang_timeout_below_the_sampling_floor_is_one_line(
+    nproc: str, timeout: str, floor: str
+) -> None:
+    # Every rank is sampled once a second at the most often (and once per second per 8 ranks):
+    # a shorter timeout would declare a healthy rank hung at its second unchanged sample.
+    from numarun.stacks.hang import sampling_interval, timeout_floor
+
+    with pytest.raises(UsageError) as refused:
+        parse("--nproc-per-node", nproc, "--hang-timeout", timeout, "t.py")
+    line = str(refused.value)
+    assert "\n" not in line
+    assert line.startswith(f"--hang-timeout {timeout} is shorter than the stack sampling can")
+    assert f"sampled every {floor} s" in line and f"give at least {floor} s" in line
+    # The floor is the watch's own interval, and the floor itself is accepted.
+    assert timeout_floor(int(nproc)) == float(floor)
+    assert sampling_interval(float(floor), int(nproc)) == float(floor)
+    config = parse("--nproc-per-node", nproc, "--hang-timeout", floor, "t.py")
+    assert config.hang_timeout == float(floor)

@@ -8,7 +8,6 @@ addresses, ``--nproc-per-node cpu`` under ``taskset``, and one real job per laun
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -38,7 +37,7 @@ NUMARUN = [sys.executable, "-m", "numarun"]
 
 def parse(*argv: str, **environ: str) -> launch_config.LaunchConfig:
     config = launch_config.parse_args(list(argv), {**CLEAN_ENV, **environ})
-    return dataclasses.replace(config, run_id="fixed")
+    return config.replace(run_id="fixed")
 
 
 def _env(**extra: str) -> dict[str, str]:

@@ -653,7 +653,10 @@ def test_several_jobs_are_listed_and_any_pid_of_a_job_finds_it(
         lines = listed.stderr.splitlines()
         at = lines.index("numarun: error: 2 jobs running; name one: numarun stacks RUN_ID")
         assert lines[at + 1].split() == ["RUN_ID", "PID", "RANKS", "STARTED", "COMMAND"]
-        rows = {line.split()[0]: line.split() for line in lines[at + 2 : at + 4]}
+        # Both were started from this test's session: marked as the caller's own.
+        assert [line[:2] for line in lines[at + 2 : at + 4]] == ["* ", "* "]
+        assert lines[at + 4] == "  (*: started from this session or terminal)"
+        rows = {line[2:].split()[0]: line[2:].split() for line in lines[at + 2 : at + 4]}
         assert sorted(rows) == ["first-job", "second-job"]
         assert rows["first-job"][1] == str(first.pid)
         assert rows["second-job"][2] == "2"

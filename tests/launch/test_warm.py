@@ -399,7 +399,7 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path:
 
 REFORM = textwrap.dedent(
     """\
-    import dataclasses, os, sys
+    import os, sys
     from numarun.launch import attempts as job_module, launcher
     from numarun.launch import workersetup as workers
     from numarun.rendezvous import torchrdzv as elastic
@@ -435,7 +435,7 @@ REFORM = textwrap.dedent(
             self.change = None
             job = JOBS[0]
             if self.rounds == 2:
-                job.config = dataclasses.replace(job.config, nproc_per_node=3)
+                job.config = job.config.replace(nproc_per_node=3)
                 job.outputs = workers.output_levels(job.config)
                 job.mem_policies = [None] * 3
             n = job.config.nproc_per_node

@@ -29,7 +29,7 @@ MAY_IMPORT = {
     "process": {"placement", "machine"},
     "stacks": {"process", "placement", "machine", "worker"},
     "spawning": {"stacks", "process", "placement", "machine", "worker"},
-    "cmdline": {"process", "placement", "machine"},
+    "cmdline": {"stacks", "process", "placement", "machine"},
     "files": {"cmdline"},
     "rendezvous": {"cmdline"} | _LOW,
     "jobwide": {"rendezvous", "cmdline"} | _LOW,

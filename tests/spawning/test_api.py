@@ -22,7 +22,14 @@ import pytest
 
 import numarun
 import numarun.process.supervisor
-from numarun.errors import BindingError, InvalidArgument, PlanError, UsageError
+from numarun import errors
+from numarun.errors import (
+    BindingError,
+    InvalidArgument,
+    NumarunError,
+    PlanError,
+    UsageError,
+)
 from numarun.machine.cpulist import parse_cpulist
 from numarun.machine.topology import read_topology
 from numarun.placement.plan import make_plan
@@ -534,6 +541,34 @@ def test_bad_input_raises_one_line_before_anything_starts(
         numarun.spawn(fn, **arguments)  # type: ignore[arg-type]
     assert words in str(info.value)
     assert "\n" not in str(info.value)
+    # One family (issue 32 item 9): every bad argument is a NumarunError, and a ValueError.
+    assert isinstance(info.value, NumarunError) and isinstance(info.value, ValueError)
+
+
+@pytest.mark.usefixtures("no_supervisor")
+def test_every_error_of_the_api_is_a_value_error() -> None:
+    for name in ("NumarunError", "UsageError", "InvalidArgument", "PlanError", "BindingError",
+                 "TopologyError"):  # fmt: skip
+        assert issubclass(getattr(errors, name), ValueError), name
+        assert issubclass(getattr(errors, name), NumarunError), name
+    with pytest.raises(ValueError, match="did you mean 'none'"):
+        numarun.spawn(spawn_funcs.echo, nprocs=1, binding="nones")
+
+
+@pytest.mark.parametrize("mem_binding", [None, "none", "local"])
+def test_binding_none_is_unbound(mem_binding: str | None) -> None:
+    # As mem_binding="none" and a plan's mode "none": the workers inherit this process's CPUs.
+    from numarun.machine.cpulist import format_cpulist
+
+    values = numarun.spawn(
+        spawn_funcs.first_line_cpus, nprocs=2, binding="none", mem_binding=mem_binding
+    )
+    mine = format_cpulist(sorted(os.sched_getaffinity(0)))
+    assert [(rank, cpus) for rank, cpus, _pid in values] == [(0, mine), (1, mine)]
+    policies = numarun.spawn(
+        spawn_funcs.memory_policy, nprocs=1, binding="none", mem_binding=mem_binding
+    )
+    assert policies[0][0] == ("local" if mem_binding == "local" else "default")
 
 
 @pytest.mark.usefixtures("no_supervisor")

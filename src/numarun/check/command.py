@@ -147,14 +147,13 @@ def run_check(
 
     if not 0 < seconds < 86400:
         raise UsageError(f"--seconds must be a number of seconds > 0 (under a day), not {seconds}")
-    if buffer_mib < 1:
-        raise UsageError(f"--buffer-mib must be at least 1, not {buffer_mib}")
     env = dict(os.environ if environ is None else environ)
     launch_env = {k: v for k, v in env.items() if not k.startswith("PET_") or k in _BINDING_PET}
     config = parse_args(argv, launch_env)
     topology = read_topology(config.sysfs_root, cpus_allowed=config.cpus_allowed)
     plan = launcher.make_plan(config, topology)
     real = not config.dry_run
+    check_buffer_mib(buffer_mib, topology, real=real)
     planned = planned_ranks(config, topology, plan, real=real)
     allowed = _mems_allowed() if real else None
     far_of = far_nodes(topology, allowed)
@@ -317,6 +316,24 @@ def _machine_facts(topology: Topology, far_of: Mapping[int, int | None]) -> dict
     }
 
 
+def check_buffer_mib(buffer_mib: int, topology: Topology, *, real: bool) -> None:
+    """Raise :class:`UsageError` (one line) for a copy buffer under 1 MiB or larger than the
+    machine's memory (``topology``'s NUMA nodes' ``MemTotal``, else ``/proc/meminfo``'s when
+    ``real``, this machine): a unit slip (bytes for MiB) that no lowering makes sense of. One
+    that fits the machine but not the memory available now is lowered (:func:`_buffer_bytes`)."""
+    if buffer_mib < 1:
+        raise UsageError(f"--buffer-mib must be at least 1, not {buffer_mib}")
+    total = sum(node.memory_bytes for node in topology.nodes)
+    if not total and real:
+        total = _meminfo("MemTotal:") or 0
+    if total and buffer_mib << 20 > total:
+        raise UsageError(
+            f"--buffer-mib {buffer_mib} is more than this machine's memory ({total >> 20} MiB "
+            f"in all): give at most {total >> 20}; a size that does not fit in the memory "
+            "available now is lowered to fit"
+        )
+
+
 def _buffer_bytes(buffer_mib: int, nprocs: int, *, real: bool) -> tuple[int, bool]:
     """Each copy buffer's size: ``buffer_mib``, lowered (to a whole MiB, at least 1) so that
     every rank's buffers (two at a time, plus the placed one) fit in half of MemAvailable."""
@@ -331,10 +348,15 @@ def _buffer_bytes(buffer_mib: int, nprocs: int, *, real: bool) -> tuple[int, boo
 
 
 def _mem_available() -> int | None:
+    return _meminfo("MemAvailable:")
+
+
+def _meminfo(field: str) -> int | None:
+    """``/proc/meminfo``'s ``field`` (``"MemAvailable:"``) in bytes; None where unreadable."""
     try:
         with open("/proc/meminfo", encoding="ascii") as meminfo:
             for line in meminfo:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         return None

@@ -9,6 +9,7 @@
 - ``clusterenv``: node facts from Slurm / Open MPI environments.
 - ``stdspec``: ``--redirects`` / ``--tee`` / ``--local-ranks-filter`` values read and checked.
 
-May import: ``numarun.process`` (the bound on a worker count), ``numarun.placement`` (the
-binding modes), ``numarun.machine``, the base and this package.
+May import: ``numarun.stacks`` (what the hang watch's sampling can judge),
+``numarun.process`` (the bound on a worker count), ``numarun.placement`` (the binding modes),
+``numarun.machine``, the base and this package.
 """

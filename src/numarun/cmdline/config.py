@@ -15,17 +15,20 @@ flag stands for it. Running a config is :mod:`numarun.launch.launcher`'s job.
 
 from __future__ import annotations
 
-import argparse
 import os
 import signal
 import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from numarun.cmdline.nodes import parse_nodes
-from numarun.cmdline.options import build_parser, parse_int, parse_seconds, split_argv
+from numarun.cmdline.options import parse_int, parse_seconds, read_options, split_argv
 from numarun.errors import UsageError, unknown_choice
+from numarun.machine.model import Value, fill_fields
 from numarun.process import capacity
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
 
 DEFAULT_GRACE_PERIOD = 30.0  # torchrun's SIGTERM -> SIGKILL default
 # torchrun's --signals-to-handle default: each stops the job, reaching the workers first.
@@ -40,8 +43,7 @@ FORWARD_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(Value):
     """Everything a launch needs, decided from argv and the environment; nothing started yet.
 
     ``entrypoint_kind`` is ``"script"``, ``"module"`` or ``"binary"``. ``master_port`` is
@@ -67,50 +69,111 @@ class LaunchConfig:
     numarun prints only errors and the failure summary.
     """
 
+    _fields = (
+        "entrypoint", "entrypoint_kind", "args", "nproc_per_node", "nnodes", "node_rank",
+        "node_source", "master_addr", "master_port", "run_id", "role", "redirects", "tee",
+        "log_dir", "local_ranks_filter", "numa_binding", "rank_cpus", "mem_binding",
+        "binding_fallback", "grace_period", "dry_run", "sysfs_root", "cpus_allowed",
+        "start_method", "teardown_signals", "forward_signals", "signals_to_handle", "python_exec",
+        "duplicate_stdout_filters", "duplicate_stderr_filters", "virtual_local_rank",
+        "event_log_handler", "hang_timeout", "rdzv_backend", "rdzv_endpoint", "rdzv_conf",
+        "min_nodes", "max_nodes", "max_restarts", "monitor_interval", "local_addr", "warnings",
+        "quiet", "preload",
+    )  # fmt: skip
+    __slots__ = _fields
     entrypoint: str
     entrypoint_kind: str
     args: tuple[str, ...]
     nproc_per_node: int
-    nnodes: int = 1
-    node_rank: int = 0
-    node_source: str = "flags"
-    master_addr: str = "127.0.0.1"
-    master_port: int | None = None
-    run_id: str = "none"
-    role: str = "default"
-    redirects: str = "0"
-    tee: str = "0"
-    log_dir: str | None = None
-    local_ranks_filter: str = ""
-    numa_binding: str | None = None
-    rank_cpus: tuple[tuple[int, ...], ...] | None = None
-    mem_binding: str = "none"
-    binding_fallback: bool = False
-    grace_period: float = DEFAULT_GRACE_PERIOD
-    dry_run: bool = False
-    sysfs_root: str = "/"
-    cpus_allowed: str | None = None
-    start_method: str = "spawn"
-    teardown_signals: tuple[int, ...] = tuple(TEARDOWN_SIGNALS)
-    forward_signals: tuple[int, ...] = tuple(FORWARD_SIGNALS)
-    signals_to_handle: str = DEFAULT_SIGNALS_TO_HANDLE  # as given: workers' env, like torchrun
-    python_exec: str = sys.executable
-    duplicate_stdout_filters: tuple[str, ...] = ()
-    duplicate_stderr_filters: tuple[str, ...] = ()
-    virtual_local_rank: bool = False
-    event_log_handler: str = "null"
-    hang_timeout: float | None = None  # seconds without progress before a hang (None: off)
-    rdzv_backend: str = "static"
-    rdzv_endpoint: str = ""
-    rdzv_conf: tuple[tuple[str, str], ...] = ()
-    min_nodes: int = 1
-    max_nodes: int = 1
-    max_restarts: int = 0
-    monitor_interval: float | None = None
-    local_addr: str | None = None
-    warnings: tuple[str, ...] = ()
-    quiet: bool = False  # -q: numarun prints errors and the failure summary only
-    preload: tuple[str, ...] = ()  # --preload: the modules each local rank's standby imports
+    nnodes: int
+    node_rank: int
+    node_source: str
+    master_addr: str
+    master_port: int | None
+    run_id: str
+    role: str
+    redirects: str
+    tee: str
+    log_dir: str | None
+    local_ranks_filter: str
+    numa_binding: str | None
+    rank_cpus: tuple[tuple[int, ...], ...] | None
+    mem_binding: str
+    binding_fallback: bool
+    grace_period: float
+    dry_run: bool
+    sysfs_root: str
+    cpus_allowed: str | None
+    start_method: str
+    teardown_signals: tuple[int, ...]
+    forward_signals: tuple[int, ...]
+    signals_to_handle: str  # as given: workers' env, like torchrun
+    python_exec: str
+    duplicate_stdout_filters: tuple[str, ...]
+    duplicate_stderr_filters: tuple[str, ...]
+    virtual_local_rank: bool
+    event_log_handler: str
+    hang_timeout: float | None  # seconds without progress before a hang (None: off)
+    rdzv_backend: str
+    rdzv_endpoint: str
+    rdzv_conf: tuple[tuple[str, str], ...]
+    min_nodes: int
+    max_nodes: int
+    max_restarts: int
+    monitor_interval: float | None
+    local_addr: str | None
+    warnings: tuple[str, ...]
+    quiet: bool  # -q: numarun prints errors and the failure summary only
+    preload: tuple[str, ...]  # --preload: the modules each local rank's standby imports
+
+    def __init__(
+        self,
+        entrypoint: str,
+        entrypoint_kind: str,
+        args: tuple[str, ...],
+        nproc_per_node: int,
+        nnodes: int = 1,
+        node_rank: int = 0,
+        node_source: str = "flags",
+        master_addr: str = "127.0.0.1",
+        master_port: int | None = None,
+        run_id: str = "none",
+        role: str = "default",
+        redirects: str = "0",
+        tee: str = "0",
+        log_dir: str | None = None,
+        local_ranks_filter: str = "",
+        numa_binding: str | None = None,
+        rank_cpus: tuple[tuple[int, ...], ...] | None = None,
+        mem_binding: str = "none",
+        binding_fallback: bool = False,
+        grace_period: float = DEFAULT_GRACE_PERIOD,
+        dry_run: bool = False,
+        sysfs_root: str = "/",
+        cpus_allowed: str | None = None,
+        start_method: str = "spawn",
+        teardown_signals: tuple[int, ...] = tuple(TEARDOWN_SIGNALS),
+        forward_signals: tuple[int, ...] = tuple(FORWARD_SIGNALS),
+        signals_to_handle: str = DEFAULT_SIGNALS_TO_HANDLE,
+        python_exec: str = sys.executable,
+        duplicate_stdout_filters: tuple[str, ...] = (),
+        duplicate_stderr_filters: tuple[str, ...] = (),
+        virtual_local_rank: bool = False,
+        event_log_handler: str = "null",
+        hang_timeout: float | None = None,
+        rdzv_backend: str = "static",
+        rdzv_endpoint: str = "",
+        rdzv_conf: tuple[tuple[str, str], ...] = (),
+        min_nodes: int = 1,
+        max_nodes: int = 1,
+        max_restarts: int = 0,
+        monitor_interval: float | None = None,
+        local_addr: str | None = None,
+        warnings: tuple[str, ...] = (),
+        quiet: bool = False,
+        preload: tuple[str, ...] = (),
+    ) -> None:
+        fill_fields(self, locals())
 
     @property
     def elastic(self) -> bool:
@@ -143,7 +206,7 @@ def parse_args(
     """
     env = os.environ if environ is None else environ
     own, rest = split_argv(argv)
-    ns = build_parser(env, epilog).parse_args(own)
+    ns = read_options(own, env, epilog)
     kind, entrypoint, args = _entrypoint(ns, rest)
 
     rank_cpus, numa_binding, sysfs_root = _binding(ns)
@@ -165,7 +228,7 @@ def parse_args(
     )
     teardown, forward = _signals(signals_text)
     event_log_handler = _event_log_handler(ns)
-    hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee)
+    hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee, nproc)
     preload = _preload(ns.preload, kind)
     run_id = _run_id(ns.rdzv_id, nodes.backend)
     return LaunchConfig(
@@ -278,14 +341,28 @@ def _run_id(text: str | None, backend: str) -> str:
     return rdzv_id if rdzv_id and rdzv_id != "none" else os.urandom(6).hex()
 
 
-def _hang_timeout(text: str | None, kind: str, redirects: str, tee: str) -> float | None:
-    """``--hang-timeout``: seconds > 0, or None for 0 / not given. ``--no-python`` workers
-    have no stacks: only their output tells progress, so it must reach numarun."""
+def _hang_timeout(
+    text: str | None, kind: str, redirects: str, tee: str, nproc: int
+) -> float | None:
+    """``--hang-timeout``: seconds, at least what the stack sampling of ``nproc`` ranks can
+    judge (:func:`numarun.stacks.hang.timeout_floor`), or None for 0 / not given.
+    ``--no-python`` workers have no stacks: only their output tells progress, so it must reach
+    numarun."""
     if text is None:
         return None
     value = parse_seconds(text, "--hang-timeout")
     if value == 0:
         return None
+    from numarun.stacks.hang import timeout_floor
+
+    floor = timeout_floor(nproc)
+    if value < floor:
+        raise UsageError(
+            f"--hang-timeout {text.strip()} is shorter than the stack sampling can judge: "
+            f"each of the {nproc} rank(s) here is sampled every {floor:g} s (1 s per 8 ranks "
+            f"with more) and counts as still once two samples agree; give at least {floor:g} s, "
+            "or 0 to turn it off"
+        )
     if kind == "binary" and redirects == "0" and tee == "0":
         raise UsageError(
             "--hang-timeout with --no-python sees progress only in the workers' output: "

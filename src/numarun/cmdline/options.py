@@ -5,29 +5,44 @@ Each option is listed once (:data:`_OPTIONS`) in both of torchrun's spellings
 environment variable when set (a flag's must be ``0`` or ``1``; an option given once per local
 rank, ``--rank-cpus``, has none and refuses one). :func:`split_argv` cuts argv at the entry point
 by hand, so nothing after it is ever read as numarun's, and before it spells out an unambiguous
-prefix of a long option as argparse's ``allow_abbrev`` would. :func:`build_parser` makes the
-argparse parser, which reports bad usage as one :class:`UsageError` line. :func:`parse_int`,
+prefix of a long option as argparse's ``allow_abbrev`` would. :func:`read_options` reads what
+comes before it: by hand when every token is plain, else through :func:`build_parser`'s argparse
+parser (help, version, mistakes: one :class:`UsageError` line), which a launch's start-up path
+then never imports. :func:`parse_int`,
 :func:`parse_seconds` and :func:`parse_port` read one flag's value, or raise one such line naming
 the flag. What the values mean is :mod:`numarun.cmdline.config`'s business.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
-from numarun.cmdline.usage import OneLineParser
 from numarun.errors import UsageError
+from numarun.machine.model import Value, fill_fields
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
 
 
-@dataclass(frozen=True)
-class _Option:
+class _Option(Value):
+    _fields = ("names", "help", "flag", "repeat", "metavar")
+    __slots__ = _fields
     names: tuple[str, ...]
     help: str
-    flag: bool = False  # store_true; PET_* value is "0"/"1" like torchrun's check_env
-    repeat: bool = False  # action="append"; no PET_* fallback
-    metavar: str | None = None
+    flag: bool  # store_true; PET_* value is "0"/"1" like torchrun's check_env
+    repeat: bool  # action="append"; no PET_* fallback
+    metavar: str | None
+
+    def __init__(
+        self,
+        names: tuple[str, ...],
+        help: str,
+        flag: bool = False,
+        repeat: bool = False,
+        metavar: str | None = None,
+    ) -> None:
+        fill_fields(self, locals())
 
     @property
     def dest(self) -> str:
@@ -266,8 +281,75 @@ _OPTIONS: tuple[_Option, ...] = (
 )
 
 
-def build_parser(environ: Mapping[str, str], epilog: str | None = None) -> OneLineParser:
+class Options:
+    """numarun's own options as read: one attribute per option's ``dest`` (``nproc_per_node``,
+    ...), the shape of argparse's namespace, which :func:`read_options` gives where it asks
+    argparse."""
+
+    def __init__(self, values: Mapping[str, object]) -> None:
+        self.__dict__.update(values)
+
+
+def read_options(
+    own: Sequence[str], environ: Mapping[str, str], epilog: str | None = None
+) -> Options | argparse.Namespace:
+    """The options before the entry point (:func:`split_argv`'s first part, prefixes spelled
+    out) with their ``PET_*`` defaults, as :func:`build_parser`'s parser reads them.
+
+    Read by hand when every token is one of :data:`_OPTIONS` by one of its names, a flag with
+    no ``=value`` and an option's value non-empty and not starting with ``-`` (where argparse
+    could read it as an option): what argparse would make of them, without importing it (a few
+    milliseconds of every launch's start-up). Anything else (``--help``, ``--version``, an
+    unknown option, a missing or odd value) goes to argparse, which reads it or raises its one
+    :class:`UsageError` line (``SystemExit`` after printing the help or the version)."""
+    values = _read_plain(own, environ)
+    if values is not None:
+        return Options(values)
+    return build_parser(environ, epilog).parse_args(own)
+
+
+def _read_plain(own: Sequence[str], environ: Mapping[str, str]) -> dict[str, object] | None:
+    """:func:`read_options`'s reading by hand; None where argparse must read ``own``."""
+    by_name = {name: option for option in _OPTIONS for name in option.names}
+    values: dict[str, object] = {}
+    for option in _OPTIONS:  # in build_parser's order, so that a bad PET_* is the same line
+        default = _pet_default(option, environ)
+        values[option.dest] = None if option.repeat else default
+    i = 0
+    while i < len(own):
+        name, equals, value = own[i].partition("=")
+        if not name.startswith("--"):
+            name, equals, value = own[i], "", ""  # -q: a short flag takes no "="
+        option = by_name.get(name)
+        if option is None or (option.flag and equals):
+            return None
+        if option.flag:
+            values[option.dest] = True
+            i += 1
+            continue
+        if not equals:
+            i += 1
+            if i == len(own):
+                return None
+            value = own[i]
+        if not value or value.startswith("-"):
+            return None
+        if option.repeat:
+            values[option.dest] = [*(values[option.dest] or ()), value]  # type: ignore[misc]
+        else:
+            values[option.dest] = value
+        i += 1
+    return values
+
+
+def build_parser(environ: Mapping[str, str], epilog: str | None = None) -> argparse.ArgumentParser:
+    """argparse's parser of numarun's options (``PET_*`` defaults), reporting bad usage as one
+    :class:`UsageError` line (exit 2) instead of usage + error, with a "did you mean" for an
+    option it does not know (:class:`numarun.cmdline.usage.OneLineParser`)."""
+    import argparse
+
     from numarun._version import __version__
+    from numarun.cmdline.usage import OneLineParser
 
     parser = OneLineParser(
         prog="numarun",

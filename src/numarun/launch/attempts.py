@@ -190,6 +190,7 @@ class Job:
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
         self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.resume_collector = False  # turn the cyclic collector on as the first workers start
 
     def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
@@ -341,6 +342,8 @@ class Job:
             # attempt's start would delay the restart (3 ms here).
             if self.last is None:
                 gc.freeze()
+                if self.resume_collector:
+                    gc.enable()  # off for the launcher's start-up (launcher.main)
             more = self.config.elastic or restart_count < self.config.max_restarts
             running, taken = taken, None  # from here the run owns its standbys
             result = self._supervise(supervisor, specs, stacks, running, more)
@@ -607,14 +610,12 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
 def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
     """This node's ranks had all ended when the other nodes found the job hung: the attempt
     ends as a hang (exit status 124, the hang's summary)."""
-    import dataclasses
-
     from numarun.stacks.dumps import HANG_REASON
 
     if attempt.stacks is not None:
         attempt.stacks.note_verdict(view, by)  # type: ignore[attr-defined]
     reason = f"{HANG_REASON}the job hung while this node's ranks had ended (verdict of {by})"
-    attempt.result = dataclasses.replace(attempt.result, stop_reason=reason)
+    attempt.result = attempt.result.replace(stop_reason=reason)
 
 
 def _job_stacks(

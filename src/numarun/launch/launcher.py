@@ -51,8 +51,23 @@ def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
     started; ``--help`` prints the help (``epilog`` after the options) and ``--version`` the
     version, and return 0.
     """
+    global _collector_held
+    import gc
+
+    # No cyclic collection while the launcher starts: what start-up allocates lives until
+    # exit, and collections walking it cost every launch about a millisecond before its
+    # workers start. The first attempt turns the collector back on as its workers start, once
+    # gc.freeze() has set those objects aside (Job.resume_collector); this, on return.
+    collecting = gc.isenabled()
+    gc.disable()
+    _collector_held = collecting
     try:
         config = parse_args(argv, epilog=epilog)
+        if config.elastic and collecting:
+            # A torch rendezvous: torch's import and a wait for the other nodes (minutes,
+            # maybe) come first, and their garbage must be collected.
+            _collector_held = False
+            gc.enable()
         return run(config)
     except NumarunError as error:
         print(f"numarun: error: {error}", file=sys.stderr)
@@ -65,6 +80,13 @@ def main(argv: Sequence[str], *, epilog: str | None = None) -> int:
         return 2
     except SystemExit as stop:  # --help
         return stop.code if isinstance(stop.code, int) else 0
+    finally:
+        _collector_held = False
+        if collecting:
+            gc.enable()
+
+
+_collector_held = False  # main() turned the collector off for the start-up: Job turns it on
 
 
 def _out_of_fds(error: OSError) -> str:
@@ -351,6 +373,7 @@ def _launch(
     outputs = workers.output_levels(config)
     dirs = RunDirs(config, outputs)
     job = Job(config, plan, base, binary_path, workers.mem_policies(config, plan), outputs, dirs)
+    job.resume_collector = _collector_held
     code = 2
     # From the first directory on, a teardown signal ends the launch with 128+N and leaves
     # nothing: thousands of ranks take seconds to set up before the supervisor takes over.

@@ -452,10 +452,8 @@ class Warm:
 
 
 def _with_channel(spec: WorkerSpec, fd: int) -> WorkerSpec:
-    import dataclasses
-
     env = {**spec.env, STANDBY_FD_ENV: str(fd)}
-    return dataclasses.replace(spec, env=env, pass_fds=(fd,))
+    return spec.replace(env=env, pass_fds=(fd,))
 
 
 def birth_specs(

@@ -21,7 +21,6 @@ a bound plan.
 from __future__ import annotations
 
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 
@@ -67,19 +66,23 @@ def worker_argv(
 
 # ``$$`` is matched so that ``$${local_rank}`` stays as written, as torchrun's
 # string.Template escape; an identifier that only starts with local_rank is another name.
-_LOCAL_RANK_MACRO = re.compile(r"\$(?:\$|\{local_rank\}|local_rank(?![A-Za-z0-9_]))")
+_LOCAL_RANK_MACRO = r"\$(?:\$|\{local_rank\}|local_rank(?![A-Za-z0-9_]))"
 
 
 def substitute_local_rank(args: Sequence[str], local_rank: int) -> list[str]:
     """torchrun's worker-argument macro: ``${local_rank}`` and ``$local_rank`` become the
     local rank. Everything else stays byte for byte, ``$$`` too (torchrun's
     ``string.Template`` turns it into ``$``)."""
+    if not any("$" in arg for arg in args):
+        return list(args)  # without importing re, on every launch's start-up path
+    import re
+
     value = str(local_rank)
 
     def expand(match: re.Match[str]) -> str:
         return match.group(0) if match.group(0) == "$$" else value
 
-    return [_LOCAL_RANK_MACRO.sub(expand, arg) if "$" in arg else arg for arg in args]
+    return [re.sub(_LOCAL_RANK_MACRO, expand, arg) if "$" in arg else arg for arg in args]
 
 
 ROUND_VARIABLES = (

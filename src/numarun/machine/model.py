@@ -79,6 +79,14 @@ class Value:
         return {name: getattr(self, name) for name in self._fields}
 
 
+def fill_fields(record: Value, values: dict[str, object]) -> None:
+    """Set every field of ``record`` from ``values``, a mapping with (at least) one entry per
+    field: for a record of many fields, whose ``__init__`` takes them as named parameters and
+    passes its ``locals()`` here instead of one ``object.__setattr__`` line per field."""
+    for name in record._fields:
+        _set(record, name, values[name])
+
+
 class Cpu(Value):
     """One logical CPU (hwloc PU)."""
 

@@ -22,10 +22,10 @@ import errno
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 from numarun.errors import BindingError, UsageError
 from numarun.machine.cpulist import format_cpulist, parse_cpulist
+from numarun.machine.model import Value
 
 MEM_MODES = ("none", "local", "preferred", "bind", "interleave")
 
@@ -112,8 +112,7 @@ _MEMPOLICY_SUPPORTED = _SYSCALL is not None and _NUMBERS is not None
 _NODEMASKS: dict[tuple[int, ...], tuple[ctypes.Array[ctypes.c_ulong], int]] = {}
 
 
-@dataclass(frozen=True)
-class MemPolicy:
+class MemPolicy(Value):
     """A memory policy to apply to a worker: what ``numactl --membind`` and friends set.
 
     ``mode`` is ``"local"`` (allocate on the node of the CPU that touches the page; ``nodes``
@@ -123,22 +122,26 @@ class MemPolicy:
     node list raises :class:`UsageError`.
     """
 
+    _fields = ("mode", "nodes")
+    __slots__ = _fields
     mode: str
     nodes: tuple[int, ...]
 
-    def __post_init__(self) -> None:
+    def __init__(self, mode: str, nodes: Sequence[int]) -> None:
         # A list would make the policy unhashable, and check_mem_policy groups ranks by policy.
-        object.__setattr__(self, "nodes", tuple(self.nodes))
-        if self.mode not in MEM_MODES or self.mode == "none":
+        nodes = tuple(nodes)
+        if mode not in MEM_MODES or mode == "none":
             raise UsageError(
-                f"unknown memory policy {self.mode!r}; choose one of {', '.join(MEM_MODES[1:])}"
+                f"unknown memory policy {mode!r}; choose one of {', '.join(MEM_MODES[1:])}"
             )
-        if any(not isinstance(n, int) or n < 0 for n in self.nodes):
-            raise UsageError(f"invalid NUMA node list {self.nodes!r}: nodes are integers >= 0")
-        if self.mode == "local" and self.nodes:
+        if any(not isinstance(n, int) or n < 0 for n in nodes):
+            raise UsageError(f"invalid NUMA node list {nodes!r}: nodes are integers >= 0")
+        if mode == "local" and nodes:
             raise UsageError("memory policy 'local' takes no nodes; it follows the CPU")
-        if self.mode != "local" and not self.nodes:
-            raise UsageError(f"memory policy {self.mode!r} needs at least one NUMA node")
+        if mode != "local" and not nodes:
+            raise UsageError(f"memory policy {mode!r} needs at least one NUMA node")
+        object.__setattr__(self, "mode", mode)
+        object.__setattr__(self, "nodes", nodes)
 
     def __str__(self) -> str:
         if self.mode == "local":

@@ -52,7 +52,6 @@ import contextlib
 import selectors
 import socket
 import time
-from dataclasses import dataclass
 
 from numarun.errors import UsageError
 from numarun.process import forkexec
@@ -73,15 +72,19 @@ READERS = "readers"
 SIGNALS = "signals"
 
 
-@dataclass
 class _Timer:
     """One :meth:`Loop.call_every` registration; ``due`` is a ``time.monotonic()``."""
 
-    interval: float
-    callback: Callable[[], None]
-    due: float
-    once: bool = False
-    cancelled: bool = False
+    __slots__ = ("callback", "cancelled", "due", "interval", "once")
+
+    def __init__(
+        self, interval: float, callback: Callable[[], None], due: float, once: bool = False
+    ) -> None:
+        self.interval = interval
+        self.callback = callback
+        self.due = due
+        self.once = once
+        self.cancelled = False
 
     def cancel(self) -> None:
         """A :meth:`Loop.call_later` timer not called yet never is."""

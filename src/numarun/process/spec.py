@@ -8,11 +8,12 @@ API, the stack dumps) share them, so they live below all of them.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+
+from numarun.machine.model import Value, fill_fields
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping, Sequence
     from typing import Protocol
 
     from numarun.placement.binding import MemPolicy
@@ -41,8 +42,7 @@ class OutputSink(Protocol):
         """End of file on the stream; called exactly once."""
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(Value):
     """One worker to start. See the module docstring for ``start``, ``payload``, ``want_result``.
 
     ``env`` is the worker's complete environment (the supervisor adds ``NUMARUN_RUN_ID`` and the
@@ -54,25 +54,49 @@ class WorkerSpec:
     parent must be one no other user can change (:mod:`numarun.files.safedir`).
     """
 
+    _fields = (
+        "local_rank", "rank", "env", "argv", "start", "fork_target", "payload", "want_result",
+        "cpus", "mem", "stdout", "stderr", "cwd", "pass_fds", "make_dir",
+    )  # fmt: skip
+    __slots__ = _fields
     local_rank: int
     rank: int
     env: Mapping[str, str]
-    argv: Sequence[str] | None = None
-    start: str = "exec"
-    fork_target: Callable[[int, int], int] | None = None
-    payload: bytes | None = None
-    want_result: bool = False
-    cpus: Sequence[int] | None = None
-    mem: MemPolicy | None = None
-    stdout: OutputSink | None = None
-    stderr: OutputSink | None = None
-    cwd: str | None = None
-    pass_fds: Sequence[int] = ()
-    make_dir: str | None = None
+    argv: Sequence[str] | None
+    start: str
+    fork_target: Callable[[int, int], int] | None
+    payload: bytes | None
+    want_result: bool
+    cpus: Sequence[int] | None
+    mem: MemPolicy | None
+    stdout: OutputSink | None
+    stderr: OutputSink | None
+    cwd: str | None
+    pass_fds: Sequence[int]
+    make_dir: str | None
+
+    def __init__(
+        self,
+        local_rank: int,
+        rank: int,
+        env: Mapping[str, str],
+        argv: Sequence[str] | None = None,
+        start: str = "exec",
+        fork_target: Callable[[int, int], int] | None = None,
+        payload: bytes | None = None,
+        want_result: bool = False,
+        cpus: Sequence[int] | None = None,
+        mem: MemPolicy | None = None,
+        stdout: OutputSink | None = None,
+        stderr: OutputSink | None = None,
+        cwd: str | None = None,
+        pass_fds: Sequence[int] = (),
+        make_dir: str | None = None,
+    ) -> None:
+        fill_fields(self, locals())
 
 
-@dataclass(frozen=True)
-class WorkerExit:
+class WorkerExit(Value):
     """How one worker ended.
 
     ``exit_code`` follows :class:`subprocess.Popen`: >= 0 exit status, -N killed by signal N,
@@ -86,6 +110,11 @@ class WorkerExit:
     when the death was observed (None for unkillable and never started workers).
     """
 
+    _fields = (
+        "local_rank", "rank", "pid", "exit_code", "signal_name", "state", "ended_at", "result",
+        "proc_state",
+    )  # fmt: skip
+    __slots__ = _fields
     local_rank: int
     rank: int
     pid: int
@@ -93,23 +122,48 @@ class WorkerExit:
     signal_name: str | None
     state: str
     ended_at: float | None
-    result: bytes = b""
-    proc_state: str | None = None
+    result: bytes
+    proc_state: str | None
+
+    def __init__(
+        self,
+        local_rank: int,
+        rank: int,
+        pid: int,
+        exit_code: int | None,
+        signal_name: str | None,
+        state: str,
+        ended_at: float | None,
+        result: bytes = b"",
+        proc_state: str | None = None,
+    ) -> None:
+        fill_fields(self, locals())
 
 
-@dataclass(frozen=True)
-class RunResult:
+class RunResult(Value):
     """The end of a run: ``workers`` by local rank; ``first_failure`` the first ``"failed"``
     worker in time (teardown kills never count); ``received_signal`` the signal that made the
     supervisor tear down, if any; ``unkillable`` the workers that survived SIGKILL;
     ``stop_reason`` the reason given to :meth:`Supervisor.request_stop` when that call began the
     teardown (a failure or signal that came first wins), else None."""
 
+    _fields = ("workers", "first_failure", "received_signal", "unkillable", "stop_reason")
+    __slots__ = _fields
     workers: list[WorkerExit]
     first_failure: WorkerExit | None
     received_signal: int | None
     unkillable: list[WorkerExit]
-    stop_reason: str | None = None
+    stop_reason: str | None
+
+    def __init__(
+        self,
+        workers: list[WorkerExit],
+        first_failure: WorkerExit | None,
+        received_signal: int | None,
+        unkillable: list[WorkerExit],
+        stop_reason: str | None = None,
+    ) -> None:
+        fill_fields(self, locals())
 
 
 def signal_name(code: int | None) -> str | None:

@@ -112,12 +112,10 @@ class StandbySupervisor(Supervisor):
         """Before :meth:`run`: ``ranks`` maps each local rank to its global rank (what
         ``WorkerExit.rank`` says from now on); ``on_failure`` and ``on_exit`` as in
         :class:`Supervisor`, replacing those given to the constructor."""
-        import dataclasses
-
         for worker in self._workers:
             rank = ranks.get(worker.spec.local_rank, worker.spec.rank)
             if rank != worker.spec.rank:
-                worker.spec = dataclasses.replace(worker.spec, rank=rank)
+                worker.spec = worker.spec.replace(rank=rank)
         self._on_failure = on_failure
         self._on_exit = on_exit
 

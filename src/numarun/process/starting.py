@@ -419,9 +419,13 @@ class Starter:
         # resets them) and every disposition ignored here but those kept on purpose (SIGHUP
         # under nohup), which exec would keep.
         catchable = signal.valid_signals() - {signal.SIGKILL, signal.SIGSTOP}
-        handled = {s for s in catchable if callable(signal.getsignal(s))}
-        ignored = {s for s in forkexec.ignored_signals() if s not in self._keep_ignored}
-        reset = sorted(handled | ignored)
+        reset: list[int] = []
+        if any(worker.spec.start == "exec" for worker in order):
+            # (Only exec workers use it: a fork worker runs under the caller's handlers, and
+            # every step here delays the first fork.)
+            handled = {s for s in catchable if callable(signal.getsignal(s))}
+            ignored = {s for s in forkexec.ignored_signals() if s not in self._keep_ignored}
+            reset = sorted(handled | ignored)
         # Blocked while forking: a signal sent to a child before it reset its handlers waits
         # for them (it kills the child then, as it would kill the program it becomes).
         mask = forkexec.set_signal_mask(signal.SIG_BLOCK, catchable)

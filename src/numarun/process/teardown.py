@@ -14,9 +14,11 @@ the watchdog until the run ends) and each forkserver worker through its pidfd, w
 is alive. Each process found is pinned by a pidfd (where one can be opened) and stays *tracked*
 until it is gone: its pidfd is in the loop (lane :data:`~numarun.process.loop.ENDS`), and one
 without a pidfd is checked by pid (:meth:`Teardown.forget_gone`, which the supervisor calls every
-:data:`~numarun.process.proctable.FALLBACK_TICK` while :meth:`Teardown.all_pinned` is False). Every
-step reads the table before it sends anything: a worker's children lose their parent link to it as
-soon as it dies.
+:data:`~numarun.process.proctable.FALLBACK_TICK` while :meth:`Teardown.all_pinned` is False). A step
+reads the table before it sends anything where the run has forkserver workers (a worker's children
+lose their parent link to it as soon as it dies); otherwise the workers' groups are signalled first
+and the table read after (the children of an exec or fork worker go up to the watchdog, a
+subreaper).
 
 Signalling. A live worker gets a signal through its process group (``kill(-pid)``; its group id
 cannot be reused, the watchdog keeps the worker unreaped), or by pid while it is no group leader
@@ -102,11 +104,18 @@ class Teardown:
 
     def signal_run(self, signum: int) -> None:
         """The first step: ``signum`` to the workers' groups and every owned process."""
-        # The process table is read before any signal: parent links to a worker are lost as
-        # soon as it dies (its children go up to the watchdog, still ours, but a forkserver
-        # worker's would look like strangers).
-        owned = self.sweep()
-        groups = self.signal_workers(signum)
+        if self._forkserver:
+            # The process table is read before any signal: parent links to a worker are lost
+            # as soon as it dies, and a forkserver worker's children would then look like
+            # strangers.
+            owned = self.sweep()
+            groups = self.signal_workers(signum)
+        else:
+            # The workers' groups first, then the table (reading it is most of a teardown's
+            # work): the children of an exec or fork worker that dies go up to the watchdog, a
+            # subreaper, and are found in its subtree all the same.
+            groups = self.signal_workers(signum)
+            owned = self.sweep()
         self.signal_owned(signum, owned, signalled_groups=groups)
 
     def kill_run(self) -> None:

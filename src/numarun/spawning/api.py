@@ -91,8 +91,8 @@ def spawn(
             is signalled while joining.
         start_method: ``"spawn"``, ``"fork"``, ``"forkserver"``, or None for the platform's
             default, as torch.
-        binding: None (inherit this process's CPUs), a planner mode (``"node"``, ``"socket"``,
-            ``"exclusive"``, ``"core-complex"``, ``"cpu"``), a ready
+        binding: None or ``"none"`` (inherit this process's CPUs), a planner mode
+            (``"node"``, ``"socket"``, ``"exclusive"``, ``"core-complex"``, ``"cpu"``), a ready
             :class:`numarun.placement.plan.Plan` with one rank per worker, or one CPU set per
             rank (``[[0, 1], [2, 3]]`` or ``["0-1", "2-3"]``).
         mem_binding: None/``"none"``, ``"local"``, ``"preferred"``, ``"bind"`` or
@@ -122,12 +122,15 @@ def spawn(
     ``os.environ`` or ``env`` sets it (unbound workers get no ``OMP_NUM_THREADS``: OpenMP's own
     default, as under torch; torchrun forces 1). With ``dist_env=True``: the variables above.
 
-    Raises, before any worker starts: :class:`numarun.errors.InvalidArgument` (a
-    :class:`ValueError` and :class:`~numarun.errors.UsageError`: bad argument, unpicklable
+    Raises, before any worker starts, a :class:`numarun.errors.NumarunError`, which is a
+    :class:`ValueError` (``except ValueError`` catches every one, as torch's), with a one-line
+    message naming the keyword: :class:`~numarun.errors.InvalidArgument` (a bad argument:
+    type, value or unknown name, ``nprocs`` beyond the machine's limits, unpicklable
     ``fn``/``args``, a call made while a spawned worker imports the main module),
-    :class:`numarun.errors.UsageError` (unknown binding mode, from the planner),
-    :class:`numarun.errors.PlanError` (binding impossible here),
-    :class:`numarun.errors.BindingError` (CPUs or memory policy not allowed here).
+    :class:`~numarun.errors.UsageError` (a malformed CPU list or memory policy),
+    :class:`~numarun.errors.PlanError` (the binding cannot be planned here: too many ranks,
+    no GPUs), :class:`~numarun.errors.BindingError` (CPUs or memory policy not allowed here),
+    :class:`~numarun.errors.TopologyError` (the machine cannot be read).
     After start (join=True): :class:`ProcessRaisedException` when ``fn`` raised in a worker,
     :class:`ProcessExitedException` when a worker exited non-zero or was killed by a signal;
     the first failure in time is raised, every other worker is torn down first. SIGINT, SIGTERM

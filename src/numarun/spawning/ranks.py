@@ -7,28 +7,44 @@ asked for (``OMP_NUM_THREADS`` and the plan's variables with a binding; ``RANK``
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from numarun.errors import InvalidArgument, NumarunError, unknown_choice
+from numarun.machine.model import Value
 from numarun.placement import workerenv
 from numarun.spawning.exceptions import warn
 
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from numarun.machine.model import Topology
     from numarun.placement.binding import MemPolicy
     from numarun.placement.plan import Plan
 
 
-@dataclass(frozen=True)
-class Placement:
+class Placement(Value):
     """Per-rank CPUs (None: inherit), memory policies, the bound physical cores per rank
     (None: unbound, so no ``OMP_NUM_THREADS`` is set), and the plan's environment variables."""
 
+    _fields = ("cpus", "mems", "threads", "env")
+    __slots__ = _fields
     cpus: list[tuple[int, ...] | None]
     mems: list[MemPolicy | None]
     threads: list[int] | None
     env: tuple[tuple[str, str], ...]
+
+    def __init__(
+        self,
+        cpus: list[tuple[int, ...] | None],
+        mems: list[MemPolicy | None],
+        threads: list[int] | None,
+        env: tuple[tuple[str, str], ...],
+    ) -> None:
+        object.__setattr__(self, "cpus", cpus)
+        object.__setattr__(self, "mems", mems)
+        object.__setattr__(self, "threads", threads)
+        object.__setattr__(self, "env", env)
+
+
+UNBOUND = "none"  # binding="none": as None (mem_binding's word, and an unbound plan's mode)
 
 
 def resolve_binding(
@@ -85,7 +101,7 @@ def _resolve_binding(
     allow_fallback: bool,
     environ: Mapping[str, str],
 ) -> Placement:
-    if binding is None:
+    if binding is None or (isinstance(binding, str) and binding == UNBOUND):
         return _unbound_placement(mem_binding, nprocs)
     from numarun.placement import binding as binding_module
 
@@ -152,7 +168,7 @@ def _make_plan(
                 "rank, as binding (binding=[[0, 1], [2, 3]] or ['0-1', '2-3'])"
             )
         if binding not in MODES:
-            named = [mode for mode in MODES if mode != "explicit"]
+            named = [*(mode for mode in MODES if mode != "explicit"), UNBOUND]
             raise InvalidArgument(unknown_choice("binding", binding, named))
         return make_plan(_read_topology(environ), nprocs, binding, allow_unbound=allow_fallback)
     topology = _read_topology(environ)

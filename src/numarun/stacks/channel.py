@@ -424,31 +424,82 @@ def _matches(job: FoundJob, wanted: str) -> bool:
     )
 
 
+def _session_and_terminal(pid: int) -> tuple[int, int] | None:
+    """(session id, controlling terminal's device number, 0 for none) of ``pid``, from
+    ``/proc/<pid>/stat``; None when it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as file:
+            data = file.read()
+        fields = data[data.rindex(b")") + 2 :].split()
+        return int(fields[3]), int(fields[4])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def started_here(job: FoundJob) -> bool:
+    """Whether ``job``'s launcher (or ``numarun.spawn``'s caller) runs in the caller's session
+    or on the caller's controlling terminal: the job this shell or terminal started, among a
+    shared account's others."""
+    pid = job.info.get("pid")
+    if isinstance(pid, bool) or not isinstance(pid, int) or pid <= 0:
+        return False
+    theirs, mine = _session_and_terminal(pid), _session_and_terminal(os.getpid())
+    if theirs is None or mine is None:
+        return False
+    return theirs[0] == mine[0] or (mine[1] != 0 and theirs[1] == mine[1])
+
+
 def format_job_list(jobs: Sequence[FoundJob]) -> str:
-    """One line per job: run id, launcher pid, ranks on this host, start time, command."""
+    """One line per job: run id, launcher pid, ranks on this host, start time, command; ``*``
+    before the jobs :func:`started_here`, and, after the list, what the mark means and each run
+    id that several of the jobs share (they are named by pid)."""
     lines = [f"  {'RUN_ID':<14} {'PID':>8} {'RANKS':>5}  {'STARTED':<8}  COMMAND"]
+    marked = False
     for job in jobs:
         info = job.info
         if job.error is not None:
             lines.append(f"  {job.name:<14} {'?':>8} {'?':>5}  {'?':<8}  ({job.error})")
             continue
+        mark = "* " if started_here(job) else "  "
+        marked = marked or mark == "* "
         started = time.strftime("%H:%M:%S", time.localtime(info.get("started") or 0))
         lines.append(
-            f"  {info.get('run_id')!s:<14} {info.get('pid', '?'):>8} "
+            f"{mark}{info.get('run_id')!s:<14} {info.get('pid', '?'):>8} "
             f"{len(info.get('ranks') or ()):>5}  {started:<8}  {info.get('entrypoint', '')}"
         )
+    if marked:
+        lines.append("  (*: started from this session or terminal)")
+    for run_id, pids in _shared_run_ids(jobs).items():
+        lines.append(
+            f"  run id {run_id} is shared by {len(pids)} running jobs (pids "
+            f"{', '.join(map(str, pids))}): name one by its pid, numarun stacks {pids[0]}"
+        )
     return "\n".join(lines)
+
+
+def _shared_run_ids(jobs: Sequence[FoundJob]) -> dict[str, list[object]]:
+    """Each run id that more than one of ``jobs`` has -> their launchers' pids."""
+    by_id: dict[str, list[object]] = {}
+    for job in jobs:
+        if job.error is None:
+            by_id.setdefault(str(job.info.get("run_id")), []).append(job.info.get("pid", "?"))
+    return {run_id: pids for run_id, pids in by_id.items() if len(pids) > 1}
 
 
 def choose_job(jobs: Sequence[FoundJob], wanted: str | None) -> FoundJob:
     """The job ``wanted`` names (run id, launcher pid or socket name), or the only one.
 
-    Raises JobsError (exit 1) when there is none, UsageError (exit 2) listing them when the
-    choice is ambiguous."""
+    Raises JobsError (exit 1) when there is none, UsageError (exit 2) listing them
+    (:func:`format_job_list`) when the choice is ambiguous: several jobs and no ``wanted``, or
+    several jobs sharing the run id ``wanted`` (then to be named by pid)."""
     user = os.geteuid()
     host = os.uname().nodename
     if wanted is not None:
         found = [job for job in jobs if _matches(job, wanted)]
+        # A launcher's own pid (or socket name) names that job, even when it runs inside
+        # another's: how a run id that several jobs share is told apart.
+        exact = [job for job in found if wanted in (job.name, str(job.info.get("pid")))]
+        found = exact or found
         if not found:
             raise JobsError(f"no running numarun job {wanted!r} of uid {user} on {host}")
     else:
@@ -456,10 +507,16 @@ def choose_job(jobs: Sequence[FoundJob], wanted: str | None) -> FoundJob:
         if not found:
             raise JobsError(f"no running numarun job of uid {user} on {host}")
     if len(found) > 1:
-        raise UsageError(
-            f"{len(found)} jobs running; name one: numarun stacks RUN_ID\n"
-            + format_job_list(found)
-        )
+        if wanted is None:
+            head = f"{len(found)} jobs running; name one: numarun stacks RUN_ID"
+        elif all(str(job.info.get("run_id")) == wanted for job in found):
+            head = (
+                f"{len(found)} running jobs share the run id {wanted!r}; name one by its pid: "
+                "numarun stacks PID"
+            )
+        else:
+            head = f"{len(found)} jobs match {wanted!r}; name one: numarun stacks RUN_ID or PID"
+        raise UsageError(head + "\n" + format_job_list(found))
     return found[0]
 
 

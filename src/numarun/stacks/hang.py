@@ -70,6 +70,25 @@ if TYPE_CHECKING:
         def moving(self) -> None: ...
 
 
+MIN_INTERVAL = 1.0  # seconds between two samples of a rank's stacks, at the least
+
+
+def sampling_interval(timeout: float, ranks: int) -> float:
+    """Seconds between two samples of ``ranks`` ranks' stacks under ``--hang-timeout
+    timeout``: ``timeout / 100`` between 1 and 2 s, and at least 1 s per 8 ranks, so that the
+    launcher's CPU stays near 0.5 ms per second of wall time whatever the number of ranks."""
+    return max(min(max(timeout / 100, MIN_INTERVAL), 2.0), ranks / 8)
+
+
+def timeout_floor(ranks: int) -> float:
+    """The shortest ``--hang-timeout`` the sampling can judge on ``ranks`` ranks: one sampling
+    interval, the time between the two samples that must agree before a rank counts as still.
+    A shorter timeout would mean nothing: the verdict would come at the second agreeing sample
+    all the same, after a healthy rank's one-second pause (a unit slip, milliseconds for
+    seconds, would stop the job)."""
+    return sampling_interval(0.0, ranks)
+
+
 class HangReport:
     """What :class:`HangWatch` saw when it declared the hang: ``stacks`` of this node's ranks
     (the last samples, parsed when first read), ``idle`` seconds without progress, whether
@@ -115,10 +134,7 @@ class HangWatch:
         self.job = job
         self.still = False  # job-wide: this node told the job its ranks are still
         self.timeout = float(timeout)
-        # timeout / 100 between 1 and 2 s, and at least 1 s per 8 ranks: the launcher's CPU
-        # stays near 0.5 ms per second of wall time whatever the number of ranks.
-        ranks = len(dumps.local_ranks)
-        self.interval = max(min(max(self.timeout / 100, 1.0), 2.0), ranks / 8)
+        self.interval = sampling_interval(self.timeout, len(dumps.local_ranks))
         self.output_watched = output_watched
         self.report: HangReport | None = None
         self._output = 0

@@ -282,8 +282,6 @@ def for_spawn(specs: Sequence[Any], fn: object) -> tuple[list[Any], JobStacks | 
     the :class:`JobStacks` to attach (``numarun stacks`` answers while the parent waits in
     ``join``); it closes itself when the last worker ends, or at interpreter exit. Where
     stacks cannot be set up, the specs unchanged, None, and a :class:`RuntimeWarning`."""
-    import dataclasses
-
     name = getattr(fn, "__qualname__", None) or type(fn).__name__
     try:
         job = JobStacks(
@@ -303,5 +301,5 @@ def for_spawn(specs: Sequence[Any], fn: object) -> tuple[list[Any], JobStacks | 
 
     atexit.register(job.close)
     env = job.worker_env
-    return [dataclasses.replace(s, env={**s.env, **env(s.local_rank)}) for s in specs], job
+    return [s.replace(env={**s.env, **env(s.local_rank)}) for s in specs], job
 
