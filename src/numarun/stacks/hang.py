@@ -248,11 +248,11 @@ class HangWatch:
         return time.monotonic() - self._progress_at
 
     def declare_job(self, view: JobView, by: str) -> None:
-        """The whole job is hung (every numarun node of ``view`` still): set :attr:`report`
-        with the job's classes and this node's last samples, and stop the run, as a local
-        verdict does, on every node alike (also one whose ranks moved since it said they were
-        still: the job as a whole was still). ``by`` names who declared it. Does nothing once
-        a verdict was given."""
+        """The whole job is hung (every numarun node of ``view`` still, and this node's own
+        ranks still or ended when the verdict was acted on: the launcher checks both before it
+        calls this): set :attr:`report` with the job's classes and this node's last samples,
+        and stop the run, as a local verdict does, on every node alike. ``by`` names who
+        declared it. Does nothing once a verdict was given."""
         if self.report is not None:
             return
         self.report = self.job_report(view, by, self.idle())
