@@ -24,7 +24,8 @@ docs/protocol.md.
   at most delays the verdict: it never stops a node.
 * The judge may die once the count is complete: every still node looks again every
   :data:`TAKEOVER_LOOKS` look intervals while no verdict came; the first to add 1 to
-  ``numarun/takeover/<wave>`` reads the count and, when it is complete, judges.
+  ``numarun/takeover/<wave>`` reads the count and, when it was complete at its last wave too
+  and no verdict came meanwhile, judges (within three waves of the judge's death).
 
 Counters are untrusted: one that is not a number, or outside 0 to the round's size, is named
 and set to the number of nodes whose posts say still (one read of all posts). A stream of
@@ -43,7 +44,13 @@ from numarun.jobwide.protocol import (
 )
 from numarun.jobwide.results import Hang
 from numarun.rendezvous.storeops import Conn, Forged
-from numarun.rendezvous.storewatch import StoreWatch, WatchedRound, post_event
+from numarun.rendezvous.storewatch import (
+    EVENTS_KEY,
+    StoreWatch,
+    WatchedRound,
+    post_event,
+    read_count,
+)
 from numarun.stacks.digest import PostError, Raw, node_digest, node_label, read_digest
 from numarun.stacks.merge import encode_view, merge, read_view
 
@@ -321,9 +328,11 @@ def _next_wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
 def _wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
     """In the store thread, while this node is still (since the mark that started ``chain``)
     and no verdict came: its post set again when another client overwrote it; the first still
-    node of each wave reads the count and judges a complete one nobody judged (the judge died
-    after its count), and now and then (waves 1, 2, 4, then every 8th) checks every post
-    whatever the count says (a count that another client lowered)."""
+    node of each wave reads the count and judges a complete one that stayed unjudged for a
+    whole wave (the judge died after its count; one still at work is given that wave), and
+    now and then (wave 4, then every 8th) checks every post whatever the count says (a count
+    that another client lowered). Neither while this node has events to read (a verdict may
+    be among them)."""
     job = state(round_)
     if not job.still or job.acted or chain != job.chain:
         return
@@ -338,9 +347,12 @@ def _wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
         if not job.pending and _first(conn, TAKEOVER_KEY.format(job.waves)):
             round_.shared.append(TAKEOVER_KEY.format(job.waves))
             count = _count(watch, round_, conn, 0)
-            full = job.waves in (1, 2, 4) or job.waves % 8 == 0
-            if full or count >= nodes(watch, round_, conn):
+            complete = count >= nodes(watch, round_, conn)
+            full = job.waves == 4 or job.waves % 8 == 0
+            unread = read_count(conn, EVENTS_KEY, 0, 1 << 62) != round_.seen
+            if not unread and ((complete and job.complete_at == job.waves - 1) or full):
                 judge(watch, round_, conn, count)
+            job.complete_at = job.waves if complete else 0
     _next_wave(watch, round_, chain)
 
 

@@ -81,6 +81,7 @@ class JobRound:
         self.acted = False  # a verdict was handed to the loop
         self.waves = 0  # takeover waves done (hangverdict)
         self.chain = 0  # this node's still marks: the waves of an earlier one stop
+        self.complete_at = 0  # the last wave at which this node read a complete count
         self.frame_posts: dict[str, bytes] = {}  # class id -> its frames post, this round
         self.never_came: set[str] = set()  # class ids whose frames were not there in time
         self.claimed: set[str] = set()
