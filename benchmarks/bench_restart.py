@@ -23,6 +23,13 @@ backend and workers.
   the next attempt's standbys are past their imports (a one-line module preloaded after the
   measured one, ``bench_ready``, leaves a stamp: what a real job, failing minutes in, would
   find); the cold rows fail after 0.5 s, as for the other kinds.
+* ``early``: as ``restart`` for ``import torch`` workers, but rank 0 fails ``--fail-after``
+  (1) s after its start (past ``import torch``) on every row, whatever standbys are ready
+  then: a crash in the first seconds (a bad flag, an out-of-memory at the first step). Rows:
+  numarun ``--preload torch``, numarun, torchrun, on each of ``--backends``. numarun starts
+  the next attempt's standbys at launch beside the first attempt's, so they are ready one
+  import time after the launch whatever the backend. Target: ``--preload torch`` at most
+  0.2x torchrun's on each backend.
 * ``late``: the first start of two c10d nodes, N/2 workers each, whose second node starts
   ``--late-seconds`` (5) after the first; workers import torch. The figure is from the moment
   the rendezvous round is complete (read from the rendezvous' own store, which this script
@@ -89,7 +96,8 @@ if attempt == "0":
                 name.startswith("ready.") for name in os.listdir(folder)
             ) < wanted:
                 time.sleep(0.02)
-        time.sleep(0.5)
+        # "early": so many seconds after its start (past its imports), whatever is ready.
+        time.sleep(float(sys.argv[3]) if mode == "early" else 0.5)
         with open(os.path.join(folder, "failed"), "w") as out:
             out.write(repr(time.clock_gettime(time.CLOCK_MONOTONIC)))
         os._exit(1)
@@ -176,9 +184,11 @@ def _clear(folder: Path) -> None:
             path.unlink()
 
 
-def restart_latency(row: Row, kind: str, folder: Path, nproc: int) -> float:
+def restart_latency(
+    row: Row, kind: str, folder: Path, nproc: int, early: float | None = None
+) -> float:
     """Seconds from the failing worker's exit to the last worker of attempt 1 past its
-    imports."""
+    imports (``early``: rank 0 fails that many seconds after its start, on every row)."""
     _clear(folder)
     script = folder / f"worker_{kind}.py"
     if kind == "fast":
@@ -187,6 +197,8 @@ def restart_latency(row: Row, kind: str, folder: Path, nproc: int) -> float:
     else:
         worker = [str(script)]
     mode = ["warm", str(2 * nproc)] if row.warm else ["fail"]
+    if early is not None:
+        mode = ["early", str(early)]
     command = row.command(nproc, kind)
     done = subprocess.run(
         [*command, "--max-restarts", "1", *worker, str(folder), *mode],
@@ -398,8 +410,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=7, help="measurements per row")
     parser.add_argument("--nproc", type=int, default=4, help="workers per run (late: in all)")
-    parser.add_argument("--figures", default="restart,late,memory,cpu",
-                        help="which figures: restart, late, memory, cpu")  # fmt: skip
+    parser.add_argument("--figures", default="restart,early,late,memory,cpu",
+                        help="which figures: restart, early, late, memory, cpu")  # fmt: skip
+    parser.add_argument("--fail-after", type=float, default=1.0,
+                        help="early: seconds from rank 0's start to its failure")
     parser.add_argument("--kinds", default="fast,script,torch,slow",
                         help="restart: kinds of worker (fast, script, torch, slow)")  # fmt: skip
     parser.add_argument("--backends", default="static,c10d", help="restart: backends")
@@ -452,6 +466,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             }
             result["restart"] = {}
             _interleaved(calls, args.runs, result["restart"], save)  # type: ignore[arg-type]
+        if "early" in figures:
+            calls = {
+                row.label: (
+                    lambda row=row: restart_latency(row, "torch", folder, args.nproc,
+                                                    early=args.fail_after)
+                )
+                for backend in backends
+                for row in (Row("numarun", backend, warm=True), Row("numarun", backend),
+                            Row("torchrun", backend))
+            }  # fmt: skip
+            result["early"] = {}
+            _interleaved(calls, args.runs, result["early"], save)  # type: ignore[arg-type]
         if "late" in figures:
             rows = [Row("torchrun", "c10d"), Row("numarun", "c10d"),
                     Row("numarun", "c10d", warm=True)]  # fmt: skip
@@ -499,6 +525,23 @@ def _markdown(result: dict, args: argparse.Namespace) -> str:
             lines.append(
                 f"| {label} | {workers} | {median * 1e3:.1f} | {low * 1e3:.1f}-"
                 f"{high * 1e3:.1f} | {median / anchor:.2f}x |"
+            )
+        lines.append("")
+    early = result.get("early")
+    if early:
+        lines += [
+            f"| rank 0 fails {args.fail_after:g} s after its start (`import torch` first) -> "
+            "every worker of the next attempt past its imports | median ms | IQR ms | "
+            "vs torchrun, same backend |",
+            "|---|---|---|---|",
+        ]
+        for label, samples in early.items():
+            backend = label.rsplit("(", 1)[1].rstrip(")")
+            anchor = statistics.median(early[f"torchrun ({backend})"])
+            median, low, high = _stats(samples)
+            lines.append(
+                f"| {label} | {median * 1e3:.1f} | {low * 1e3:.1f}-{high * 1e3:.1f} | "
+                f"{median / anchor:.2f}x |"
             )
         lines.append("")
     late = result.get("late")

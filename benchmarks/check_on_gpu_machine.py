@@ -17,6 +17,17 @@ bandwidth of all ranks on their own node and on the farthest node (GB/s, sums ov
 and its ratio, and pinned host-to-device / device-to-host bandwidth with the host buffer on
 the GPU's node and on the farthest one, with their ratios. ``--json-dir`` keeps each run's JSON.
 
+Then the flight recorder on NCCL (``--flight-seconds``, default 120, within the budget; 0: not
+run; ``--flight-only``: only it): a two-rank NCCL job (``tests/programs/flight_cases.py --case
+skip --backend nccl``: rank 1 skips one ``all_reduce``, then both call one of another size) run
+with ``--hang-timeout`` and ``--log-dir``; the section says numarun's exit status (124 expected),
+the flight-recorder lines of its summary, whether they name rank 1, the collective's sequence
+number and the size mismatch, which dumps numarun kept and what torch's analyzer
+(``python -m torch.distributed.flight_recorder.fr_trace``) says of them. With one GPU both ranks
+share it, which NCCL may refuse ("Duplicate GPU"): the section then says so, quoting NCCL, and
+runs the same job on one rank (a hang in its own code after its collectives) to check that
+numarun takes and reads an NCCL recorder at all.
+
 Runs this checkout's numarun (``src/`` first on the path, installed or not). Needs torch with
 CUDA in the interpreter that runs it (the probes use it for the copies); without it the table
 still shows the binding and memory figures and says what was missing.
@@ -96,6 +107,90 @@ def machine_lines() -> list[str]:
     ]
 
 
+FLIGHT_PROGRAM = Path(__file__).resolve().parents[1] / "tests" / "programs" / "flight_cases.py"
+ANALYZER = ("-m", "torch.distributed.flight_recorder.fr_trace")
+FLIGHT_EXPECTED = ("rank 1 is one collective behind", "(size mismatch)", "group 0 (default_pg)")
+
+
+def flight_command(ranks: int, logs: Path, case: str = "skip") -> list[str]:
+    """The NCCL job of the flight-recorder check, as numarun runs it."""
+    return [sys.executable, "-m", "numarun", "--nproc-per-node", str(ranks), "--hang-timeout",
+            "8", "--log-dir", str(logs), str(FLIGHT_PROGRAM), "--case", case, "--backend",
+            "nccl"]  # fmt: skip
+
+
+def flight_lines(stderr: str) -> list[str]:
+    """The flight-recorder section of a numarun summary (its heading and indented lines)."""
+    lines = stderr.splitlines()
+    for index, line in enumerate(lines):
+        if line.startswith("Flight recorder ("):
+            found = [line]
+            for more in lines[index + 1 :]:
+                if not more.startswith("  "):
+                    break
+                found.append(more)
+            return found
+    return []
+
+
+def flight_report(returncode: int, stderr: str, kept: list[str], analyzer: str) -> list[str]:
+    """The markdown lines for one NCCL job: exit status, numarun's flight-recorder lines, what
+    they name, the dumps kept and the analyzer's verdict."""
+    section = flight_lines(stderr)
+    named = [text for text in FLIGHT_EXPECTED if any(text in line for line in section)]
+    out = [f"- exit status {returncode} (124: numarun declared the hang)",
+           f"- names {len(named)}/{len(FLIGHT_EXPECTED)} of: " + "; ".join(FLIGHT_EXPECTED),
+           "- numarun's flight-recorder lines:" if section else
+           "- no flight-recorder lines in numarun's summary"]  # fmt: skip
+    out += [f"      {line}" for line in section[:12]]
+    out.append(f"- dumps kept: {', '.join(kept) if kept else 'none'}")
+    verdict = [line.strip() for line in analyzer.splitlines()
+               if "Culprit" in line or "missing ranks" in line or "Error" in line][:6]  # fmt: skip
+    out.append("- torch's analyzer: " + ("; ".join(verdict) or analyzer.strip()[-300:] or "-"))
+    if returncode != 124:
+        out.append("- numarun's last lines: " + " | ".join(stderr.strip().splitlines()[-8:]))
+    return out
+
+
+def run_flight(ranks: int, seconds: float, case: str = "skip") -> tuple[list[str], str]:
+    """Run the NCCL job; (its report lines, its stderr)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="flight_") as tmp:
+        logs = Path(tmp) / "logs"
+        try:
+            done = subprocess.run(flight_command(ranks, logs, case), capture_output=True,
+                                  text=True, timeout=seconds)  # fmt: skip
+        except subprocess.TimeoutExpired:
+            return [f"- did not end within {seconds:.0f} s"], ""
+        found = sorted(logs.glob("*/attempt_0/flight_recorder"))
+        kept = sorted(path.name for path in found[0].iterdir()) if found else []
+        analyzer = ""
+        if found:
+            checked = subprocess.run([sys.executable, *ANALYZER, str(found[0]),
+                                      "--allow-incomplete-ranks"],
+                                     capture_output=True, text=True, timeout=120)  # fmt: skip
+            analyzer = checked.stdout + checked.stderr
+        return flight_report(done.returncode, done.stderr, kept, analyzer), done.stderr
+
+
+def flight_section(seconds: float) -> list[str]:
+    """The flight-recorder check: two ranks on NCCL (one rank when NCCL refuses two ranks on one
+    GPU), as markdown."""
+    started = time.monotonic()
+    title = f"## flight recorder, NCCL (`{' '.join(flight_command(2, Path('LOGS'))[2:])}`)"
+    lines, stderr = run_flight(2, seconds)
+    out = [title, "", *lines]
+    if "Duplicate GPU" in stderr or "duplicate GPU" in stderr.lower():
+        quote = next(line for line in stderr.splitlines() if "uplicate GPU" in line)
+        left = seconds - (time.monotonic() - started)
+        out += ["", f"NCCL refused two ranks on one GPU: `{quote.strip()[:200]}`; one rank "
+                "instead (a hang in its own code after its collectives):", ""]  # fmt: skip
+        if left > 20:
+            out += run_flight(1, left, case="idle")[0]
+    return out
+
+
 def gbs(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
@@ -142,10 +237,21 @@ def main() -> int:
     parser.add_argument(
         "--nproc", default="gpu", help="ranks (default gpu: one per GPU; a number to try it)"
     )
+    parser.add_argument("--flight-seconds", type=float, default=120.0,
+                        help="seconds for the NCCL flight-recorder check (0: not run)")
+    parser.add_argument("--flight-only", action="store_true",
+                        help="only the NCCL flight-recorder check")  # fmt: skip
     args = parser.parse_args()
     global NPROC
     NPROC = args.nproc
     started = time.monotonic()
+    if args.flight_only:
+        text = "\n".join(flight_section(args.flight_seconds or 120.0))
+        print(text)
+        if args.out is not None:
+            args.out.write_text(text + "\n")
+        return 0
+    args.budget -= args.flight_seconds  # kept for the flight recorder, at the end
 
     # Which modes this machine can plan: dry runs, instant.
     runnable: list[tuple[str, list[str]]] = []
@@ -204,6 +310,7 @@ def main() -> int:
             "",
             *refused,
             *notes,
+            *(["", *flight_section(args.flight_seconds)] if args.flight_seconds > 0 else []),
         ]
     )
     print(text)

@@ -527,6 +527,15 @@ class SyntheticRanks(product.RankDumps):
             self._ready[local_rank] = (now + self.latency(), self.texts[local_rank][self._flip])
         return problems
 
+    def ask_for(self, local_ranks: Any, *, stacks: bool, flight: bool) -> tuple:
+        """:meth:`ask` as :class:`RankDumps` asks for stacks (no flight recorders: the
+        synthetic ranks have no process group)."""
+        return (self.ask(local_ranks) if stacks else {}), 0, []
+
+    def nudge(self, local_rank: int) -> bool:
+        """No helper thread to wake with a signal: the dump comes after its latency."""
+        return False
+
     def freeze(self) -> None:
         """The ranks stop moving, each at its first sample (the one :meth:`StandIn.raw`
         gives)."""

@@ -69,6 +69,7 @@ def test_the_probe_never_imports_torch_without_a_gpu_part(tmp_path: Path) -> Non
     assert result["memory_gbs"]["local"]["gbs"] > 0
 
 
+@pytest.mark.slow
 def test_the_gpu_part_says_why_it_cannot_run(tmp_path: Path) -> None:
     result, _ = probe_in_subprocess(
         tmp_path, instructions_for(["memory-local", "h2d-planned", "d2h-planned"], 0)

@@ -93,6 +93,8 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "cpus_allowed": (("--numa-binding", "cpu"), ("0", "x")),
     "hang_timeout": ((), ("30", "x")),
     "preload": ((), ("torch,json", "not-a-module")),
+    "preload_required": (("--preload", "torch"), ("1", "x")),
+    "preload_late": (("--preload", "torch"), ("1", "x")),
 }
 
 
@@ -219,6 +221,7 @@ def test_nproc_per_node_cpu_counts_this_process_affinity() -> None:
     assert parse("--nproc-per-node", "auto", "t.py").nproc_per_node >= 1
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
 def test_nproc_per_node_cpu_under_taskset_matches_torchrun(tmp_path: Path) -> None:
     cpu = str(min(os.sched_getaffinity(0)))
@@ -248,6 +251,7 @@ def _has_ipv6_loopback() -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_tee_filters_virtual_rank_macro_and_ipv6_side_by_side_with_torchrun(
     tmp_path: Path,
 ) -> None:

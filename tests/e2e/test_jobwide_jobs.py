@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -32,6 +33,7 @@ from rdzv_jobs import (
     numarun_lines,
     read_ready,
     round_store,
+    stacks,
     stacks_until,
     started_job,
     with_signal,
@@ -229,18 +231,54 @@ def test_waiting_in_the_rendezvous_says_who_is_there_every_ten_seconds(job: Job)
     lines = numarun_lines(seen.decode() + err)
     waiting = [line for line in lines if line.startswith("numarun: waiting ")]
     where = f"for the c10d rendezvous {job.run_id!r} at 127.0.0.1:{job.port}: "
-    # Under load the node may not have joined its own rendezvous by the first line: that line
-    # says so (nobody there yet); once it joined, each line says who is there.
-    there = [line for line in waiting if line.endswith(where + "1 of 2 node(s) there, "
-                                                       "1 more awaited")]  # fmt: skip
+    # Under load the node may still be importing torch's rendezvous (tens of seconds at load
+    # 25), or joining, by the first line: that line says what it is doing (never "waiting for
+    # 2 node(s)", which was wrong when both were there); once it joined, each line names who
+    # is there: this node, its host and pid.
+    here = re.escape(where) + r"1 of 2 node\(s\) there \((\S+) pid (\d+)\), 1 more awaited"
+    there = [found for line in waiting if (found := re.search(here + "$", line))]
     assert there, waiting
-    before = waiting[: waiting.index(there[0])]
-    assert all(line.endswith(where + "waiting for 2 node(s)") for line in before), waiting
+    assert {int(found.group(2)) for found in there} == {node.pid}, waiting
+    before = waiting[: len(waiting) - len(there)]
+    doing = ("this node is importing torch's rendezvous", "this node is joining",
+             "this node is creating torch's rendezvous handler (connecting to its store)")
+    assert all(line.endswith(tuple(where + text for text in doing)) for line in before), waiting
     # Every ten seconds of a wait (never sooner; later on a loaded machine; joining the
     # rendezvous after creating torch's handler is a wait of its own).
     assert all(int(line.split()[2]) >= 9 for line in waiting), waiting
     assert code == 130
     assert lines[-1].startswith("numarun: stopped on SIGINT while waiting for the c10d")
+
+
+def test_numarun_stacks_on_a_job_waiting_in_its_rendezvous_says_so(job: Job) -> None:
+    # Issue 32, item 5: `numarun stacks RUN_ID` on a job waiting for its second node said "no
+    # running numarun job": it runs, it has no ranks yet. It says where the job waits, since
+    # when and for whom; once the launcher is gone (SIGKILL: no chance to tidy up) the job is
+    # no longer found and its record is removed.
+    node = job.start(0, *job.flags(nproc=1), "--rdzv-conf", "is_host=1", JW, "flag", "/none")
+    where = f"c10d rendezvous {job.run_id!r} at 127.0.0.1:{job.port}"
+    deadline = time.monotonic() + LIMIT
+    said = ""
+    while "1 of 2 node(s) there" not in said and time.monotonic() < deadline:
+        assert node.poll() is None, node.communicate()
+        done = stacks(job.runtime(0), job.run_id)
+        if done.returncode == 0:  # before the launcher's first record: "no running job"
+            said = done.stdout
+            assert said.startswith(f"numarun stacks: job {job.run_id} (launcher pid {node.pid} "
+                                   f"on "), said  # fmt: skip
+            assert f"has no ranks yet: it waits in the {where} since " in said, said
+        time.sleep(0.5)
+    assert re.search(r"since \d\d:\d\d:\d\d \(\d+ s\): 1 of 2 node\(s\) there \(\S+ pid "
+                     rf"{node.pid}\), 1 more awaited$", said.strip()), said  # fmt: skip
+    listed = json.loads(stacks(job.runtime(0), str(node.pid), "--json").stdout)
+    assert listed["ranks"] == [] and listed["waiting"]["awaited"] == 1, listed
+    records = list(job.runtime(0).glob("*.wait"))
+    assert len(records) == 1
+    node.kill()
+    finish(node)
+    done = stacks(job.runtime(0), job.run_id)
+    assert done.returncode == 1 and "no running numarun job" in done.stderr, done
+    assert not records[0].exists()
 
 
 # --- torch's private names -----------------------------------------------------------------------

@@ -37,10 +37,21 @@ def _env() -> dict[str, str]:
 
 def _worker(tmp_path: Path) -> str:
     script = tmp_path / "w.py"
+    # The failing rank fails once every rank of its node printed (else, under load, its
+    # failure stops a slower rank before its line: nothing in its log, rightly).
     script.write_text(
-        "import os, sys\n"
+        "import os, sys, time\n"
         "print('hello from rank', os.environ['RANK'], flush=True)\n"
-        "sys.exit(int(os.environ.get('FAIL_RANK', '-1') == os.environ['RANK']) * 3)\n"
+        f"marks = {str(tmp_path)!r}\n"
+        "open(os.path.join(marks, 'printed-' + os.environ['RANK']), 'w').close()\n"
+        "if os.environ.get('FAIL_RANK', '-1') == os.environ['RANK']:\n"
+        "    size = int(os.environ['LOCAL_WORLD_SIZE'])\n"
+        "    first = int(os.environ['GROUP_RANK']) * size\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while time.monotonic() < deadline and not all(os.path.exists(os.path.join(\n"
+        "            marks, f'printed-{r}')) for r in range(first, first + size)):\n"
+        "        time.sleep(0.01)\n"
+        "    sys.exit(3)\n"
     )
     return str(script)
 

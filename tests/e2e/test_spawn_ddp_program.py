@@ -10,33 +10,55 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 PROGRAM = Path(__file__).resolve().parents[1] / "programs" / "ddp_spawn_program.py"
 
 
-def run_program(who: str, method: str, out: Path) -> dict:
+def start_program(who: str, method: str, out: Path) -> subprocess.Popen[str]:
     from numarun.placement.workerenv import free_port
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "NUMARUN_"))}
-    proc = subprocess.run(
+    return subprocess.Popen(
         [sys.executable, str(PROGRAM), who, method, str(out), str(free_port())],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def result_of(proc: subprocess.Popen[str], out: Path) -> dict:
+    try:
+        _, stderr = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        _, stderr = proc.communicate()
+    assert proc.returncode == 0, stderr[-3000:]
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow
 def test_a_ddp_program_trains_the_same_with_numarun_swapped_in(tmp_path: Path) -> None:
     # torch.multiprocessing.spawn runs its workers under spawn whatever the program asked for
     # (a fork-context Queue then fails there), so torch's run is the spawn one; numarun runs
-    # the program under spawn and under fork.
-    theirs = run_program("torch", "spawn", tmp_path / "torch.json")
+    # the program under spawn and under fork. The three runs go side by side (each waits on
+    # its ranks and DataLoader workers much of the time).
+    runs = {name: (tmp_path / f"{name}.json") for name in ("torch", "spawn", "fork")}
+    procs = {
+        name: start_program("torch" if name == "torch" else "numarun",
+                            "spawn" if name == "torch" else name, out)
+        for name, out in runs.items()
+    }  # fmt: skip
+    try:
+        results = {name: result_of(proc, runs[name]) for name, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    theirs = results["torch"]
     assert theirs["ranks"] == [0, 1]
     assert any(value != 0.0 for value in theirs["params"][0])
     for method in ("spawn", "fork"):
-        ours = run_program("numarun", method, tmp_path / f"numarun-{method}.json")
+        ours = results[method]
         assert ours["ranks"] == [0, 1]
         # DDP kept the replicas identical, and both launchers trained the very same model: the
         # ranks wrote their parameters into the parent's shared tensor in place.

@@ -313,6 +313,38 @@ def test_two_numarun_nodes_a_failure_reaches_the_healthy_node_within_seconds(
     assert processes_with_run_id(nodes.run_id) == []
 
 
+@pytest.mark.parametrize("host", ["the finished node", "the failed node"])
+def test_a_finished_node_ends_at_once_when_the_other_fails_naming_it(
+    tmp_path: Path, nodes: Nodes, host: str
+) -> None:
+    # Issue 32, item 1: node A's rank ends with 0 (A waits in the exit barrier), then node B's
+    # rank fails with no restart left. A must not wait out torch's 300 s barrier (nor end
+    # with 0 and "Broken pipe" when B hosted the store): it hears B's notice and ends with
+    # exit status 1 and one line naming B's failed rank, within seconds.
+    port = free_port()
+    flags = ["--nnodes", "2", "--nproc-per-node", "1", *_c10d(port, nodes.run_id)]
+    a_hosts = "1" if host == "the finished node" else "0"
+    node_a = nodes.start(NUMARUN, *flags, "--rdzv-conf", f"is_host={a_hosts}", ELASTIC,
+                         "finish-or-fail", str(tmp_path))  # fmt: skip
+    node_b = nodes.start(NUMARUN, *flags, "--rdzv-conf", f"is_host={1 - int(a_hosts)}",
+                         ELASTIC, "finish-or-fail", str(tmp_path), EL_FAIL="1")  # fmt: skip
+    code_b, _, err_b = _finish(node_b)
+    code_a, _, err_a = _finish(node_a)
+    ended_a = time.time()
+    failed_at, failed_rank = (tmp_path / "failed").read_text().split()
+    assert code_b == 3, err_b
+    assert code_a == 1, err_a
+    last = _numarun_lines(err_a)[-1]
+    assert last.startswith("numarun: the job failed after this node's ranks finished: "
+                           f"node {failed_rank} ("), err_a  # fmt: skip
+    assert f"rank {failed_rank} (local_rank 0) failed with exit code 3" in last, err_a
+    assert ended_a - float(failed_at) < 30.0, err_a
+    for text in ("Broken pipe", "Failed to recv", "Traceback", "warning"):
+        assert text not in err_a, err_a
+        assert text not in err_b, err_b  # nor on the failed node, whichever hosted the store
+    assert processes_with_run_id(nodes.run_id) == []
+
+
 def test_a_late_node_is_admitted_and_the_world_grows(tmp_path: Path, nodes: Nodes) -> None:
     port = free_port()
     flags = [

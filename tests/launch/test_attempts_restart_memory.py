@@ -15,6 +15,8 @@ import statistics
 import subprocess
 import sys
 
+import pytest
+
 RESTARTS = 150
 
 MEASURE = r"""
@@ -38,6 +40,7 @@ print(json.dumps({"code": code, "sizes": sizes}))
 """
 
 
+@pytest.mark.slow
 def test_memory_levels_off_over_many_restarts_and_the_summary_stays_a_screenful() -> None:
     done = subprocess.run(
         [sys.executable, "-c", MEASURE, str(RESTARTS)],

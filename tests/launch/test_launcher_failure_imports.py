@@ -170,6 +170,7 @@ def test_a_spawn_failure_imports_nothing_a_successful_spawn_did_not(
     assert done.stdout.strip().splitlines()[-1] == "[]"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["fork", "spawn", "forkserver"])
 def test_looking_at_a_failed_spawn_worker_leaves_the_others_running_as_torch_does(
     tmp_path: Path, method: str

@@ -99,6 +99,7 @@ def _saved(out: Path) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ignored", [(), (signal.SIGINT, signal.SIGQUIT)], ids=["fg", "bg"])
 def test_ctrl_c_runs_every_workers_keyboard_interrupt_handler_like_torchrun(
     tmp_path: Path, ignored: tuple[int, ...]
@@ -119,6 +120,7 @@ def test_ctrl_c_runs_every_workers_keyboard_interrupt_handler_like_torchrun(
     assert outcomes["torchrun"] != 0  # torchrun exits 1 with a SignalException traceback
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGQUIT, 131)])
 def test_sigterm_and_sigquit_reach_the_workers_first_and_the_summary_names_them(
     tmp_path: Path, signum: int, code: int

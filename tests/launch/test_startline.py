@@ -118,6 +118,7 @@ def test_a_static_multi_node_job_says_where_its_workers_meet(tmp_path: Path, hel
         assert stdout == f"hello from {rank} 2\n"
 
 
+@pytest.mark.slow
 def test_under_a_torch_rendezvous_the_start_line_comes_from_the_round(
     tmp_path: Path, hello: str
 ) -> None:

@@ -88,6 +88,15 @@ def test_preload_takes_module_names_each_once() -> None:
             parse_args(["--preload", bad, "train.py"], {})
 
 
+def test_preload_required_and_late_go_with_preload() -> None:
+    config = parse_args(["--preload", "torch", "--preload-required", "--preload-late", "t.py"], {})
+    assert (config.preload_required, config.preload_late) == (True, True)
+    assert not parse_args(["--preload", "torch", "t.py"], {}).preload_required
+    for flag in ("--preload-required", "--preload-late"):
+        with pytest.raises(UsageError, match=f"^{flag} goes with --preload MODULES"):
+            parse_args([flag, "t.py"], {})
+
+
 def test_preload_with_no_python_is_refused_in_one_line() -> None:
     done = _run("--preload", "torch", "--no-python", "true")
     assert done.returncode == 2
@@ -230,19 +239,27 @@ def test_every_attempt_of_a_restarting_job_runs_on_standbys_and_none_is_wasted(
 def test_a_module_that_cannot_be_imported_is_one_warning_and_the_job_runs_cold(
     tmp_path: Path,
 ) -> None:
-    out = tmp_path / "out"
+    # The module is there (the launcher finds it) but its import fails in the standbys; the
+    # exception's text, with a terminal escape in it, is shown escaped.
+    out, modules = tmp_path / "out", tmp_path / "modules"
     out.mkdir()
+    modules.mkdir()
+    (modules / "wm_broken_module.py").write_text(
+        "raise ImportError('needs libfoo \\x1b[31mred\\x1b[0m')\n"
+    )
     run_id = f"wm-missing-{os.getpid()}"
     done = _run(
         "--nproc-per-node", "2", "--max-restarts", "1", "--rdzv-id", run_id,
-        "--preload", "light_preload_module,wm_no_such_module", VIEW, str(out),
+        "--preload", "light_preload_module,wm_broken_module", VIEW, str(out),
+        PYTHONPATH=os.pathsep.join([str(PROGRAMS), str(modules), SRC]),
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     warnings = [line for line in done.stderr.splitlines() if "warning" in line]
     assert len(warnings) == 1, done.stderr
-    assert "could not import 'wm_no_such_module' (ModuleNotFoundError: No module named" in (
-        warnings[0]
-    )
+    assert (
+        "could not import 'wm_broken_module' (ImportError: needs libfoo \\x1b[31mred\\x1b[0m)"
+    ) in warnings[0]
+    assert "\x1b" not in done.stderr
     assert warnings[0].endswith("; the job runs cold")
     # Cold: the attempts' workers did not import the module that did import either.
     views = [json.loads(path.read_text()) for path in out.glob("view.*.json")]
@@ -368,19 +385,28 @@ def test_standbys_waiting_beside_running_workers_are_no_ranks_and_leave_nothing(
             os.kill(pid, signal.SIGKILL)
 
 
-def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(tmp_path: Path) -> None:
-    # One node of two in a c10d rendezvous: the standbys start at once and wait with the
-    # launcher for the other node, which never comes; a SIGTERM ends them all.
+@pytest.mark.parametrize("late", [False, True])
+def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(
+    tmp_path: Path, late: bool
+) -> None:
+    # One node of two in a c10d rendezvous: the standbys start at once, the first attempt's
+    # and the next one's (a torch rendezvous may re-form the group at any time; with
+    # --preload-late the first attempt's only), and wait with the launcher for the other
+    # node, which never comes; a SIGTERM ends them all.
     pytest.importorskip("torch")
-    run_id = f"wm-rdzv-{os.getpid()}"
+    run_id = f"wm-rdzv-{late}-{os.getpid()}"
     proc = subprocess.Popen(
         [*NUMARUN, "--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
          "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", run_id,
-         "--preload", "light_preload_module", VIEW, str(tmp_path)],
+         "--preload", "light_preload_module", *(["--preload-late"] if late else []), VIEW,
+         str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
     )  # fmt: skip
     try:
-        _wait_for(lambda: len(processes_with_run_id(run_id)) == 2, "the standbys")
+        wanted = 2 if late else 4
+        _wait_for(lambda: len(processes_with_run_id(run_id)) == wanted, "the standbys")
+        time.sleep(0.5)  # no more come
+        assert len(processes_with_run_id(run_id)) == wanted
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=LIMIT)
         assert proc.returncode == 128 + signal.SIGTERM, err
@@ -422,7 +448,11 @@ REFORM = textwrap.dedent(
         # stands for a launch whose standbys were born for another local world size).
         where = "a stand-in rendezvous"
         verdict = None  # no hang verdict ever reaches this node
+        ended_elsewhere = None  # nor another node's failure
         watch = diagnostics = None
+
+        class waiting:  # where the waits' status goes (numarun stacks on a waiting job)
+            on_change = None
 
         def __init__(self, config):
             self.change, self.rounds = None, 0
@@ -540,6 +570,67 @@ def test_torch_preloaded_workers_start_past_import_torch_without_cuda(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["attempt 0 True False", "attempt 1 True False"]
     assert "preload: torch (on standbys)" in done.stderr
+    assert _nothing_left(run_id)
+
+
+STAMP = textwrap.dedent(
+    """\
+    import os, time
+    with open(os.path.join(os.environ["WM_OUT"], f"{__name__}.{os.getpid()}"), "w") as file:
+        file.write(repr(time.monotonic()))
+    """
+)
+EARLY = textwrap.dedent(
+    """\
+    import os, sys, time
+    start = time.monotonic()
+    out, attempt = os.environ["WM_OUT"], os.environ["TORCHELASTIC_RESTART_COUNT"]
+    with open(os.path.join(out, f"start.{attempt}.{os.getpid()}"), "w") as file:
+        file.write(repr(start))
+    if attempt == "0":
+        # One second after its start, or once one import time has passed since the launch
+        # (both sets of standbys past torch) on a machine too loaded for one second.
+        time.sleep(1.0)
+        while len([n for n in os.listdir(out) if n.startswith("wm_ready.")]) < 2:
+            time.sleep(0.01)
+        with open(os.path.join(out, "failed"), "w") as file:
+            file.write(repr(time.monotonic()))
+        sys.exit(1)
+    """
+)
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_failure_a_second_into_the_first_attempt_restarts_on_waiting_standbys(
+    tmp_path: Path, backend: str
+) -> None:
+    # The next attempt's standbys start at launch beside the first attempt's, on every
+    # backend (on c10d, before the launcher's own torch import and the rendezvous): when the
+    # first attempt's worker fails a second after its start, they are past `import torch`
+    # already, and the restart is a hand-over.
+    pytest.importorskip("torch")
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("wm_born", "wm_ready"):
+        (tmp_path / f"{name}.py").write_text(STAMP)
+    (tmp_path / "early.py").write_text(EARLY)
+    run_id = f"wm-early-{backend}-{os.getpid()}"
+    flags = ["--rdzv-id", run_id, "--max-restarts", "1", "--preload", "wm_born,torch,wm_ready"]
+    if backend == "c10d":
+        flags += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"]
+    done = _run(*flags, str(tmp_path / "early.py"), WM_OUT=str(out),
+                PYTHONPATH=os.pathsep.join([str(tmp_path), SRC]))  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "preload: wm_born, torch, wm_ready (on standbys)" in done.stderr
+    assert "cold" not in done.stderr
+    stamps = {path.name: float(path.read_text()) for path in out.iterdir()}
+    (first,) = [name for name in stamps if name.startswith("start.0.")]
+    (second,) = [name for name in stamps if name.startswith("start.1.")]
+    pid = second.rsplit(".", 1)[1]
+    # The second attempt's worker was born before the first attempt's script started, and
+    # past its imports before the failure: nothing was imported after it.
+    assert stamps[f"wm_born.{pid}"] < stamps[first]
+    assert stamps[f"wm_ready.{pid}"] < stamps["failed"] < stamps[second]
     assert _nothing_left(run_id)
 
 

@@ -523,6 +523,7 @@ def count_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_200_runs_leak_no_fds_zombies_or_files(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

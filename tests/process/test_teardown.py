@@ -313,6 +313,7 @@ def test_spawn_leaves_no_detached_process_and_no_zombie(method: str, tmp_path: P
         survivors(escapees, limit=0)
 
 
+@pytest.mark.slow
 def test_torchrun_and_torch_multiprocessing_leave_the_same_processes_running(
     tmp_path: Path,
 ) -> None:

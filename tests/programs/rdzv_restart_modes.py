@@ -9,10 +9,16 @@ Every mode first writes its environment to DIR/env.<RANK>.<TORCHELASTIC_RESTART_
 * ``grow N``: while WORLD_SIZE < N, write DIR/small.<RANK> and wait to be stopped; with
   WORLD_SIZE == N, all_reduce and report.
 * ``shrink N``: with WORLD_SIZE == N, write DIR/full.<RANK> ("pid ppid") and wait to be
-  stopped; in a smaller world, report and exit 0 (no collective).
+  stopped; in a smaller world after a full one, report and exit 0 (no collective); in a
+  smaller world before any full one (under load, a node's first round may form before the
+  other node joined), wait to be stopped (the group re-forms when it joins).
 * ``fail-after``: all_reduce and report, then a worker whose environment has EL_FAIL=1
   writes DIR/failed (its time.time()) and exits 3; every other worker waits forever, as one
   blocked in a collective whose peer is gone.
+* ``finish-or-fail``: no torch; a worker whose environment has EL_FAIL=1 waits until another
+  worker wrote DIR/finished, two seconds more (its launcher is in the exit barrier), then
+  writes DIR/failed ("<time.time()> <RANK>") and exits 3; every other worker reports, writes
+  DIR/finished and exits 0.
 
 The report is one JSON line on stdout: {"rank", "world_size", "sum", "restart", "pid"}.
 """
@@ -86,6 +92,8 @@ elif mode == "shrink":
     if world == size:
         write(f"full.{rank}", f"{os.getpid()} {os.getppid()}")
         wait_forever()
+    if not any(name.startswith("full.") for name in os.listdir(out_dir)):
+        wait_forever()
     report(None)
 elif mode == "fail-after":
     report(all_reduce())
@@ -94,5 +102,14 @@ elif mode == "fail-after":
         write("failed", repr(time.time()))
         os._exit(3)
     wait_forever()
+elif mode == "finish-or-fail":
+    if os.environ.get("EL_FAIL") == "1":
+        while not os.path.exists(os.path.join(out_dir, "finished")):
+            time.sleep(0.05)
+        time.sleep(2.0)
+        write("failed", f"{time.time()!r} {rank}")
+        os._exit(3)
+    report(None)
+    write("finished", "")
 else:
     raise SystemExit(f"unknown mode {mode!r}")

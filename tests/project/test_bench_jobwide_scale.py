@@ -18,6 +18,7 @@ pytest.importorskip("torch.distributed")
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_jobwide_scale.py"
 
 
+@pytest.mark.slow
 def test_the_simulation_runs_every_round_and_fault_at_four_nodes(tmp_path: Path) -> None:
     latencies = tmp_path / "costs.json"
     latencies.write_text(json.dumps({"dump": {"latencies_s": [0.002, 0.003]}}))

@@ -795,12 +795,14 @@ def _leak_free_runs(
     assert list(temp.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_two_hundred_fork_runs_leak_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _leak_free_runs("fork", 200, tmp_path, monkeypatch)
 
 
+@pytest.mark.slow
 def test_twenty_spawn_runs_leak_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     _leak_free_runs("spawn", 20, tmp_path, monkeypatch)
 

@@ -422,6 +422,7 @@ def test_start_method_none_is_the_platform_default() -> None:
 # --- arguments and results -----------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", METHODS)
 def test_every_argument_type_side_by_side_with_torch(method: str) -> None:
     """SimpleQueue, Queue, Event, Lock, Pipe, Manager().dict() and a shared CPU tensor, each
@@ -851,12 +852,16 @@ def test_later_joins_after_a_failure_side_by_side_with_torch() -> None:
     not end with 0 (the torn-down ones: exit -15), one per call, then True."""
     theirs = _joins_after_a_failure(torch_mp.start_processes)
     ours = _joins_after_a_failure(numarun.start_processes)
-    assert ours == theirs == [
+    expected = [
         ("ProcessRaisedException", 1, None),
         ("ProcessExitedException", 0, -15),
         ("ProcessExitedException", 2, -15),
         ("True", None, None),
     ]
+    assert ours == expected
+    # torch reports the torn-down ones in the order its sentinels are ready when each later
+    # join() looks: on a loaded machine rank 2 may be reaped before rank 0 (seen at load 40).
+    assert [theirs[0], *sorted(theirs[1:3]), *theirs[3:]] == expected, theirs
 
 
 def test_keyboard_interrupt_inside_a_worker_side_by_side_with_torch() -> None:

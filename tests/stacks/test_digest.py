@@ -93,6 +93,7 @@ def test_any_bytes_read_back_give_a_view_or_one_line(data: bytes) -> None:
             assert "\n" not in str(error)
 
 
+@pytest.mark.slow
 @given(st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=5),
                     lambda children: st.lists(children, max_size=4)
                     | st.dictionaries(st.sampled_from(["v", "node", "host", "pid", "state",

@@ -91,6 +91,7 @@ def test_a_node_digest_is_its_classes_a_few_hundred_bytes() -> None:
     assert len(known._known) == 1
 
 
+@pytest.mark.slow
 def test_8192_ranks_merge_into_three_classes_on_one_screen() -> None:
     digests, posts = job_digests(1024)
     view = merge.merge(digests, kind="stacks", by="node 0 (gpu0001)", size=1024)
@@ -192,6 +193,7 @@ def test_ranks_importing_group_with_the_import_machinery_collapsed() -> None:
     assert text.count("importlib") == 2
 
 
+@pytest.mark.slow
 def test_a_job_of_thousands_of_classes_keeps_the_odd_and_the_largest_on_one_screen() -> None:
     # Every rank computing somewhere else: 4,096 classes; what is kept stays bounded.
     digests = []

@@ -78,7 +78,7 @@ class LaunchConfig(Value):
         "duplicate_stdout_filters", "duplicate_stderr_filters", "virtual_local_rank",
         "event_log_handler", "hang_timeout", "rdzv_backend", "rdzv_endpoint", "rdzv_conf",
         "min_nodes", "max_nodes", "max_restarts", "monitor_interval", "local_addr", "warnings",
-        "quiet", "preload",
+        "quiet", "preload", "preload_required", "preload_late",
     )  # fmt: skip
     __slots__ = _fields
     entrypoint: str
@@ -125,6 +125,8 @@ class LaunchConfig(Value):
     warnings: tuple[str, ...]
     quiet: bool  # -q: numarun prints errors and the failure summary only
     preload: tuple[str, ...]  # --preload: the modules each local rank's standby imports
+    preload_required: bool  # --preload-required: a failed preload ends the job
+    preload_late: bool  # --preload-late: the next standbys start with the workers
 
     def __init__(
         self,
@@ -172,6 +174,8 @@ class LaunchConfig(Value):
         warnings: tuple[str, ...] = (),
         quiet: bool = False,
         preload: tuple[str, ...] = (),
+        preload_required: bool = False,
+        preload_late: bool = False,
     ) -> None:
         fill_fields(self, locals())
 
@@ -230,6 +234,9 @@ def parse_args(
     event_log_handler = _event_log_handler(ns)
     hang_timeout = _hang_timeout(ns.hang_timeout, kind, redirects, tee, nproc)
     preload = _preload(ns.preload, kind)
+    if (ns.preload_required or ns.preload_late) and not preload:
+        flag = "--preload-required" if ns.preload_required else "--preload-late"
+        raise UsageError(f"{flag} goes with --preload MODULES (which modules to preload?)")
     run_id = _run_id(ns.rdzv_id, nodes.backend)
     return LaunchConfig(
         entrypoint=entrypoint,
@@ -276,6 +283,8 @@ def parse_args(
         warnings=(*nodes.warnings, *output_warnings, *_after_entrypoint(entrypoint, args)),
         quiet=ns.quiet,
         preload=preload,
+        preload_required=ns.preload_required,
+        preload_late=ns.preload_late,
     )
 
 

@@ -131,6 +131,21 @@ _OPTIONS: tuple[_Option, ...] = (
         metavar="MODULES",
     ),
     _Option(
+        ("--preload-required",),
+        "with --preload: a module that cannot be imported (or initialises CUDA) ends the "
+        "job with one line and exit status 1 (2 before anything starts) instead of a "
+        "warning and cold starts",
+        flag=True,
+    ),
+    _Option(
+        ("--preload-late",),
+        "with --preload: start the next attempt's standbys only once an attempt's workers "
+        "run, not at launch beside the first attempt's (one set of standbys less while the "
+        "node waits in its first rendezvous or as a spare; a failure within one import time "
+        "of the start then restarts partly cold)",
+        flag=True,
+    ),
+    _Option(
         _dual("--monitor-interval"),
         "seconds between looks at a torch rendezvous while workers run (default 2; workers "
         "themselves are watched event-driven)",
@@ -455,6 +470,7 @@ _PARSER_ONLY = (
 NUMARUN_ONLY = frozenset({
     "--rank-cpus", "--mem-binding", "--binding-fallback", "--grace-period", "--hang-timeout",
     "--dry-run", "--sysfs-root", "--cpus-allowed", "--quiet", "--version", "--preload",
+    "--preload-required", "--preload-late",
 })  # fmt: skip
 
 # Options that a training script hardly ever has itself: after the entry point they are the
@@ -463,8 +479,8 @@ _LAUNCHER_ONLY = (
     "--nproc-per-node", "--nnodes", "--node-rank", "--master-addr", "--master-port",
     "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--standalone",
     "--max-restarts", "--monitor-interval", "--numa-binding", "--mem-binding", "--rank-cpus",
-    "--binding-fallback", "--hang-timeout", "--preload", "--redirects", "--tee",
-    "--local-ranks-filter",
+    "--binding-fallback", "--hang-timeout", "--preload", "--preload-required",
+    "--preload-late", "--redirects", "--tee", "--local-ranks-filter",
     "--no-python", "--nproc_per_node", "--node_rank", "--master_addr", "--master_port",
     "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
     "--monitor_interval", "--numa_binding", "--mem_binding", "--rank_cpus",

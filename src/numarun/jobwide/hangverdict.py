@@ -34,6 +34,8 @@ forged posts can deny or delay a verdict (named once per round), never produce o
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from numarun.jobwide.protocol import (
     FRAMES_WAIT,
     frames_of,
@@ -81,14 +83,14 @@ def mark(watch: StoreWatch, round_: WatchedRound | None, kind: str, dumps: list[
     job.marks += 1
     number = job.marks
 
-    def apply(conn: Conn) -> None:
+    def apply(conn: Conn) -> Callable[[], None] | None:
         if number <= job.applied:
-            return
+            return None
         job.applied = number
         if kind == "moving":
             _moving(watch, round_, conn)
-        else:
-            _still(watch, round_, conn, dumps, kind)
+            return None
+        return _still(watch, round_, conn, dumps, kind)
 
     watch.post(round_, apply, f"this node's hang mark ({kind})")
 
@@ -99,8 +101,10 @@ def agrees(round_: WatchedRound) -> bool:
 
 
 def _still(watch: StoreWatch, round_: WatchedRound, conn: Conn, dumps: list[Raw],
-           kind: str) -> None:  # fmt: skip
-    """This node's post, listing and count; the node that completes the count judges."""
+           kind: str) -> Callable[[], None] | None:  # fmt: skip
+    """This node's post, listing and count. The node that completes the count judges: the
+    judging is returned, for the posting thread to run out of turn (:meth:`StoreWatch.post`)
+    on a connection of its own, so that it never holds up this node's beats."""
     job = state(round_)
     if kind == "done":
         job.done = dumps
@@ -115,13 +119,22 @@ def _still(watch: StoreWatch, round_: WatchedRound, conn: Conn, dumps: list[Raw]
         job.listed = True
         round_.shared += [key]
     if job.still:
-        return
+        return None
     job.still = True
     count = _count(watch, round_, conn, 1)
     job.chain += 1
     _next_wave(watch, round_, job.chain)  # until a verdict: a judge that died, a post overwritten
-    if count >= nodes(watch, round_, conn):
-        judge(watch, round_, conn, count)
+    if count < nodes(watch, round_, conn):
+        return None
+
+    def judging() -> None:
+        own = Conn(round_.store)
+        try:
+            judge(watch, round_, own, count)
+        finally:
+            own.close()
+
+    return judging
 
 
 def _moving(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> None:

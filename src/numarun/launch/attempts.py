@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from numarun.rendezvous.round import Round
     from numarun.rendezvous.torchrdzv import ElasticNode
     from numarun.stacks.jobstacks import JobStacks
+    from numarun.stacks.pending import PendingRecord
 
 
 class Interrupted(BaseException):
@@ -189,15 +190,19 @@ class Job:
         self.node: ElasticNode | None = None
         self.job_view: JobNotices | None = None  # the whole-job view, under a torch rendezvous
         self.waiting_for = "between attempts"  # what a signal interrupts, for its line
-        self.warm: Warm | None = None  # --preload: the standbys for the next attempt
+        self.warm: Warm | None = None  # --preload: the standbys for the attempts to come
+        self.preload_off: str | None = None  # why --preload cannot work (the launcher's check)
+        self._running: Supervisor | None = None  # the supervisor of the attempt that runs
+        self.pending: PendingRecord | None = None  # where `numarun stacks` reads a wait
         self.resume_collector = False  # turn the cyclic collector on as the first workers start
 
     def run(self, port: int) -> int:
         """Run attempts until one succeeds, fails with no restart left, or a signal or the
         rendezvous ends the job; print the report; return the exit status. The first attempt
         runs in ``dirs.first`` (closed here), later ones in directories ``dirs`` makes. With
-        ``--preload`` the first standbys start first thing, before any rendezvous, and
-        whatever standbys wait when the job ends are torn down, however it ends.
+        ``--preload`` the first standbys start first thing, before any rendezvous (and, when
+        another attempt may follow, the next attempt's beside them), and whatever standbys
+        wait when the job ends are torn down, however it ends.
 
         The caller's :class:`SignalGuard` covers the whole job: a teardown signal while no
         supervisor runs raises :class:`Interrupted` out of here (under a torch rendezvous the
@@ -218,6 +223,7 @@ class Job:
             # One attempt, as numarun has always run it: nothing imported.
             self.waiting_for = "setting up the workers"
             attempt = self.run_attempt(None, port, "attempt_0", first, 0)
+            self._preload_failed()
             self.waiting_for = "reporting the run's end"
             return self.report(attempt)
         self.waiting_for = "between attempts"
@@ -228,6 +234,8 @@ class Job:
                 self.node.announce_and_linger(f"stopped on {signal_text(stop.signum)}")
             raise
         finally:
+            if self.pending is not None:
+                self.pending.remove()
             if self.node is not None:
                 self.node.close()
 
@@ -241,6 +249,9 @@ class Job:
             self.job_view = JobNotices(self.node)
             self.node.diagnostics = self.job_view
             self.waiting_for = f"waiting for the {self.node.where}"
+            self.pending = _pending_record(config)
+            if self.pending is not None:  # `numarun stacks` says the job waits (issue 32)
+                self.node.waiting.on_change = self.pending.update
             self.node.connect()
         restart_count = 0
         reforms = 0
@@ -261,7 +272,14 @@ class Job:
                     return 0
                 if self.last is None and self.dirs.renamed_after_round:
                     self.dirs.after_first_round(group.group_rank)
-            attempt = self.run_attempt(group, port, name, directory, restart_count)
+            try:
+                attempt = self.run_attempt(group, port, name, directory, restart_count)
+                self._preload_failed()
+            except NumarunError as error:
+                if self.node is not None and self.warm is not None and self.warm.fatal:
+                    self._announce(f"stopped: {error}")  # the others end too, knowing why
+                    self.node.finish(succeeded=False)
+                raise
             result = attempt.result
             change = self.node.change if self.node is not None else None
             ours = change is not None and result.stop_reason == change.reason
@@ -290,6 +308,8 @@ class Job:
                     warning = self.node.finish(succeeded=True)
                     if self.node.verdict is not None:  # the job hung while this node waited
                         _hung_after(attempt, *self.node.verdict)
+                    elif self.node.ended_elsewhere is not None:
+                        return self._failed_elsewhere(attempt, self.node.ended_elsewhere)
                     elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
@@ -310,6 +330,25 @@ class Job:
             if self.node is None and config.master_port is None:
                 port = workerenv.free_port()  # the old store's port may still be held
 
+    def _failed_elsewhere(self, attempt: _Attempt, why: str) -> int:
+        """This node's ranks all finished, and the job failed on another node (``why``: its
+        notice, or the rendezvous closed): one line, exit status 1 (docs/differences.md: the
+        job's outcome, whichever node's status a scheduler reads)."""
+        line = f"the job failed after this node's ranks finished: {why}"
+        attempt.line = f"{attempt.name}: {line}"
+        self.report(attempt)
+        sys.stderr.write(f"numarun: {line}\n")
+        sys.stderr.flush()
+        return 1
+
+    def _preload_failed(self) -> None:
+        """``--preload-required`` and a preload failed: the job ends here (its workers torn
+        down already), with that one line and exit status 1."""
+        if self.warm is not None and self.warm.fatal is not None:
+            from numarun.launch.warm import PreloadFailed
+
+            raise PreloadFailed(self.warm.fatal)
+
     def _announce(self, message: str) -> None:
         # Fire-and-forget from a helper thread, waited for at most a second: a store that
         # stopped answering must not hold the exit.
@@ -329,9 +368,14 @@ class Job:
         import gc
 
         specs, stacks, duplicates = self._worker_specs(group, port, directory, restart_count)
+        if stacks is not None and self.config.log_dir is not None:  # the directory stays
+            stacks.flight_dir = os.path.join(directory.path, "flight_recorder")
         taken: Standbys | None = None
         try:
             taken = self.warm.take(specs) if self.warm is not None else None
+            if self.warm is not None and self.warm.fatal is not None:
+                close_sinks(specs)
+                self._preload_failed()  # nothing of this attempt started
             self._say_start(name, group, port, taken is not None)
             supervisor = self._supervisor(specs, stacks, taken, restart_count)
             # What the first attempt starts with lives until exit; freezing it keeps the
@@ -377,8 +421,12 @@ class Job:
                 config, plan, base, self.binary_path, attempt_dir=directory.path, port=port,
                 group=group, restart_count=restart_count, mem_policies=self.mem_policies,
             )  # fmt: skip
-            # This attempt's ranks (under a torch rendezvous they come from the round).
-            stacks = _job_stacks(config, [(s.local_rank, s.rank) for s in setups], self.job_view)
+            # This attempt's ranks (under a torch rendezvous they come from the round); with
+            # --preload the dump files its standbys were armed on at birth.
+            made = self.warm.dumps_for_next() if self.warm is not None else None
+            stacks = _job_stacks(
+                config, [(s.local_rank, s.rank) for s in setups], self.job_view, made
+            )
             for setup in setups:
                 local_rank, env = setup.local_rank, setup.env
                 if stacks is not None:
@@ -449,10 +497,11 @@ class Job:
                 running.hand_over(specs)  # the workers run from here
             if self.warm is not None:
                 if more:
-                    self.warm.start()  # the next attempt's standbys
+                    self.warm.start()  # the next attempt's standbys, unless they wait
                 self.warm.watch(supervisor, running)
             _on_started(stacks, self.node is not None)
 
+        self._running = supervisor
         try:
             result = supervisor.run(on_started=started)
         except (NumarunError, Interrupted):
@@ -461,6 +510,7 @@ class Job:
             self.started = True
             raise
         finally:
+            self._running = None
             close_sinks(specs)  # closed already when the run ended; not when start failed
             if self.node is not None:
                 self.node.unwatch()
@@ -488,7 +538,10 @@ class Job:
 
     def _start_warm(self) -> None:
         """``--preload``: :class:`numarun.launch.warm.Warm` for this job, and its first
-        standbys, now."""
+        standbys, now: the first attempt's and, when another attempt may follow (a restart
+        left, or a torch rendezvous) and not ``--preload-late``, the next one's beside them,
+        so that a failure soon after the start restarts warm too. With
+        ``--preload-required`` a failed preload stops the attempt that runs."""
         from numarun.launch import warm
         from numarun.process.standby import StandbySupervisor
 
@@ -502,7 +555,16 @@ class Job:
             lambda specs: StandbySupervisor(specs, **self._supervisor_options()),
             (lambda line: None) if config.quiet else warm.say,
         )
-        self.warm.start()
+        self.warm.on_fatal = self._stop_running
+        if self.preload_off is not None:
+            self.warm.turn_off(self.preload_off)
+            return
+        more = config.elastic or config.max_restarts > 0
+        self.warm.start(2 if more and not config.preload_late else 1)
+
+    def _stop_running(self, reason: str) -> None:
+        if self._running is not None:
+            self._running.request_stop(reason)
 
     def _say_start(self, name: str, group: Round | None, port: int, warm: bool) -> None:
         """The start line for the first attempt (:mod:`numarun.launch.startline`; what
@@ -619,27 +681,29 @@ def _hung_after(attempt: _Attempt, view: object, by: str) -> None:
 
 
 def _job_stacks(
-    config: LaunchConfig, ranks: Sequence[tuple[int, int]], job_view: JobNotices | None
+    config: LaunchConfig,
+    ranks: Sequence[tuple[int, int]],
+    job_view: JobNotices | None,
+    made: str | None = None,
 ) -> JobStacks | None:
     """One attempt's stack dumps and ``numarun stacks`` socket (:mod:`numarun.stacks.jobstacks`)
     for its ``(local rank, global rank)`` pairs; under a torch rendezvous (``job_view``) the
-    whole job's stacks and hang verdict.
+    whole job's stacks and hang verdict; ``made``: the dump directory its standbys were
+    armed on (:meth:`numarun.launch.warm.Warm.dumps_for_next`).
 
     Where they cannot be set up (the per-user runtime directory is refused), the job runs
     without them after one warning line; with ``--hang-timeout`` that is an error instead."""
     from numarun.stacks.jobstacks import JobStacks
 
-    entrypoint = " ".join([config.entrypoint, *config.args])
     try:
         return JobStacks(
             ranks,
             python=config.entrypoint_kind != "binary",
-            describe={"run_id": config.run_id, "host": os.uname().nodename,
-                      "entrypoint": entrypoint[:200], "nnodes": config.max_nodes,
-                      "backend": config.rdzv_backend},
+            describe=_describe(config),
             hang_timeout=config.hang_timeout,
             hang_job=job_view.hang_job() if job_view is not None else None,
             scope="job" if job_view is not None else ("node" if config.max_nodes > 1 else "all"),
+            made=made,
         )  # fmt: skip
     except (NumarunError, OSError) as error:
         if isinstance(error, OSError) and error.errno in (errno.EMFILE, errno.ENFILE):
@@ -649,6 +713,25 @@ def _job_stacks(
         if not config.quiet:
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
+        return None
+
+
+def _describe(config: LaunchConfig) -> dict:
+    """What ``numarun stacks`` lists of this job."""
+    entrypoint = " ".join([config.entrypoint, *config.args])
+    return {"run_id": config.run_id, "host": os.uname().nodename, "entrypoint": entrypoint[:200],
+            "nnodes": config.max_nodes, "backend": config.rdzv_backend}  # fmt: skip
+
+
+def _pending_record(config: LaunchConfig) -> PendingRecord | None:
+    """The record ``numarun stacks`` reads while this job waits in its rendezvous; None where
+    the per-user runtime directory is refused (the job's stacks say why when its ranks run)."""
+    from numarun.stacks.channel import runtime_dir
+    from numarun.stacks.pending import PendingRecord
+
+    try:
+        return PendingRecord(runtime_dir(create=True), _describe(config))
+    except (NumarunError, OSError):
         return None
 
 
@@ -676,12 +759,14 @@ def _import_failure_path(elastic: bool) -> None:
     started (nothing delays them) and before the supervisor's loop serves its first event:
     the stacks' parser (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang
     watch), the summary and the error files it reads, and under a torch rendezvous the post
-    that carries this node's stacks to the others. A few milliseconds, once per launch;
+    that carries this node's stacks to the others, and the flight recorders' reader (with
+    :mod:`pickle`: 2 ms with its bytecode cached). A few milliseconds, once per launch;
     nothing of it is imported in another thread or while a failure is handled (module
     docstring)."""
     import json  # noqa: F401  (read_error_file)
 
     import numarun.launch.summary  # with launch.errorfile and stacks.parse
+    import numarun.stacks.flightreport  # the ranks' flight recorders (with pickle)
 
     if elastic:
         import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)

@@ -135,7 +135,10 @@ def run(config: LaunchConfig, environ: Mapping[str, str] | None = None) -> int:
         print(_dry_run_text(config, plan, base, port, binary_path), end="")
         return 0
     check_meeting_point(config, port)
-    return _launch(config, plan, base, port, binary_path)
+    preload_off = preload_problem(config) if config.preload else None
+    if preload_off is not None and config.preload_required:
+        raise UsageError(f"--preload-required: {preload_off}")
+    return _launch(config, plan, base, port, binary_path, preload_off)
 
 
 def check_meeting_point(config: LaunchConfig, port: int) -> None:
@@ -263,6 +266,82 @@ def _check_module(name: str) -> None:
             )
 
 
+def preload_problem(config: LaunchConfig) -> str | None:
+    """Why ``--preload`` cannot work as given, told before anything starts and without
+    importing anything: the first module whose top-level name the workers' interpreter would
+    not find (from the script's directory, or the working directory for ``-m``, then
+    ``sys.path``, through the same finders), with the closest name that is there. None when
+    every one is found, or where this interpreter cannot judge: ``PYTHON_EXEC`` names
+    another, or the launcher runs with ``-I``, ``-E``, ``-s`` or ``-S``, which the workers do
+    not."""
+    flags = sys.flags
+    if config.python_exec != sys.executable or (
+        flags.isolated or flags.ignore_environment or flags.no_user_site or flags.no_site
+    ):
+        return None
+    path = _workers_path(config)
+    for name in config.preload:
+        top = name.partition(".")[0]
+        if not _findable(top, path):
+            hint = _close_module(top, path)
+            return f"no module named {top!r} where the workers import from{hint}"
+    return None
+
+
+def _workers_path(config: LaunchConfig) -> list[str]:
+    """The workers' ``sys.path`` when their script's first line runs (numarun.worker.bootstrap):
+    the script's directory (the current one for ``-m``; the path itself for a directory or
+    archive), then this interpreter's entries but its own first one."""
+    safe = bool(getattr(sys.flags, "safe_path", False))
+    rest = sys.path if safe else sys.path[1:]
+    if config.entrypoint_kind == "module":
+        return rest if safe else [os.getcwd(), *rest]
+    script = config.entrypoint
+    if os.path.isdir(script) or _is_zip(script):
+        return [os.path.abspath(script), *rest]
+    return rest if safe else [os.path.dirname(os.path.realpath(script)), *rest]
+
+
+def _is_zip(path: str) -> bool:
+    try:
+        with open(path, "rb") as file:
+            return file.read(4) == b"PK\x03\x04"
+    except OSError:
+        return False
+
+
+def _findable(name: str, path: list[str]) -> bool:
+    """Whether a top-level module ``name`` is found by ``sys.meta_path``'s finders, the path
+    finder searching ``path``; nothing is imported (a finder that fails counts as not
+    finding it)."""
+    import importlib.machinery
+
+    for finder in sys.meta_path:
+        try:
+            if finder is importlib.machinery.PathFinder:
+                spec = importlib.machinery.PathFinder.find_spec(name, path)
+            else:
+                find = getattr(finder, "find_spec", None)
+                spec = find(name, None) if find is not None else None
+        except Exception:
+            continue
+        if spec is not None:
+            return True
+    return False
+
+
+def _close_module(name: str, path: list[str]) -> str:
+    """`` (did you mean 'torch'?)`` for the module of ``path`` (or a built-in one) closest
+    to ``name``, else ``""``."""
+    import difflib
+    import pkgutil
+
+    names = {module.name for module in pkgutil.iter_modules(path)}
+    names.update(sys.builtin_module_names)
+    close = difflib.get_close_matches(name, sorted(names), n=1, cutoff=0.75)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def _resolve_binary(binary: str, env: Mapping[str, str]) -> str:
     import shutil
 
@@ -362,10 +441,12 @@ def _launch(
     base: Mapping[str, str],
     port: int,
     binary_path: str | None,
+    preload_off: str | None = None,
 ) -> int:
     """Set up the log directory, run the job, return its exit status. A temporary log
     directory is removed at the end unless it keeps what is nowhere else: log files after a
-    failure, or output shown nowhere (:class:`numarun.files.rundirs.RunDirs`)."""
+    failure, or output shown nowhere (:class:`numarun.files.rundirs.RunDirs`).
+    ``preload_off``: why ``--preload`` cannot work (the job runs cold, one warning line)."""
     from numarun.files.rundirs import RunDirs
     from numarun.launch.attempts import Interrupted, Job, SignalGuard
     from numarun.launch.outcome import signal_text
@@ -374,6 +455,7 @@ def _launch(
     dirs = RunDirs(config, outputs)
     job = Job(config, plan, base, binary_path, workers.mem_policies(config, plan), outputs, dirs)
     job.resume_collector = _collector_held
+    job.preload_off = preload_off
     code = 2
     # From the first directory on, a teardown signal ends the launch with 128+N and leaves
     # nothing: thousands of ranks take seconds to set up before the supervisor takes over.

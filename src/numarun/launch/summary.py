@@ -217,6 +217,7 @@ def format_summary(
     hang: Any = None,
     stacks_logs: str | None = None,
     earlier_attempts: Sequence[str] = (),
+    flight: Any = None,
 ) -> str:
     """The report of a failed run, meant to be the last thing printed (on stderr).
 
@@ -242,7 +243,10 @@ def format_summary(
     block replaces the root cause: how long nothing moved, the likely culprits
     (:func:`numarun.stacks.parse.odd_ones_out`: the ranks whose stacks differ from the majority)
     with file:line and function, then every rank's stacks grouped. ``stacks_logs``: where the full
-    stacks were written, named after either section.
+    stacks were written, named after either section. ``flight`` (a
+    :class:`numarun.stacks.flightreport.FlightReport`): the ranks' flight recorders then, under
+    either section (and, in a hang, the ranks it finds behind or mismatched are the likely
+    culprits), with where the dumps were kept.
     """
     ordered = sorted(reports, key=lambda report: (report.rank, report.local_rank))
     cause = None if hang is not None else root_cause(ordered)
@@ -254,7 +258,7 @@ def format_summary(
         _THIN,
     ]
     if hang is not None:
-        lines.extend(_hang_block(hang, stacks_logs))
+        lines.extend(_hang_block(hang, stacks_logs, flight))
     elif cause is None:
         why = f" on {stopped_by}" if stopped_by else ""
         lines.append(f"Root cause: no worker failed on its own; numarun stopped the run{why}.")
@@ -276,6 +280,7 @@ def format_summary(
         lines.extend(_stacks_lines(stacks))
         if stacks_logs is not None:
             lines.append(f"  full stacks: {_printable(stacks_logs)}")
+        lines.extend(_flight_lines(flight, f"their collectives when rank {failed_rank} failed"))
     if earlier_attempts:
         lines.append(_THIN)
         lines.append("Earlier attempts:")
@@ -520,9 +525,45 @@ def _job_hang_lines(hang: Any) -> list[str]:
     return [_printable(line) for line in lines if line]
 
 
-def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
-    """What the summary says about a hang: the rule that fired, the likely culprits, the
-    stacks of every rank grouped (the culprits first)."""
+def _flight_lines(flight: Any, heading: str = "each rank's collectives") -> list[str]:
+    """The flight recorders' section: the verdict (its lines are escaped already) and where the
+    dumps are."""
+    if flight is None:
+        return []
+    return [
+        f"Flight recorder ({heading}, as torch recorded them):",
+        *(f"  {line}" for line in [*flight.lines(), *flight.where_lines()]),
+    ]
+
+
+def _flight_culprits(groups: Sequence[Any], culprits: set[int], hang: Any) -> list[str]:
+    """The ranks the flight recorder finds behind or mismatched, each with where its stacks
+    are, and where the others are."""
+    from numarun.stacks.parse import format_ranks, heading
+
+    by_rank = {item.rank: item for item in hang.stacks}
+    label = "Likely culprit" if len(culprits) == 1 else "Likely culprits"
+    lines = [f"{label} (flight recorder: behind, or calling something else, where the "
+             "others wait):"]  # fmt: skip
+    for group in groups:
+        blamed = [rank for rank in group.ranks if rank in culprits]
+        if not blamed:
+            continue
+        item = by_rank.get(blamed[0]) if len(blamed) == 1 else None
+        pid = f" (pid {item.pid})" if item is not None and item.pid else ""
+        where = heading(group).partition(": ")[2]
+        lines.append(_printable(f"  rank{'s' if len(blamed) > 1 else ''} "
+                                f"{format_ranks(blamed)}{pid}: {where}"))  # fmt: skip
+    unknown = sorted(culprits - set(by_rank))
+    if unknown:
+        lines.append(f"  rank{'s' if len(unknown) > 1 else ''} {format_ranks(unknown)}: "
+                     "no stacks on this node")  # fmt: skip
+    return lines
+
+
+def _hang_block(hang: Any, stacks_logs: str | None, flight: Any = None) -> list[str]:
+    """What the summary says about a hang: the rule that fired, what the flight recorders
+    show, the likely culprits, the stacks of every rank grouped (the culprits first)."""
     from numarun.stacks.parse import (
         SUMMARY_FRAMES,
         format_groups,
@@ -549,12 +590,25 @@ def _hang_block(hang: Any, stacks_logs: str | None) -> list[str]:
         if stacks_logs is not None:
             lines.append(f"  full stacks of this node's ranks: {_printable(stacks_logs)}")
         return lines
+    lines.extend(_flight_lines(flight))
     groups = group_ranks(hang.stacks)
     majority, odd = odd_ones_out(groups)
     by_rank = {item.rank: item for item in hang.stacks}
-    if odd and majority is not None:
-        label = "Likely culprit" if len(odd) == 1 and odd[0].count == 1 else "Likely culprits"
-        lines.append(f"{label} (stacks differ from the other ranks'):")
+    culprits = flight.culprits if flight is not None else set()
+    named = {rank for group in odd for rank in group.ranks} if majority is not None else set()
+    if culprits and culprits != named:  # the recorder knows better than the stacks
+        lines.extend(_flight_culprits(groups, culprits, hang))
+        blamed = [group for group in groups if set(group.ranks) & culprits]
+        odd = blamed
+        majority = next((g for g in groups if g.has_stacks and g not in blamed), None)
+        if majority is not None:
+            lines.append(f"  while {_printable(heading(majority))}")
+    elif odd and majority is not None:
+        label = "Likely culprit" if len(odd) == 1 and len(odd[0].ranks) == 1 else "Likely culprits"
+        why = "stacks differ from the other ranks'"
+        if all(len(group.ranks) == len(majority.ranks) for group in odd):
+            why = "in its own code while the others wait inside torch for it"
+        lines.append(f"{label} ({why}):")
         for group in odd:
             item = by_rank.get(group.ranks[0]) if len(group.ranks) == 1 else None
             text = heading(group)

@@ -5,23 +5,28 @@ would be (the same argv, CPUs, memory policy, working directory, limits, signal 
 and its environment less :data:`HAND_OVER`), which imports the modules and then waits
 (:mod:`numarun.worker.preload`, inside it). When an attempt starts, each standby is handed the
 attempt's complete environment and runs the user's script or module as a cold worker would.
-:class:`Warm` keeps one set of standbys (:class:`Standbys`) for the launch's next attempt:
+:class:`Warm` keeps the sets of standbys (:class:`Standbys`) for the launch's attempts to come:
 
-* :meth:`Warm.start` starts a set: the first one at once, before and while the rendezvous
-  forms, and the next one as soon as an attempt's workers run (from that attempt's
-  ``on_started``), whenever another attempt may follow (a restart left, or a torch rendezvous,
-  which may re-form the group at any time). A standby is a worker of a
+* :meth:`Warm.start` starts sets until enough wait: at launch the first attempt's, before and
+  while the rendezvous forms, and beside it the next attempt's whenever another attempt may
+  follow (a restart left, or a torch rendezvous, which may re-form the group at any time; not
+  with ``--preload-late``), so that a failure soon after the start restarts warm too; then,
+  from each attempt's ``on_started``, one set waits again. Each set is born armed for stack
+  dumps, on a directory of its own that the attempt taking it reads
+  (:meth:`Warm.dumps_for_next`). A standby is a worker of a
   :class:`numarun.process.standby.StandbySupervisor`: the watchdog forks and binds it, and
   owns it (a launcher killed even by SIGKILL takes it down), and that supervisor runs the
   attempt it is handed (:meth:`Standbys.adopt`, :meth:`Standbys.hand_over`).
-* :meth:`Warm.take` gives an attempt the waiting set when it was born for it: as many standbys
-  as ranks, each alive, with the same argv, binding, working directory, output streams and
-  environment (less :data:`HAND_OVER`) as the attempt's cold worker; otherwise the set is
+* :meth:`Warm.take` gives an attempt the oldest waiting set when it was born for it: as many
+  standbys as ranks, each alive, with the same argv, binding, working directory, output streams
+  and environment (less :data:`HAND_OVER`) as the attempt's cold worker; otherwise the set is
   discarded, the attempt starts cold and :attr:`Warm.note` says why.
-* A module that cannot be imported, or an import that initialised CUDA, is said in one
-  warning line (the first time); from then on the launch runs cold: no more standbys are
-  started, a set that waits is discarded, and a standby handed its attempt already becomes
-  its rank's cold worker by itself (``execve`` of the same command line).
+* A module that cannot be imported, or an import that initialised CUDA (or CUDA found at
+  the hand-over), is said in one warning line (the first time; what a standby reported is
+  escaped); from then on the launch runs cold: no more standbys are started, a set that waits
+  is discarded, and a standby handed its attempt already becomes its rank's cold worker by
+  itself (``execve`` of the same command line). With ``--preload-required`` it is
+  :attr:`Warm.fatal` instead (the launch stops the attempt that runs, and ends).
 * :meth:`Warm.close` discards what waits, on every way a launch ends.
 
 Each standby's end of a Unix stream socket is passed to it (``NUMARUN_STANDBY_FD``); the
@@ -31,8 +36,8 @@ launcher's teardown signals blocked (:func:`numarun.process.standby.signals_bloc
 that comes meanwhile goes to the launcher's own handling once the call returned.
 
 A waiting standby is not a rank: ``numarun stacks`` and ``--hang-timeout`` see an attempt's
-ranks only, from its hand-over on (until its imports are done and its script starts, a
-handed-over rank counts as starting up).
+ranks only, from its hand-over on (a rank handed over while it still imports shows them in its
+stacks, as a cold worker's would).
 """
 
 from __future__ import annotations
@@ -75,6 +80,7 @@ and stack-dump file). Every other variable of the worker's environment is fixed 
 launcher's own environment, ...)."""
 
 _MARKERS = (PRELOAD_ENV, STANDBY_FD_ENV)
+_MAX_STATUS = 64 * 1024  # bytes of a standby's status lines kept at most
 
 
 def birth_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -90,12 +96,20 @@ class Standbys:
     """One set of standbys, one per local rank, and the launcher's ends of their sockets."""
 
     def __init__(
-        self, supervisor: StandbySupervisor, born: list[WorkerSpec], channels: list[socket.socket]
+        self,
+        supervisor: StandbySupervisor,
+        born: list[WorkerSpec],
+        channels: list[socket.socket],
+        dumps: str | None = None,
     ) -> None:
         self.supervisor = supervisor
         self.born = born
         self.channels = channels
-        self.status: dict[int, bytes] = {}  # local rank -> its status line, once read
+        # The stack-dump directory the standbys were armed on at birth (in the per-user
+        # runtime directory), until an attempt's stacks take it (None then, or where it could
+        # not be made).
+        self.dumps = dumps
+        self.lines: dict[int, int] = {}  # local rank -> how many of its lines were read
         self.closed: set[int] = set()  # local ranks whose socket reached end of file
         self.handed = False
         self._partial: dict[int, bytes] = {}
@@ -105,12 +119,13 @@ class Standbys:
 
     # --- status lines ----------------------------------------------------------------------------
 
-    def read(self, local_rank: int) -> bytes | None:
-        """Read what local rank's socket holds now; its status line once complete, else
-        None. End of file is noted in :attr:`closed` (and its socket closed once handed)."""
+    def read(self, local_rank: int) -> list[bytes]:
+        """Read what local rank's socket holds now; the lines completed since the last call
+        (its status line, and after a hand-over maybe a second one: CUDA found initialised
+        then). End of file is noted in :attr:`closed` (and its socket closed once handed)."""
         channel = self.channels[local_rank]
         if local_rank in self.closed or channel.fileno() < 0:
-            return None
+            return []
         while True:
             try:
                 data = channel.recv(4096)
@@ -121,12 +136,12 @@ class Standbys:
             if not data:
                 self._ended(local_rank)
                 break
-            self._partial[local_rank] = self._partial.get(local_rank, b"") + data
-        line, newline, _ = self._partial.get(local_rank, b"").partition(b"\n")
-        if newline and local_rank not in self.status:
-            self.status[local_rank] = line
-            return line
-        return None
+            kept = self._partial.get(local_rank, b"")
+            self._partial[local_rank] = (kept + data)[:_MAX_STATUS]  # a standby's lines are short
+        *complete, rest = self._partial.get(local_rank, b"").split(b"\n")
+        self._partial[local_rank] = rest
+        self.lines[local_rank] = self.lines.get(local_rank, 0) + len(complete)
+        return complete
 
     def _ended(self, local_rank: int) -> None:
         self.closed.add(local_rank)
@@ -149,8 +164,7 @@ class Standbys:
             if channel.fileno() >= 0 and local_rank not in self.closed:
 
                 def readable(local_rank: int = local_rank) -> None:
-                    line = self.read(local_rank)
-                    if line is not None:
+                    for line in self.read(local_rank):
                         on_status(local_rank, line)
 
                 supervisor.add_reader(channel.fileno(), readable)
@@ -161,9 +175,12 @@ class Standbys:
 
     # --- the hand-over ---------------------------------------------------------------------------
 
-    def mismatch(self, specs: Sequence[WorkerSpec]) -> str | None:
+    def mismatch(
+        self, specs: Sequence[WorkerSpec], on_status: Callable[[int, bytes], None]
+    ) -> str | None:
         """Why these standbys cannot run the attempt of ``specs`` (one per local rank, as the
-        cold workers would be started), or None when each was born for it."""
+        cold workers would be started), or None when each was born for it; each status
+        line read meanwhile goes to ``on_status(local rank, line)``."""
         if len(specs) != len(self.born):
             return (
                 f"the local world size changed from {len(self.born)} to {len(specs)}, "
@@ -174,7 +191,8 @@ class Standbys:
             if what is not None:
                 return f"local rank {spec.local_rank}'s {what} is not its standby's"
         for local_rank in range(len(self.born)):
-            self.read(local_rank)
+            for line in self.read(local_rank):
+                on_status(local_rank, line)
             if local_rank in self.closed:
                 return f"local rank {local_rank}'s standby ended before its attempt"
         if self.supervisor.pending_exits():
@@ -288,7 +306,7 @@ def _differs(born: WorkerSpec, spec: WorkerSpec) -> str | None:
     if born.cwd != spec.cwd:
         return "working directory"
     wanted = birth_env(spec.env)
-    have = {name: value for name, value in born.env.items() if name not in _MARKERS}
+    have = {name: value for name, value in birth_env(born.env).items() if name not in _MARKERS}
     if wanted != have:
         names = sorted(n for n in set(wanted) | set(have) if wanted.get(n) != have.get(n))
         return f"environment ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
@@ -301,12 +319,21 @@ def _differs(born: WorkerSpec, spec: WorkerSpec) -> str | None:
     return None
 
 
+class PreloadFailed(NumarunError):
+    """``--preload-required``: a preloaded module could not be imported (or initialised
+    CUDA), or the standbys could not start; the job ends (exit status 1)."""
+
+    exit_code = 1
+
+
 class Warm:
-    """``--preload`` for one launch: the next attempt's standbys (module docstring).
+    """``--preload`` for one launch: the standbys for the attempts to come (module docstring).
 
     ``make_supervisor(specs)`` makes the :class:`StandbySupervisor` with the launch's
     supervisor settings; ``birth_specs()`` is given by the launch through :func:`birth_specs`.
-    ``say(line)`` prints a line of numarun's (``-q`` is the caller's business)."""
+    ``say(line)`` prints a line of numarun's (``-q`` is the caller's business). With
+    ``--preload-required`` a failure is :attr:`fatal` instead of a warning, and
+    :attr:`on_fatal` (set by the launch) is called with its line once."""
 
     def __init__(
         self,
@@ -319,8 +346,10 @@ class Warm:
         self._specs = specs
         self._make_supervisor = make_supervisor
         self._say = say
-        self.waiting: Standbys | None = None  # the set for the next attempt
+        self.sets: list[Standbys] = []  # the sets that wait, the next attempt's first
         self.off: str | None = None  # why the launch runs cold from now on
+        self.fatal: str | None = None  # --preload-required: why the job ends
+        self.on_fatal: Callable[[str], None] | None = None
         # Why the standbys that waited for the attempt last taken were discarded (None: they
         # ran it, or none waited).
         self.note: str | None = None
@@ -329,16 +358,25 @@ class Warm:
     def modules(self) -> str:
         return ",".join(self.config.preload)
 
-    def start(self) -> None:
-        """Start the next attempt's standbys now, unless some wait already or the launch runs
-        cold. A set that cannot start (no process or fd left, say) is one warning line; the
-        launch then runs cold, and its cold workers report the cause if it is theirs too."""
-        if self.waiting is not None or self.off is not None:
-            return
+    @property
+    def waiting(self) -> Standbys | None:
+        """The set the next attempt takes, if any waits."""
+        return self.sets[0] if self.sets else None
+
+    def start(self, sets: int = 1) -> None:
+        """Start sets of standbys until ``sets`` wait (none while the launch runs cold). A
+        set that cannot start (no process or fd left, say) is one warning line; the launch
+        then runs cold, and its cold workers report the cause if it is theirs too."""
+        while len(self.sets) < sets and self.off is None:
+            self._start_set()
+
+    def _start_set(self) -> None:
         channels: list[socket.socket] = []
         ends: list[socket.socket] = []
+        dumps: str | None = None
         try:
             born = self._specs()
+            dumps, files = _dump_files([spec.local_rank for spec in born])
             for _ in born:
                 mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
                 channels.append(mine)
@@ -346,7 +384,8 @@ class Warm:
                 mine.setblocking(False)
                 forkexec.track(mine.fileno())
             born = [
-                _with_channel(spec, end.fileno()) for spec, end in zip(born, ends, strict=True)
+                _with_channel(spec, end.fileno(), files.get(spec.local_rank))
+                for spec, end in zip(born, ends, strict=True)
             ]
             supervisor = self._make_supervisor(born)
             with signals_blocked(self.config.teardown_signals):
@@ -355,28 +394,38 @@ class Warm:
             for channel in channels:
                 forkexec.close_untracked(channel.fileno())
                 channel.close()
+            _remove_dumps(dumps)
             self._turn_off(f"the standbys could not start ({_one_line(str(error))})")
             return
         finally:
             for end in ends:
                 end.close()
-        self.waiting = Standbys(supervisor, born, channels)
+        self.sets.append(Standbys(supervisor, born, channels, dumps))
+
+    def dumps_for_next(self) -> str | None:
+        """The name of the dump directory the next attempt's standbys are armed on, handed to
+        that attempt's stacks (which read it, and remove it at their end); None when no set
+        waits or it has none. Its cold workers, if it starts cold after all, arm on it too."""
+        waiting = self.waiting
+        if waiting is None or waiting.dumps is None:
+            return None
+        directory, waiting.dumps = waiting.dumps, None
+        return os.path.basename(directory)[: -len(".d")]
 
     def take(self, specs: Sequence[WorkerSpec]) -> Standbys | None:
         """The standbys for the attempt of ``specs``, or None (the attempt starts cold, and
-        :attr:`note` says why; a set that waited is discarded)."""
-        waiting, self.waiting = self.waiting, None
+        :attr:`note` says why; a set that waited is discarded). The sets behind it wait on."""
+        waiting = self.sets.pop(0) if self.sets else None
         self.note = None
         if waiting is not None:
             for local_rank in range(len(waiting.channels)):
-                line = waiting.read(local_rank)
-                if line is not None:
+                for line in waiting.read(local_rank):
                     self.on_status(local_rank, line)
         if waiting is None or self.off is not None:
             if waiting is not None:
                 self.discard(waiting)  # their imports failed: they would run cold
             return None
-        problem = waiting.mismatch(specs)
+        problem = waiting.mismatch(specs, self.on_status)
         if problem is not None:
             self.note = problem
             self.discard(waiting)
@@ -385,12 +434,21 @@ class Warm:
 
     def on_status(self, local_rank: int, line: bytes) -> None:
         """A standby's status line (:mod:`numarun.worker.preload`): anything but ``ready``
-        turns the launch cold, with one warning line the first time."""
+        turns the launch cold, with one warning line the first time (or, with
+        ``--preload-required``, makes it :attr:`fatal`)."""
         if line == READY or self.off is not None:
             return
         kind, _, rest = line.partition(b"\t")
         module, _, error = rest.decode("utf-8", "replace").partition("\t")
-        if kind == b"cuda":
+        module = _shown(module)
+        if kind == b"cuda" and error == "later":
+            reason = f"a thread of the preloaded modules ({module}) initialised CUDA"
+            detail = (
+                f"CUDA was initialised in local rank {local_rank}'s standby after its imports "
+                f"of {module} (by a thread one of them started), found at its hand-over (a "
+                "standby must never hold a GPU; that rank started cold)"
+            )
+        elif kind == b"cuda":
             reason = f"importing {module!r} initialised CUDA"
             detail = (
                 f"importing {module!r} initialised CUDA in local rank {local_rank}'s standby "
@@ -398,32 +456,49 @@ class Warm:
             )
         else:
             reason = f"{module!r} could not be imported"
-            detail = f"local rank {local_rank} could not import {module!r} ({_one_line(error)})"
+            detail = (
+                f"local rank {local_rank} could not import {module!r} "
+                f"({_shown(_one_line(error))})"
+            )
         self._turn_off(reason, detail)
 
+    def turn_off(self, reason: str) -> None:
+        """The launch runs cold from now on (``reason``: one warning line, or with
+        ``--preload-required`` :attr:`fatal`), before any set started."""
+        self._turn_off(reason)
+
     def _turn_off(self, reason: str, detail: str | None = None) -> None:
-        if self.off is None:
-            self.off = reason
-            self._say(f"numarun: warning: --preload: {detail or reason}; the job runs cold")
+        if self.off is not None:
+            return
+        self.off = reason
+        if self.config.preload_required:
+            self.fatal = f"--preload-required: {detail or reason}"
+            if self.on_fatal is not None:
+                self.on_fatal(self.fatal)
+            return
+        self._say(f"numarun: warning: --preload: {detail or reason}; the job runs cold")
 
     def watch(self, supervisor: Supervisor, current: Standbys | None) -> None:
         """In an attempt's ``on_started`` (after :meth:`start` for the next attempt, when
         one may follow): read the status lines of ``current`` (the attempt's own standbys,
-        handed over) and of the set that waits in ``supervisor``'s loop."""
+        handed over) and of the sets that wait in ``supervisor``'s loop."""
         if current is not None:
             current.watch(supervisor, self.on_status)
-        if self.waiting is not None:
-            self.waiting.watch(supervisor, self.on_status)
+        for waiting in self.sets:
+            waiting.watch(supervisor, self.on_status)
 
     def discard(self, standbys: Standbys) -> None:
         """Tear a set down now (SIGTERM, at once SIGKILL: a standby holds nothing to save)
-        and close its sockets; bounded by the supervisor's ``kill_wait``. One that could not
-        be killed is one warning line."""
+        and close its sockets, and remove its dump files unless an attempt took them;
+        bounded by the supervisor's ``kill_wait``. One that could not be killed is one
+        warning line."""
         try:
             with signals_blocked(self.config.teardown_signals):
                 result = standbys.supervisor.stop(grace_period=0.0)
         finally:
             standbys.close()
+            _remove_dumps(standbys.dumps)
+            standbys.dumps = None
         if result.unkillable:
             pids = ", ".join(str(ended.pid) for ended in result.unkillable)
             self._say(f"numarun: warning: standby process(es) {pids} could not be killed")
@@ -433,26 +508,59 @@ class Warm:
         yet is taken now (its warning said), then the sockets are closed."""
         standbys.unwatch()
         for local_rank in range(len(standbys.channels)):
-            line = standbys.read(local_rank)
-            if line is not None:
+            for line in standbys.read(local_rank):
                 self.on_status(local_rank, line)
         standbys.close()
 
     def unwatch(self) -> None:
-        """The run that read the waiting set's status lines ended."""
-        if self.waiting is not None:
-            self.waiting.unwatch()
+        """The run that read the waiting sets' status lines ended."""
+        for waiting in self.sets:
+            waiting.unwatch()
 
     def close(self) -> None:
-        """The launch ends: discard the set that waits, if any."""
-        waiting, self.waiting = self.waiting, None
-        if waiting is not None:
-            waiting.unwatch()
-            self.discard(waiting)
+        """The launch ends: discard the sets that wait, if any."""
+        waiting, self.sets = self.sets, []
+        for standbys in waiting:
+            standbys.unwatch()
+            self.discard(standbys)
 
 
-def _with_channel(spec: WorkerSpec, fd: int) -> WorkerSpec:
+def _shown(text: str) -> str:
+    """What a standby reported, safe for the terminal: each character that is not printable
+    written as in a Python string literal (``\\x1b``); nothing imported (it is read in the
+    loop, which imports nothing while workers run)."""
+    if text.isprintable():
+        return text
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+def _dump_files(local_ranks: list[int]) -> tuple[str | None, dict[int, str]]:
+    """A stack-dump directory for a set of standbys (its path, and each local rank's file),
+    made in the per-user runtime directory as an attempt's stacks make theirs
+    (``<pid>-<random>.d``); (None, {}) where it cannot be made: the standbys are then armed
+    at their hand-over (a hang in a preloaded import is not seen before it)."""
+    from numarun.stacks import channel, dumps
+
+    try:
+        runtime = channel.runtime_dir(create=True)
+        directory = os.path.join(runtime, f"{os.getpid()}-{os.urandom(4).hex()}.d")
+        paths = dumps.make_files(directory, local_ranks)
+    except (NumarunError, OSError):
+        return None, {}
+    return directory, dict(zip(local_ranks, paths, strict=True))
+
+
+def _remove_dumps(directory: str | None) -> None:
+    if directory is not None:
+        from numarun.stacks.dumps import remove_files
+
+        remove_files(directory)
+
+
+def _with_channel(spec: WorkerSpec, fd: int, dumps: str | None) -> WorkerSpec:
     env = {**spec.env, STANDBY_FD_ENV: str(fd)}
+    if dumps is not None:
+        env[STACKS_FILE_ENV] = dumps  # armed before its imports (numarun.worker.bootstrap)
     return spec.replace(env=env, pass_fds=(fd,))
 
 

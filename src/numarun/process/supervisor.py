@@ -146,7 +146,7 @@ from numarun.process.teardown import Teardown
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from numarun.process.record import Worker
     from numarun.process.spec import WorkerExit, WorkerSpec
@@ -404,6 +404,13 @@ class Supervisor:
         descendants), or to those of ``local_ranks``; returns the local ranks reached. A
         worker that has exited is never signalled, so a reused pid is never hit."""
         return self._teardown.signal_each(signum, local_ranks)
+
+    def send_thread_signal(self, signum: int, threads: Mapping[int, int]) -> list[int]:
+        """Send ``signum`` to one thread of each running worker process, ``threads`` mapping
+        its local rank to the thread's id (``tgkill``: only while that thread belongs to the
+        worker); returns the local ranks reached. Raises OSError where the system has no
+        ``tgkill`` (:func:`numarun.process.teardown.send_to_thread`)."""
+        return self._teardown.signal_threads(signum, threads)
 
     def request_stop(self, reason: str) -> None:
         """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;

@@ -33,6 +33,17 @@ signal alone. With a ``kill`` other than :func:`os.kill` (tests), every signal g
 ``kill(pid, signum)``, owned processes included. A worker that exited is never signalled again;
 one given up on gets no more teardown signals.
 
+One thread of a worker. :meth:`Teardown.signal_threads` sends a signal to one thread of each
+worker (:func:`send_to_thread`: ``tgkill(2)``, which Python offers only for the caller's own
+threads), for numarun's stack dumps: a rank whose helper thread cannot get the GIL is signalled
+on its main thread, the likely holder, never on another (see
+:mod:`numarun.stacks.rankhelper`). A signal sent to a process goes to a thread of the kernel's
+choosing; ``tgkill(tgid, tid, sig)`` reaches thread ``tid`` only while it is a thread of process
+``tgid`` (else ``ESRCH``). Through :mod:`ctypes` (loaded by :mod:`numarun.placement.binding` in
+every process that starts workers, never in the watchdog's path): glibc's ``tgkill`` (2.30 and
+later), else ``syscall(2)`` with this architecture's number; where neither exists,
+:func:`send_to_thread` raises ``OSError(ENOSYS)`` and callers signal the process.
+
 Giving up. :meth:`Teardown.give_up_on_survivors` marks every worker still alive ``"unkillable"``
 with its ``/proc`` state letter (uninterruptible sleep: ``D``), hands it to ``on_given_up`` (the
 supervisor stops watching its exit and its payload and result pipes) and stops tracking every
@@ -46,6 +57,7 @@ given up on.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import signal
 import time
@@ -57,7 +69,7 @@ from numarun.process.spec import UNKILLABLE
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from numarun.process.loop import Loop
     from numarun.process.record import Worker
@@ -171,6 +183,25 @@ class Teardown:
             except ProcessLookupError:
                 continue
             reached.append(rank)
+        return reached
+
+    def signal_threads(self, signum: int, threads: Mapping[int, int]) -> list[int]:
+        """Send ``signum`` to one thread of each worker process still running: ``threads``
+        maps a local rank to the thread's id (:func:`send_to_thread`); returns
+        the local ranks reached. An exec or fork worker's pid is held by the watchdog until
+        its end is read; a forkserver worker is signalled only while its pidfd says it has
+        not exited (then ``tgkill`` reaches the thread only while it belongs to that pid)."""
+        reached = []
+        for worker in self._workers:
+            rank = worker.spec.local_rank
+            tid = threads.get(rank)
+            if tid is None or worker.exited or worker.pid <= 0 or worker.lost:
+                continue
+            if worker.process is not None and (worker.pidfd is None or
+                                               proctable.has_exited(worker.pidfd)):  # fmt: skip
+                continue
+            if send_to_thread(worker.pid, tid, signum):
+                reached.append(rank)
         return reached
 
     def signal_workers(self, signum: int) -> set[int]:
@@ -307,3 +338,66 @@ class Teardown:
         if fd is not None and self._loop.is_open:
             self._loop.unwatch(fd)
             forkexec.close(fd)
+
+
+# --- one thread of a worker -----------------------------------------------------------------------
+
+# tgkill's system call number per 64-bit architecture (uname -m), where libc has no wrapper.
+_TGKILL = {
+    "x86_64": 234,
+    "aarch64": 131,
+    "arm64": 131,
+    "riscv64": 131,
+    "loongarch64": 131,
+    "ppc64le": 250,
+    "ppc64": 250,
+    "s390x": 241,
+}
+
+_tgkill: object = None  # the loaded function: None not tried yet, False unavailable
+
+
+def _load_tgkill() -> object:
+    import ctypes  # loaded already where workers start (numarun.placement.binding)
+
+    global _tgkill
+    if _tgkill is None:
+        _tgkill = False
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            return _tgkill
+        wrapper = getattr(libc, "tgkill", None)
+        if wrapper is not None:
+            wrapper.restype = ctypes.c_int
+            wrapper.argtypes = (ctypes.c_int, ctypes.c_int, ctypes.c_int)
+            _tgkill = wrapper
+        else:
+            number = _TGKILL.get(os.uname().machine)
+            syscall = getattr(libc, "syscall", None)
+            if number is not None and syscall is not None and ctypes.sizeof(ctypes.c_void_p) == 8:
+                syscall.restype = ctypes.c_long
+
+                def via_syscall(tgid: int, tid: int, signum: int) -> int:
+                    return int(syscall(ctypes.c_long(number), ctypes.c_long(tgid),
+                                       ctypes.c_long(tid), ctypes.c_long(signum)))  # fmt: skip
+
+                _tgkill = via_syscall
+    return _tgkill
+
+
+def send_to_thread(pid: int, tid: int, signum: int) -> bool:
+    """Send ``signum`` to thread ``tid`` of process ``pid``; False when that thread is not
+    (or no longer) one of that process's. Raises OSError for anything else (``EPERM``, or
+    ``ENOSYS`` where this system offers no ``tgkill``)."""
+    import ctypes
+
+    call = _load_tgkill()
+    if not call:
+        raise OSError(errno.ENOSYS, "tgkill is not available")
+    if call(pid, tid, signum) == 0:  # type: ignore[operator]
+        return True
+    code = ctypes.get_errno()
+    if code == errno.ESRCH:
+        return False
+    raise OSError(code, os.strerror(code))

@@ -15,6 +15,7 @@ view (``numarun.jobwide``) plugs into it and never decides.
 - ``storeresults``: ``Change``, ``Lost``, ``Notice``: what the thread reports to the loop.
 - ``liveness``: ``Heartbeats``.
 - ``exitbarrier``: ``ExitBarrier``.
+- ``waiting``: ``Waiting``: what a node waiting in the rendezvous says (lines, status).
 
 docs/protocol.md lists every store key numarun uses. May import: ``numarun.cmdline``,
 ``numarun.stacks``, ``numarun.process``, ``numarun.placement``, ``numarun.machine``,

@@ -1,10 +1,20 @@
-"""This node's heartbeat in a torch rendezvous, and its watch of the next node's.
+"""This node's heartbeat in a torch rendezvous, its watch of the next node's, and a lost node given
+up while this node waits in torch's join.
 
-Each numarun node adds 1 to ``numarun/alive/<group rank>`` three times per keep-alive window
-(torch's ``keep_alive_interval * keep_alive_max_attempt``; at least three looks) and reads its
-successor's; a counter that stays still for that window means its launcher is gone. DESIGN.md
-("Rendezvous and restarts") and :mod:`numarun.rendezvous.torchrdzv` state the whole watch. All of
-it runs in the ``numarun-store`` thread.
+Each numarun node adds 1 to ``numarun/alive/<group rank>`` every :data:`BEAT_INTERVAL` seconds
+while its round is watched (workers running, their teardown, the exit barrier; a thread of its
+own, :meth:`numarun.rendezvous.storewatch.StoreWatch`'s ``numarun-beat``) and, every look,
+reads its successor's; a counter that stays still for torch's keep-alive window
+(``keep_alive_interval * keep_alive_max_attempt``; at least three looks) means that node's
+launcher is gone (:class:`Heartbeats`, in the ``numarun-store`` thread). DESIGN.md
+("Rendezvous and restarts") and :mod:`numarun.rendezvous.torchrdzv` state the whole watch.
+
+A node waiting in torch's join (a spare, or a node re-joining after its workers stopped) reads
+the counters of the standing round's participants between torch's polls of the rendezvous
+state (:class:`LostNodes`): one whose counter beat from its store thread and then stood still
+for :data:`LOST_AFTER` seconds is given up in torch's own state (its keep-alive time set to
+the epoch, which torch's next sync removes as it removes a node whose keep-alive expired), so
+that the next round forms seconds after a node is lost, not after torch's 15 s window.
 """
 
 from __future__ import annotations
@@ -12,9 +22,10 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from datetime import datetime, timezone
 
 from numarun.rendezvous import torchcompat
-from numarun.rendezvous.storeops import Conn, Forged, first_line, root_cause
+from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line, root_cause
 from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY, read_count
 
 TYPE_CHECKING = False
@@ -26,6 +37,16 @@ if TYPE_CHECKING:
     from numarun.rendezvous.storewatch import WatchedRound
 
 _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
+BEAT_INTERVAL = 1.0
+"""Seconds between a watched node's beats: a store ``add`` each, on numarun's own
+connection (a thousand nodes: a thousand small writes a second to the store)."""
+LOST_AFTER = 4.0
+"""Seconds a participant's counter may stand still, once it beat from its store thread (the
+count past the mark of its join), before a node waiting in torch's join gives it up: four
+beats missed. A launcher that is alive beats from its own thread, whatever its workers do;
+that thread's longest wait inside one event of the whole-job view (an answer from its loop,
+then the other nodes' digests: 3.5 s at most) stays below it."""
+_LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
 
 
 def register(store: Any, rank: int) -> None:
@@ -67,10 +88,9 @@ class Heartbeats:
             conf.get("keep_alive_max_attempt", 3)
         )
         self.silence_limit = max(float(window), _MIN_LOOKS * poll_interval)
-        # Beats matter on the scale of the keep-alive window, not of a look: three per window.
-        self.beat_interval = self.silence_limit / _MIN_LOOKS
+        self.beat_interval = BEAT_INTERVAL
         self._note = note
-        self._next_beat = 0.0
+        self._next_look = 0.0
         self._watched: int | None = None
         self._watched_beat = 0
         self._watched_since = 0.0
@@ -80,21 +100,29 @@ class Heartbeats:
         self._watched = (rank + 1) % size if size > 1 else None
         self._watched_beat = 0
         self._watched_since = now
-        self._next_beat = 0.0
+        self._next_look = 0.0
 
     def due(self) -> bool:
-        """Whether this node's next beat is due (and, with it, a look at the neighbour's);
-        true once per :attr:`beat_interval`."""
+        """Whether the next look at the neighbour's beat is due: true once per
+        :attr:`beat_interval`."""
         now = time.monotonic()
-        if now < self._next_beat:
+        if now < self._next_look:
             return False
-        self._next_beat = now + self.beat_interval
+        self._next_look = now + self.beat_interval
         return True
 
-    def beat(self, round_: WatchedRound) -> None:
-        """Add 1 to this node's counter (one that is not a number is named and set back)."""
-        conn = round_.conn
-        assert conn is not None
+    def look(self, round_: WatchedRound, handler: Any = None) -> int | None:
+        """When due (:meth:`due`), a look at the neighbour's beat: the neighbour's group rank
+        once it is silent (:meth:`silent_neighbour`, torch's keep-alive in ``handler``'s
+        state cross-checked), else None. This node's own beats come from the store watch's
+        ``numarun-beat`` thread (:meth:`beat`)."""
+        if not self.due():
+            return None
+        return self.silent_neighbour(round_, handler)
+
+    def beat(self, round_: WatchedRound, conn: Conn) -> None:
+        """Add 1 to this node's counter through ``conn`` (one that is not a number is named
+        and set back)."""
         key = ALIVE_KEY.format(round_.me)
         try:
             conn.add(key, 1)
@@ -134,3 +162,87 @@ class Heartbeats:
                        f"{self._watched} is not taken for gone")  # fmt: skip
             return None
         return self._watched
+
+
+class LostNodes:
+    """While this node waits in torch's join: the participants of the standing round whose
+    launcher is gone, given up in torch's rendezvous state (module docstring).
+
+    :meth:`look` is called in the joining thread between torch's polls of the state (the
+    state holder is that thread's alone then: torch stops its keep-alive thread during a
+    join); it reads each participant's counter at most every ``participants / 400`` seconds
+    (at least every 0.25 s) and gives up a node that stood still for ``after`` seconds, saying
+    so in one line. What it needs of torch's handler (``_state_holder`` with ``state`` and
+    ``mark_dirty``, ``_this_node``, ``_get_store``) is looked up at each look: without it,
+    nothing is given up and torch's keep-alive window decides, as in torchrun. ``where``
+    names the rendezvous in that line."""
+
+    def __init__(self, handler: Any, where: str, after: float = LOST_AFTER) -> None:
+        self.handler = handler
+        self.where = where
+        self.after = after
+        self.given_up: list[str] = []  # the lines said, one per node given up
+        self._round: int | None = None
+        self._seen: dict[Any, tuple[int, float]] = {}  # node -> (its count, since when)
+        self._next = 0.0
+
+    def look(self) -> None:
+        """Read the counters if it is time; give up the nodes that stood still too long."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        holder = getattr(self.handler, "_state_holder", None)
+        state = getattr(holder, "state", None)
+        participants = getattr(state, "participants", None)
+        if not isinstance(participants, dict) or not getattr(state, "complete", False):
+            self._next = now + 0.25
+            return  # no standing round: nobody to give up
+        self._next = now + max(0.25, len(participants) / _LOOKS_PER_SECOND)
+        if state.round != self._round:
+            self._round, self._seen = state.round, {}
+        me = getattr(self.handler, "_this_node", None)
+        store = self.handler._get_store()  # the round's PrefixStore, where the counters are
+        lost = []
+        for node, rank in list(participants.items()):
+            if node == me or not isinstance(rank, int):
+                continue
+            count = _count(store, ALIVE_KEY.format(rank))
+            seen = self._seen.get(node)
+            if count is None or seen is None or seen[0] != count:
+                self._seen[node] = (-1 if count is None else count, now)
+                continue
+            if count >= 2 and now - seen[1] >= self.after:
+                lost.append((node, rank))
+        if lost:
+            self._give_up(holder, state, lost)
+
+    def _give_up(self, holder: Any, state: Any, lost: list[tuple[Any, int]]) -> None:
+        heartbeats = getattr(state, "last_heartbeats", None)
+        if not isinstance(heartbeats, dict) or not callable(getattr(holder, "mark_dirty", None)):
+            return
+        for node, rank in lost:
+            heartbeats[node] = datetime.fromtimestamp(0, timezone.utc)
+            self._seen.pop(node, None)
+            host = _shown(str(getattr(node, "addr", "?"))[:200])  # from the store: untrusted
+            line = (
+                f"numarun: node {rank} ({host}) of the {self.where} stopped beating (no "
+                f"heartbeat for {self.after:g} s: its launcher is gone); given up, the next "
+                "round forms without it"
+            )
+            if line not in self.given_up:
+                self.given_up.append(line)
+                sys.stderr.write(line + "\n")
+                sys.stderr.flush()
+        holder.mark_dirty()  # torch's next sync writes it, and every node's sync drops them
+
+
+def _shown(text: str) -> str:
+    return "".join(char if char.isprintable() else ascii(char)[1:-1] for char in text)
+
+
+def _count(store: Any, key: str) -> int | None:
+    """A counter read without waiting for it (None: absent, or not numarun's)."""
+    if not store.check([key]):
+        return None
+    value = as_count(bytes(store.get(key)))
+    return value if value is not None and value < 1 << 62 else None

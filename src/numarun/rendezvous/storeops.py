@@ -301,3 +301,22 @@ def root_cause(error: BaseException) -> BaseException:
     while error.__cause__ is not None:
         error = error.__cause__
     return error
+
+
+def store_gone(error: BaseException) -> bool:
+    """Whether a store call failed because the store's host is gone (its connection closed or
+    refused), not for a timeout or a refusal of torch's."""
+    cause = root_cause(error)
+    if isinstance(cause, ConnectionError):  # BrokenPipeError, ConnectionResetError, ...
+        return True
+    # torch's DistNetworkError ("Broken pipe", "Failed to recv, got 0 bytes. Connection was
+    # likely closed"); its timeouts are DistStoreError.
+    return "Network" in type(cause).__name__ or "closed" in str(cause).lower()
+
+
+def store_error(error: BaseException) -> str:
+    """A store call's failure in words: the store's host gone is said so, never with the
+    socket's own text ("Broken pipe", "Failed to recv, got 0 bytes")."""
+    if store_gone(error):
+        return "its store stopped answering: the node that hosted it ended"
+    return first_line(root_cause(error))

@@ -15,7 +15,10 @@ another node's event wakes it the moment it is posted (no polling); the wait tim
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
 agent does (:mod:`numarun.rendezvous.torchrdzv`), or sooner for timed work
 (:meth:`StoreWatch.later`: a hang verdict's window, a still node's waves). Work queued from
-other threads (:meth:`StoreWatch.queue`) runs at its next wake-up.
+other threads (:meth:`StoreWatch.queue`) runs at its next wake-up. This node's heartbeat (every
+second, :mod:`numarun.rendezvous.liveness`) is a thread of its own per round, ``numarun-beat``,
+on the round's posting connection (in this thread, at wake-ups of its own, where a torch cannot
+clone).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
 thread waits for the key after the last one it read. The counter is read at each look and checked
@@ -139,10 +142,12 @@ class StoreWatch:
         interval: float,
         look: Callable[[WatchedRound], list[Result]],
         on_event: Callable[[WatchedRound, int, bytes], None] | None = None,
+        beat: tuple[float, Callable[[WatchedRound, Conn], None]] | None = None,
     ) -> None:
         self.interval = interval
         self._look = look
         self._on_event = on_event
+        self._beat = beat  # (seconds, call): this node's heartbeat, on its own cadence
         self._cond = threading.Condition()
         self._round: WatchedRound | None = None
         self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
@@ -240,22 +245,25 @@ class StoreWatch:
             self._answers[request] = value
             self._cond.notify_all()
 
-    def post(self, round_: WatchedRound, calls: Callable[[Conn], None], what: str) -> None:
+    def post(self, round_: WatchedRound, calls: Callable[[Conn], object], what: str) -> None:
         """``calls(conn)`` (store calls on the round's posting connection, or one of their
         own, closed after, before the watch made it) in a short-lived daemon thread nobody
-        waits for, one such thread at a time per round. What they raise is one line naming
-        ``what`` could not be posted (:meth:`unavailable`; nothing when ``what`` is empty): a
-        store that is gone, or that refuses numarun's keys, is the rendezvous's to judge (its
-        look), never a post's."""
+        waits for, one such thread at a time per round (this node's beats take their turns
+        too). What ``calls`` returns, when callable, is called after, in the same thread but
+        out of turn: work that may take long (a hang verdict's judging, on a connection of its
+        own) never holds up a beat. What they raise is one line naming ``what`` could not be
+        posted (:meth:`unavailable`; nothing when ``what`` is empty): a store that is gone, or
+        that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
         def run() -> None:
+            after = None
             with round_.post_lock:
                 conn = round_.poster
                 fresh = conn is None
                 try:
                     if conn is None:
                         conn = Conn(round_.store, clone=False)
-                    calls(conn)
+                    after = calls(conn)
                 except Forged as forged:
                     self.note(round_, forged.key, str(forged))
                 except Exception as error:  # fire-and-forget: the store may be gone
@@ -264,6 +272,8 @@ class StoreWatch:
                 finally:
                     if fresh and conn is not None:
                         conn.close()
+            if callable(after):
+                self.tolerant(round_, what or "a post", after)
 
         threading.Thread(target=run, name="numarun-post", daemon=True).start()
 
@@ -346,10 +356,21 @@ class StoreWatch:
         round_.conn = conn = Conn(round_.store)
         if conn.own:
             round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
-        next_look = time.monotonic()
+        next_look = next_beat = time.monotonic()
+        beat = self._beat
+        if beat is not None and round_.poster is not None:
+            # A thread of its own beats on the posting connection: no wake-up of this one
+            # (a timed-out store wait costs this thread ten times a beat).
+            threading.Thread(target=self._beating, args=(round_, *beat), name="numarun-beat",
+                             daemon=True).start()  # fmt: skip
+            beat = None
         while round_.active:
             self._run_work(round_)
             now = time.monotonic()
+            if beat is not None and now >= next_beat:
+                self.tolerant(round_, "this node's heartbeat", beat[1], round_, conn)
+                next_beat = time.monotonic() + beat[0]
+            wake = min(next_look, next_beat) if beat is not None else next_look
             if now >= next_look:
                 results = list(self._look(round_))
                 round_.events_down = False
@@ -364,7 +385,7 @@ class StoreWatch:
                 self._say_trouble(round_)
                 next_look = time.monotonic() + self.interval
                 continue
-            until = min(next_look, self._next_due(round_))
+            until = min(wake, self._next_due(round_))
             if round_.stopping or round_.events_down or not conn.own:
                 self._sleep(round_, until)
                 continue
@@ -415,6 +436,28 @@ class StoreWatch:
     def _next_due(self, round_: WatchedRound) -> float:
         with self._cond:
             return round_.timers[0][0] if round_.timers else float("inf")
+
+    def _beating(
+        self, round_: WatchedRound, interval: float, beat: Callable[[WatchedRound, Conn], None]
+    ) -> None:
+        """This node's heartbeat while ``round_`` is watched, every ``interval`` seconds on
+        the round's posting connection (one call at a time with the posts; whatever a post
+        does that may take long, a hang verdict's judging, runs outside that turn). A beat
+        that fails is one line (:meth:`unavailable`) and the next comes on time: a store that
+        is gone is the look's to judge."""
+        while True:
+            with self._cond:
+                if not round_.active:
+                    return
+            with round_.post_lock:
+                conn = round_.poster
+                if conn is None or not round_.active:
+                    return
+                self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+            deadline = time.monotonic() + interval
+            with self._cond:  # woken early by anything that notifies: waits on to the beat
+                while round_.active and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
 
     def _run_work(self, round_: WatchedRound) -> None:
         while True:

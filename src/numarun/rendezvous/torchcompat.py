@@ -47,6 +47,7 @@ OLDEST = (2, 4)  # the oldest torch whose rendezvous the c10d path drives
 TORCH_SUPPORTED = "2.4 or later"  # what a refusal names
 _FIRST_POLL = 0.02  # re-joining: the first wait between polls of the rendezvous state
 _FIRST_JOIN_SPREAD = (0, 0.3)  # torch's random sleep before a node's first join
+_WAITING_READS = 100.0  # reads of the rendezvous state per second, all waiting nodes together
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -227,18 +228,23 @@ def assign_ranks(agent_class: Any, info: Any, spec: Any) -> list[Any]:
         raise
 
 
-def rejoin(handler: Any) -> Any:
+def rejoin(handler: Any, nodes: int = 100, between: Callable[[], None] | None = None) -> Any:
     """``handler.next_rendezvous()`` for a node that already ran a round, re-forming quickly.
 
     Without the random 0-0.3 s sleep torch takes while the rendezvous is in round 0, meant to
     spread the nodes' *first* joins (the round stays 0 until the first re-rendezvous, so every
     job's first restart paid it too); and with torch's one-second waits between polls of the
     rendezvous state (and its one-second cache of that state) replaced by a backoff from
-    :data:`_FIRST_POLL` up to one second, so that nodes re-forming within milliseconds of each
-    other meet in milliseconds, while a node that waits long polls as torch does (a handful of
-    extra reads of the state per re-form). Each name is checked first; without it, torch's
-    own behaviour."""
+    :data:`_FIRST_POLL` up to ``nodes / 100`` seconds (``nodes``: the most the job may have;
+    at least 0.05 s, at most torch's 1 s, as :func:`first_join` waits), so that nodes
+    re-forming within milliseconds of each other meet in milliseconds, and a node that waits
+    for another (given up by :class:`numarun.rendezvous.liveness.LostNodes`, say) sees the
+    round as soon as a node waiting for its first one would, while the waiting nodes of a job
+    together read the state at most about 100 times a second. ``between()`` runs before each
+    wait (:func:`_next_round_with`). Each name is checked first; without it, torch's own
+    behaviour."""
     pause = [_FIRST_POLL]
+    longest = _longest_pause(nodes)
 
     def backoff(original: Callable[[Any], None]) -> Callable[[Any], None]:
         def delay(seconds: float | tuple[float, float]) -> None:
@@ -247,22 +253,25 @@ def rejoin(handler: Any) -> Any:
                     original(seconds)  # another random wait (2.15's backoff after a failed write)
                 return
             original(min(seconds, pause[0]))
-            pause[0] = min(seconds, pause[0] * 2)
+            pause[0] = min(seconds, longest, pause[0] * 2)
 
         return delay
 
-    return _next_round_with(handler, backoff, lambda cache: 0)
+    return _next_round_with(handler, backoff, lambda cache: 0, between)
 
 
 def _next_round_with(
     handler: Any,
     make_delay: Callable[[Callable[[Any], None]], Callable[[Any], None]],
     cache_for: Callable[[float], float],
+    between: Callable[[], None] | None = None,
 ) -> Any:
     """``handler.next_rendezvous()`` with torch's ``dynamic_rendezvous._delay`` replaced by
     ``make_delay(torch's own)`` and the state holder's ``_cache_duration`` by
     ``cache_for(its value)``, both put back however the call ends; without ``_delay``, torch's
-    own behaviour (a holder without a numeric cache keeps it)."""
+    own behaviour (a holder without a numeric cache keeps it). ``between()`` is called before
+    each of those waits, in the joining thread, where torch's join holds nothing (what it
+    raises is said once on stderr and ignored: the join goes on as torch's)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     original = getattr(dynamic_rendezvous, "_delay", None)
@@ -270,7 +279,10 @@ def _next_round_with(
         return handler.next_rendezvous()
     holder = getattr(handler, "_state_holder", None)
     cache = getattr(holder, "_cache_duration", None)
-    dynamic_rendezvous._delay = make_delay(original)
+    delay = make_delay(original)
+    if between is not None:
+        delay = _after(between, delay)
+    dynamic_rendezvous._delay = delay
     if isinstance(cache, int | float):
         holder._cache_duration = cache_for(cache)
     try:
@@ -279,6 +291,31 @@ def _next_round_with(
         dynamic_rendezvous._delay = original
         if isinstance(cache, int | float):
             holder._cache_duration = cache
+
+
+def _after(between: Callable[[], None], delay: Callable[[Any], None]) -> Callable[[Any], None]:
+    failed: list[str] = []
+
+    def call(seconds: float | tuple[float, float]) -> None:
+        try:
+            between()
+        except Exception as error:  # a store call that failed, a torch of another shape
+            line = f"{type(error).__name__}: {error}".splitlines()[0][:200] if str(error) else ""
+            if not failed:
+                failed.append(line)
+                sys.stderr.write(
+                    "numarun: warning: looking for lost nodes while waiting in the rendezvous "
+                    f"failed ({line or type(error).__name__}); torch's keep-alive decides\n"
+                )
+        delay(seconds)
+
+    return call
+
+
+def _longest_pause(nodes: int) -> float:
+    """The longest wait between polls of the rendezvous state for a job of up to ``nodes``
+    nodes: ``nodes / 100`` seconds, at least 0.05 s, at most torch's 1 s."""
+    return min(1.0, max(0.05, nodes / _WAITING_READS))
 
 
 def can_clear_worker_store() -> bool:
@@ -313,10 +350,7 @@ def clear_worker_store(previous: Round) -> None:
         store.delete_key(key)
 
 
-_WAITING_READS = 100.0  # reads of the rendezvous state per second, all waiting nodes together
-
-
-def first_join(handler: Any, nodes: int) -> Any:
+def first_join(handler: Any, nodes: int, between: Callable[[], None] | None = None) -> Any:
     """``handler.next_rendezvous()`` for this node's first round, noticing the round complete
     sooner.
 
@@ -327,16 +361,23 @@ def first_join(handler: Any, nodes: int) -> Any:
     ``nodes / 100`` seconds (``nodes``: the most the job may have; at least 0.05 s, at most
     torch's 1 s), so that the waiting nodes together read the state at most about 100 times a
     second, as torch's do with 100 nodes, and a job of 100 nodes or more waits as torch's
-    does. torch's random 0-0.3 s spread of the first joins stays. Each name is checked first;
-    without it, torch's own behaviour."""
-    pause = min(1.0, max(0.05, nodes / _WAITING_READS))
-    if pause >= 1.0:
+    does. torch's random 0-0.3 s spread of the first joins stays, except for a job of one
+    node (``nodes == 1``), which has no other node's join to spread its own from (0.15 s of a
+    one-node start on average, issue 32). ``between()`` runs before each wait
+    (:func:`_next_round_with`). Each name is checked first; without it, torch's own
+    behaviour."""
+    pause = _longest_pause(nodes)
+    if pause >= 1.0 and between is None:
         return handler.next_rendezvous()
 
     def shorter(original: Callable[[Any], None]) -> Callable[[Any], None]:
         def delay(seconds: float | tuple[float, float]) -> None:
-            original(seconds if isinstance(seconds, tuple) else min(seconds, pause))
+            if isinstance(seconds, tuple):
+                if nodes > 1 or tuple(seconds) != _FIRST_JOIN_SPREAD:
+                    original(seconds)
+                return
+            original(min(seconds, pause))
 
         return delay
 
-    return _next_round_with(handler, shorter, lambda cache: min(cache, pause))
+    return _next_round_with(handler, shorter, lambda cache: min(cache, pause), between)

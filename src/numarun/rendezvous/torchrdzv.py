@@ -32,9 +32,9 @@ every call into it is guarded: what it raises is one line, and the rendezvous go
 
 Every call that may block in torch runs through :func:`numarun.rendezvous.storeops.run_blocking`, so
 the launcher's signal handlers stay responsive; while this node waits in the rendezvous, a line
-every :data:`WAIT_LINE_EVERY` seconds says how many nodes are there, how many are awaited and
-where. torch's noise stays off stderr and its private names are checked before use
-(:mod:`numarun.rendezvous.torchcompat`).
+every 10 s says what it is doing, who is there and how many more are awaited
+(:mod:`numarun.rendezvous.waiting`). torch's noise stays off stderr and its private names are
+checked before use (:mod:`numarun.rendezvous.torchcompat`).
 """
 from __future__ import annotations
 
@@ -49,9 +49,16 @@ from typing import TYPE_CHECKING, Any, Protocol
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
-from numarun.rendezvous.liveness import Heartbeats, register
+from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
 from numarun.rendezvous.round import Round, WorkerPlace
-from numarun.rendezvous.storeops import Conn, first_line, root_cause, run_blocking
+from numarun.rendezvous.storeops import (
+    Conn,
+    first_line,
+    root_cause,
+    run_blocking,
+    store_error,
+    store_gone,
+)
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
 from numarun.rendezvous.storewatch import (
     StoreWatch,
@@ -60,6 +67,7 @@ from numarun.rendezvous.storewatch import (
     post_event,
     post_notice,
 )
+from numarun.rendezvous.waiting import CONNECTING, IMPORTING, JOINING, TICK, Waiting
 
 if TYPE_CHECKING:
     from numarun.cmdline.config import LaunchConfig
@@ -106,7 +114,6 @@ the launcher's total well under 1 ms of CPU per second of wall time while a join
 another node's failure is still seen within two seconds (torchrun: 0.1 s polls, and its state
 cache makes joins visible after up to 1 s)."""
 
-WAIT_LINE_EVERY = 10.0  # seconds between the lines that say what a rendezvous waits for
 __all__ = ["END", "EXIT_BARRIER_TIMEOUT", "REJOIN", "Change", "ElasticNode", "NotAdmitted",
            "RendezvousFailed"]  # fmt: skip
 _SHUTDOWN_LIMIT = 10.0  # seconds the closing of the rendezvous may take at the end
@@ -149,7 +156,9 @@ class ElasticNode:
         self.host = socket.gethostname()
         self.diagnostics: Diagnostics | None = None
         self.verdict: object = None  # what ended the exit barrier's wait (a hang verdict)
-        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event)
+        # This node's heartbeat, every second while a round is watched (the barrier included).
+        beat = (BEAT_INTERVAL, lambda round_, conn: self.heartbeats.beat(round_, conn))
+        self.watch = StoreWatch(self.poll_interval, self._look, self._on_event, beat)
         self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
         self._handler: Any = None
         self._store: Any = None
@@ -163,16 +172,17 @@ class ElasticNode:
         # left the round they were posted in.
         self._posted: list[tuple[Any, str]] = []
         self._ended: list[WatchedRound] = []
-        self._in_barrier = False
+        self._barrier: ExitBarrier | None = None  # while this node waits in it
+        self.ended_elsewhere: str | None = None  # why the job ended on another node (finish)
         self.watched_round: WatchedRound | None = None  # the round the thread watches now
         self._last_round: WatchedRound | None = None
         self._round_started = 0.0
-        self._waiting_since = 0.0
         default = "localhost:29400" if config.rdzv_backend == "c10d" else "its default endpoint"
         self.where = (
             f"{config.rdzv_backend} rendezvous {config.run_id!r} at "
             f"{config.rdzv_endpoint or default}"
         )
+        self.waiting = Waiting(config, self.where)  # the waiting lines and status
 
     # --- joining -------------------------------------------------------------------------------
 
@@ -183,6 +193,8 @@ class ElasticNode:
         config = self.config
         conf: dict[str, Any] = dict(config.rdzv_conf)
         conf.setdefault("timeout", 900)  # torchrun's LaunchConfig adds it for every backend
+
+        waiting = self.waiting
 
         def create() -> Any:
             torchcompat.check_torch()  # first: an older torch's parameters differ too
@@ -198,39 +210,19 @@ class ElasticNode:
                 local_addr=config.local_addr,
                 **conf,
             )
+            waiting.doing = CONNECTING
             return get_rendezvous_handler(parameters)
 
-        self._waiting_since = time.monotonic()
+        waiting.begin(IMPORTING)
         try:
-            self._handler = run_blocking(create, every=WAIT_LINE_EVERY, tick=self._waiting_line)
+            self._handler = run_blocking(create, every=TICK, tick=waiting.tick)
         except UsageError:
             raise
         except (ValueError, TypeError) as error:
             raise UsageError(f"{self.where}: {first_line(error)}") from None
         except Exception as error:
             raise RendezvousFailed(self._failure_text(error)) from None
-
-    def _waiting_line(self) -> None:
-        """One line on stderr: how long this node waits, how many nodes are there, how many
-        are awaited (read from the state torch's thread last synced; no store call)."""
-        waited = time.monotonic() - self._waiting_since
-        state = getattr(getattr(self._handler, "_state_holder", None), "state", None)
-        config = self.config
-        wanted = f"{config.min_nodes}" + (
-            f" to {config.max_nodes}" if config.max_nodes != config.min_nodes else ""
-        )
-        count = ""
-        participants = getattr(state, "participants", None)
-        if isinstance(participants, dict):
-            here = len(participants)
-            awaited = max(0, config.min_nodes - here)
-            count = f": {here} of {wanted} node(s) there, {awaited} more awaited"
-            if getattr(state, "complete", False) and self.round is None:
-                count = f": the round is complete with {here} node(s); this node waits as a spare"
-        else:
-            count = f": waiting for {wanted} node(s)"
-        sys.stderr.write(f"numarun: waiting {waited:.0f} s for the {self.where}{count}\n")
-        sys.stderr.flush()
+        waiting.handler = self._handler
 
     def next_round(self) -> Round:
         """Join the next round (torch's ``next_rendezvous``) and assign ranks (torch's
@@ -250,12 +242,13 @@ class ElasticNode:
                     conn = Conn(last_watched.store, clone=False)
                     storewatch.wake(conn, last_watched.me)
                     conn.close()
+            lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
             if previous is None:
-                info = torchcompat.first_join(handler, config.max_nodes)
+                info = torchcompat.first_join(handler, config.max_nodes, between=lost.look)
             else:
                 if previous.group_rank == 0 and previous.use_agent_store:
                     torchcompat.clear_worker_store(previous)
-                info = torchcompat.rejoin(handler)
+                info = torchcompat.rejoin(handler, config.max_nodes, between=lost.look)
             self._delete_posted()
             # The workers' store as torch's handler gives it, published again every round
             # (torchcompat.workers_store says how, for each torch).
@@ -267,14 +260,13 @@ class ElasticNode:
             register(info.store, info.rank)
             return info, store_info, workers
 
-        self._waiting_since = time.monotonic()
+        self.waiting.begin(JOINING)
         try:
-            info, store_info, workers = run_blocking(
-                join, every=WAIT_LINE_EVERY, tick=self._waiting_line
-            )
+            info, store_info, workers = run_blocking(join, every=TICK, tick=self.waiting.tick)
         except UsageError:
             raise
         except Exception as error:
+            self.waiting.end()
             name = type(error).__name__
             if name == "RendezvousGracefulExitError":
                 raise NotAdmitted(
@@ -282,6 +274,7 @@ class ElasticNode:
                     "(every place was taken); nothing to run"
                 ) from None
             raise RendezvousFailed(self._failure_text(error)) from None
+        self.waiting.end()
         self._store = info.store
         master_addr, master_port, shared = store_info
         self.round = Round(
@@ -297,7 +290,8 @@ class ElasticNode:
         )
         self.change = None
         self._announced = False
-        self._in_barrier = False
+        self._barrier = None
+        self.ended_elsewhere = None
         self._round_started = time.monotonic()
         self.heartbeats.watch_neighbour(info.rank, info.world_size, self._round_started)
         return self.round
@@ -358,42 +352,45 @@ class ElasticNode:
         self.watched_round = None
 
     def _look(self, round_: WatchedRound) -> list[Result]:
-        """In the store thread, every look interval: results for :meth:`_on_result`. In the
-        exit barrier only this node's heartbeat: torch's barrier waits on torch's connection,
-        which torch's handler would wait behind. Only torch's handler's calls may raise out of
-        here (the rendezvous's own health); numarun's keys (heartbeats, the silent neighbour's
-        notice) that fail are one line each."""
-        heartbeats, watch = self.heartbeats, self.watch
-        if self._in_barrier:
-            if heartbeats.due():
-                watch.tolerant(round_, "this node's heartbeat", heartbeats.beat, round_)
-            return []
+        """In the store thread, every look interval: results for :meth:`_on_result`; in the
+        exit barrier, what ended the job elsewhere (:meth:`ExitBarrier.look`). Only torch's
+        handler's calls may raise out of here (the rendezvous's own health); numarun's keys
+        (the neighbour's heartbeat, the silent neighbour's notice) that fail are one line."""
+        barrier = self._barrier
+        if barrier is not None:
+            silent = self.watch.tolerant(round_, "the next node's heartbeat",
+                                         self.heartbeats.look, round_, self._handler)  # fmt: skip
+            why = barrier.look(round_, self._handler.is_closed, silent)
+            if why == "closed":
+                return [Change(END, f"{self.where} was closed by another node")]
+            return [] if why is None else [Change(END, self._announce_silent(round_, why))]
         if self.change is not None:
             return []
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
-        silent = None
-        if heartbeats.due():
-            watch.tolerant(round_, "this node's heartbeat", heartbeats.beat, round_)
-            silent = watch.tolerant(round_, "the next node's heartbeat",
-                                    heartbeats.silent_neighbour, round_, self._handler)  # fmt: skip
+        silent = self.watch.tolerant(round_, "the next node's heartbeat",
+                                     self.heartbeats.look, round_, self._handler)  # fmt: skip
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
         if waiting > 0:
             return [Change(REJOIN, f"{waiting} node(s) waiting to join; re-forming the group")]
         if silent is not None:
-            message = (
-                f"node {silent} stopped answering (no heartbeat for "
-                f"{heartbeats.silence_limit:g} s: its launcher is gone)"
-            )
-            body = notice_body(self._notice_text(message))
-
-            watch.tolerant(round_, "this node's notice", post_notice, round_, body)
-            self._announced = True
-            round_.stopping = True
-            return [Change(REJOIN, message)]
+            return [Change(REJOIN, self._announce_silent(round_, silent))]
         return []
+
+    def _announce_silent(self, round_: WatchedRound, silent: int) -> str:
+        """In the store thread: tell every node that node ``silent`` stopped beating; the
+        line said."""
+        message = (
+            f"node {silent} stopped answering (no heartbeat for "
+            f"{self.heartbeats.silence_limit:g} s: its launcher is gone)"
+        )
+        body = notice_body(self._notice_text(message))
+        self.watch.tolerant(round_, "this node's notice", post_notice, round_, body)
+        self._announced = True
+        round_.stopping = True  # the round is over for this node: no other notice is read
+        return message
 
     def _on_event(self, round_: WatchedRound, number: int, value: bytes) -> None:
         """In the store thread, event ``number`` of the round: ``stop`` (another node's
@@ -442,13 +439,17 @@ class ElasticNode:
         return notice
 
     def _on_result(self, result: Result) -> None:
-        """In the supervisor's loop: what the store thread found."""
+        """In the supervisor's loop: what the store thread found. Another node's notice, or
+        the rendezvous closed, is kept in :attr:`ended_elsewhere` too: when this node's ranks
+        had all finished meanwhile, :meth:`finish` does not wait for the others."""
         if isinstance(result, Change):
+            if result.kind == END:
+                self.ended_elsewhere = result.message
             self.stop(result.kind, result.message)
         elif isinstance(result, Lost):
             self.stop(END, f"lost the {self.where}: {first_line(root_cause(result.error))}")
         elif isinstance(result, Notice):
-            self.last_notice = result.text
+            self.last_notice = self.ended_elsewhere = result.text
 
             def stop() -> None:
                 self.stop(REJOIN, result.text)
@@ -562,16 +563,21 @@ class ElasticNode:
     # --- the end -------------------------------------------------------------------------------
 
     def finish(self, *, succeeded: bool) -> str | None:
-        """The end of this node's job, as torchrun ends it: after success, wait in torch's
-        exit barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
+        """The end of this node's job, as torchrun ends it: after success, wait in torch's exit
+        barrier for every node of the round (at most 300 s), then ``shutdown()`` (closes
         the rendezvous); after a final failure, ``shutdown()`` once the others could read this
         node's notice. Returns a warning line when the barrier or the shutdown failed (torchrun
         logs and goes on), else None. Not called after a signal: torchrun leaves the
         rendezvous open then, for the others.
 
-        With ``--hang-timeout`` and the whole-job view, this node counts as still while it
-        waits in the barrier (its ranks all ended) and keeps watching the round: a hang verdict
-        of the other nodes ends the wait; it is left in :attr:`verdict`."""
+        The wait in the barrier ends as soon as the job ended on another node (its failure
+        notice, the rendezvous closed by another node, the next node silent; also when that
+        came while this node's ranks were ending): :attr:`ended_elsewhere` says why, in one
+        line, and the rendezvous is closed at once (a node re-joining after a failure cannot
+        form a round without this one, whose ranks finished: torchrun's node closes it after
+        its barrier's 300 s). With ``--hang-timeout`` and the whole-job view, this node counts
+        as still while it waits in the barrier (its ranks all ended): a hang verdict of the
+        other nodes ends the wait too; it is left in :attr:`verdict`."""
         warning = None
         # This node's failure notice leaves before the rendezvous closes: the others then
         # read why it ended, not a bare "closed by another node".
@@ -581,7 +587,7 @@ class ElasticNode:
                                   self.watch)  # fmt: skip
             if not succeeded and self._announced:
                 barrier.await_readers(self.poll_interval)
-            if succeeded:
+            if succeeded and self.ended_elsewhere is None:
                 warning = self._wait_in_barrier(barrier)
         self._end_watch()
         try:
@@ -589,7 +595,9 @@ class ElasticNode:
             # store's own timeout.
             run_blocking(self._handler.shutdown, limit=_SHUTDOWN_LIMIT)
         except Exception as error:
-            warning = warning or f"closing the {self.where} failed: {first_line(error)}"
+            # A store that is gone (its host ended after the job did) has nothing to close.
+            if not store_gone(error) and self.ended_elsewhere is None:
+                warning = warning or f"closing the {self.where} failed: {store_error(error)}"
         return warning
 
     def _wait_in_barrier(self, barrier: ExitBarrier) -> str | None:
@@ -597,15 +605,15 @@ class ElasticNode:
         if self.config.hang_timeout and self.watch.watching and self.diagnostics is not None:
             while_waiting = self.guarded("the hang watch in the exit barrier",
                                          self.diagnostics.while_waiting)  # fmt: skip
-        self._in_barrier = True
+        self._barrier = barrier
         try:
-            self.verdict = barrier.wait(while_waiting)  # type: ignore[arg-type]
-        except Exception as error:
-            return (
-                f"not every node of the {self.where} finished within "
-                f"{EXIT_BARRIER_TIMEOUT:g} s of this one: {first_line(root_cause(error))}"
+            ended, warning, self.verdict = barrier.wait_for_all(
+                self.where, while_waiting, _because(self.last_notice)
             )
-        return None
+        finally:
+            self._barrier = None
+        self.ended_elsewhere = ended
+        return warning
 
     def close(self) -> None:
         """The job is over: the store thread ends (at most half a second). What this node
@@ -621,3 +629,4 @@ class ElasticNode:
 
 def _because(notice: str | None) -> str:
     return f" ({notice})" if notice else ""
+

@@ -365,10 +365,28 @@ def _remove_stale(directory: str, name: str) -> None:
         pass
 
 
+def _remove_orphan(directory: str, name: str) -> None:
+    """A dump directory without a socket (``--preload`` standbys make theirs before any
+    socket) whose launcher (``<pid>-...``) is gone: removed as a stale socket's is."""
+    pid = name.partition("-")[0]
+    if not pid.isdigit():
+        return
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        _remove_stale(directory, name)
+    except OSError:
+        pass  # alive, another user's pid now: left alone
+
+
 def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[FoundJob]:
-    """The calling user's running jobs on this host, oldest first; stale sockets removed.
+    """The calling user's running jobs on this host, oldest first; stale sockets removed. A job
+    that waits in its rendezvous (no ranks yet, so no socket) is found by its status record
+    (:mod:`numarun.stacks.pending`): its ``info`` has ``waiting``.
 
     Directories that fail the checks of :func:`runtime_dir` are skipped."""
+    from numarun.stacks import pending
+
     jobs: list[FoundJob] = []
     for directory in dict.fromkeys(runtime_dirs()):
         try:
@@ -377,15 +395,25 @@ def find_jobs(timeout: float = CLIENT_TIMEOUT) -> list[FoundJob]:
         except (OSError, UsageError):
             continue
         for entry in names:
+            path = os.path.join(directory, entry)
+            if entry.endswith(pending.SUFFIX):
+                record = pending.read_record(path)
+                if record is not None:
+                    jobs.append(FoundJob(path, record))
+                continue
+            if entry.endswith(".d") and f"{entry[:-2]}.sock" not in names:
+                _remove_orphan(directory, entry[:-2])
             if not entry.endswith(".sock"):
                 continue
-            path = os.path.join(directory, entry)
             try:
                 jobs.append(FoundJob(path, ask(path, "info", timeout)))
             except (ConnectionRefusedError, FileNotFoundError):
                 _remove_stale(directory, entry[: -len(".sock")])
             except (OSError, ValueError) as error:
                 jobs.append(FoundJob(path, {}, f"did not answer ({error or type(error).__name__})"))
+    # A launcher whose workers just started may still have its record: its socket answers.
+    serving = {job.info.get("pid") for job in jobs if "waiting" not in job.info}
+    jobs = [job for job in jobs if "waiting" not in job.info or job.info["pid"] not in serving]
     return sorted(jobs, key=lambda job: (job.info.get("started") or 0, job.path))
 
 
@@ -529,6 +557,8 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
     job = choose_job(find_jobs(timeout), wanted)
     if job.error is not None:
         raise JobsError(f"job {job.name} {job.error}")
+    if "waiting" in job.info:  # in its rendezvous: no ranks, no stacks yet
+        return _print_waiting(job.info, as_json)
     scope = job.info.get("scope")
     try:
         if scope == "job":
@@ -552,10 +582,14 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
         )
         for item in reply.get("dumps", [])
     ]
+    flight = reply.get("flight") if isinstance(reply.get("flight"), dict) else None
     if as_json:
         import json
 
-        print(json.dumps(parse.stacks_to_json(ranks, **fields), indent=1))
+        document = parse.stacks_to_json(ranks, **fields)
+        if flight is not None:
+            document["flight"] = flight
+        print(json.dumps(document, indent=1))
         return 0
     count = len(ranks)
     lines = [
@@ -569,8 +603,40 @@ def stacks_command(wanted: str | None, *, as_json: bool, timeout: float) -> int:
             "each node, or launch with --rdzv-backend c10d to see every node's ranks from any"
         )
     lines.extend(parse.format_groups(parse.group_ranks(ranks)))
+    lines.extend(_flight_lines(flight))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0
+
+
+def _print_waiting(record: dict, as_json: bool) -> int:
+    """A job waiting in its rendezvous: where, since when, for whom; exit status 0 (the job
+    was found and said where it is)."""
+    from numarun.stacks import pending
+
+    if as_json:
+        import json
+
+        fields = ("run_id", "pid", "host", "entrypoint", "waiting")
+        print(json.dumps({**{key: record.get(key) for key in fields}, "ranks": []}, indent=1))
+        return 0
+    print(pending.waiting_line(record))
+    return 0
+
+
+def _flight_lines(flight: dict | None) -> list[str]:
+    """The job's flight-recorder verdict as the launcher sent it (escaped again here)."""
+    if flight is None:
+        return []
+    from numarun.stacks.flightverdict import printable
+
+    shown = [line for line in flight.get("lines") or () if isinstance(line, str)][:40]
+    saved = flight.get("saved")
+    if isinstance(saved, str):
+        from numarun.stacks.flightreport import ANALYZER
+
+        shown.append(f"dumps: {saved} (read with: {ANALYZER} {saved})")
+    return ["Flight recorder (each rank's collectives, as torch recorded them):",
+            *(f"  {printable(line)}" for line in shown)]  # fmt: skip
 
 
 def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:

@@ -50,6 +50,7 @@ from numarun.stacks.dumps import (
     NOT_PYTHON,
     PENDING,
     REPLACED,
+    UNANSWERED,
     RankDumps,
     Raw,
     normalized,
@@ -62,6 +63,7 @@ if TYPE_CHECKING:
     from numarun.process.supervisor import Supervisor
     from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
+    from numarun.stacks.rankhelper import FlightAnswer
 
     class JobHang(Protocol):
         """The launcher's side of a hang judged over several nodes."""
@@ -94,7 +96,8 @@ class HangReport:
     (the last samples, parsed when first read), ``idle`` seconds without progress, whether
     output counted, ``nodes``: how many nodes were judged (1: this node alone); over several
     nodes ``view``, the job's merged classes, and ``by``, who declared it: ``"this node"`` or
-    the node whose verdict came through the rendezvous store."""
+    the node whose verdict came through the rendezvous store; ``flight``: this node's ranks'
+    flight recorders, taken once the rule fired (unparsed)."""
 
     def __init__(
         self,
@@ -105,6 +108,7 @@ class HangReport:
         nodes: int = 1,
         view: JobView | None = None,
         by: str | None = None,
+        flight: Sequence[FlightAnswer] = (),
     ) -> None:
         self.timeout = timeout
         self.idle = idle
@@ -113,6 +117,7 @@ class HangReport:
         self.nodes = nodes
         self.view = view
         self.by = by
+        self.flight = list(flight)  # this node's ranks' flight recorders, taken at the verdict
 
     @property
     def stacks(self) -> Sequence[RankStacks]:
@@ -145,6 +150,7 @@ class HangWatch:
         self._progress_at = time.monotonic()
         self._supervisor: Supervisor | None = None
         self._job_failed = False
+        self._declaring = False  # the rule fired: the flight recorders are being taken
 
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
@@ -173,12 +179,15 @@ class HangWatch:
             self._tick()
 
     def _tick(self) -> None:
+        if self._declaring:
+            return
         now = time.monotonic()
         dumps = self.dumps
         progress = self._output != self._seen_output
         self._seen_output = self._output
         observable = self.output_watched
         unknown = False  # a rank did not answer: no verdict at this sample
+        signalled: list[int] = []  # ranks whose helper was signalled: read, not asked again
         for local_rank in dumps.local_ranks:
             state = dumps._ranks[local_rank]
             if state.exited:
@@ -186,7 +195,7 @@ class HangWatch:
                     self._exited.add(local_rank)
                     progress = True
                 continue
-            if state.fd is None or state.replaced:
+            if state.fd is None or (state.replaced and not dumps.has_helper(local_rank)):
                 continue  # judged by its output alone
             unasked = self._unasked.get(local_rank)
             if unasked == NOT_ARMED:
@@ -198,8 +207,12 @@ class HangWatch:
             if state.asked_at is None:
                 continue  # first tick: nothing asked yet
             data = dumps.read(local_rank)
+            if not data and (dumps.nudge(local_rank) or dumps.awaiting_signal(local_rank)):
+                unknown = True  # its GIL is held: the dump comes from the signal, next tick
+                signalled.append(local_rank)
+                continue
             problem = None if data else dumps.answer_problem(local_rank, data, final=True)
-            if problem == PENDING:
+            if problem in (PENDING, UNANSWERED):
                 unknown = True
                 continue
             if not data:
@@ -219,12 +232,12 @@ class HangWatch:
                 self._tell_job(self.job.moving)
         elif now - self._progress_at >= self.timeout and not unknown:
             if self.job is None:
-                self._declare(now)
+                self._take_flight(now)
                 return
             if not self.still:
                 self.still = True
                 self._tell_job(self.job.still, self.last_raw(), now - self._progress_at)
-        self._unasked = dumps.ask(dumps.live())
+        self._unasked = dumps.ask([r for r in dumps.live() if r not in signalled])
 
     def _tell_job(self, call: Callable[..., None], *args: object) -> None:
         """The whole job's side of a hang (a diagnostic of its own): what it raises is one
@@ -279,7 +292,7 @@ class HangWatch:
                 problem = NOT_PYTHON
             elif state.exited:
                 problem = EXITED
-            elif state.replaced:
+            elif state.replaced and not dumps.has_helper(local_rank):
                 problem = REPLACED
             text = self._last.get(local_rank, b"") if problem is None else b""
             if problem is None and not text:
@@ -297,10 +310,31 @@ class HangWatch:
             for raw in self.last_raw()
         ]
 
-    def _declare(self, now: float) -> None:
+    def _take_flight(self, now: float) -> None:
+        """The rule fired: take every live rank's flight recorder (no stack signal; at most
+        :data:`~numarun.stacks.dumps.TAKE_LIMIT` seconds, from the loop's timers), then
+        declare the hang with it."""
+        self._declaring = True
+        live = self.dumps.live()
+
+        def taken(raws: list[Raw]) -> None:
+            if self.dumps.live() != live:  # a rank ended meanwhile: progress, no verdict
+                self._declaring = False
+                self._progress_at = time.monotonic()
+                return
+            self._declare(now, [raw.flight for raw in raws if raw.flight is not None])
+
+        try:
+            self.dumps.take_async(taken, live, stacks=False, flight=True)
+        except OSError:
+            self._declare(now, [])
+
+    def _declare(self, now: float, flight: Sequence[FlightAnswer] = ()) -> None:
+        if self.report is not None:
+            return
         stacks = self.last_stacks()
         idle = now - self._progress_at
-        self.report = HangReport(self.timeout, idle, stacks, self.output_watched)
+        self.report = HangReport(self.timeout, idle, stacks, self.output_watched, flight=flight)
         assert self._supervisor is not None
         self._supervisor.request_stop(
             f"{HANG_REASON}no rank made progress for {idle:.1f} s (--hang-timeout {self.timeout:g})"

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from numarun.stacks.hang import HangWatch, JobHang
     from numarun.stacks.merge import JobView
     from numarun.stacks.parse import RankStacks
+    from numarun.stacks.rankhelper import FlightAnswer
 
 Reply = Callable[[dict], None]  # hands a JSON-able reply to the waiting client, once
 
@@ -52,7 +53,10 @@ class JobStacks:
     request of scope ``"job"`` and calls ``reply(fields)`` once, from the loop (``fields`` joins
     this job's description in the reply). :attr:`scope` says what ``numarun stacks`` can see
     of the job: ``"job"`` (every node), ``"node"`` (a static rendezvous over several nodes:
-    this node only) or ``"all"`` (one node: everything)."""
+    this node only) or ``"all"`` (one node: everything). ``made``: the name (in the per-user
+    runtime directory) of a dump directory made already, with its files
+    (:func:`numarun.stacks.dumps.make_files`: those ``--preload`` standbys were armed on at
+    birth), which this job's dumps read and remove at the end; the socket takes that name."""
 
     def __init__(
         self,
@@ -64,17 +68,19 @@ class JobStacks:
         close_when_done: bool = False,
         hang_job: JobHang | None = None,
         scope: str = "all",
+        made: str | None = None,
     ) -> None:
         from numarun.stacks import channel
 
         self.runtime_dir = channel.runtime_dir(create=True)
-        self.name = f"{os.getpid()}-{os.urandom(4).hex()}"
+        self.name = made or f"{os.getpid()}-{os.urandom(4).hex()}"
         directory = None
         if python:
             directory = os.path.join(self.runtime_dir, f"{self.name}.d")
-            os.mkdir(directory, 0o700)
+            if made is None:
+                os.mkdir(directory, 0o700)
         try:
-            self.dumps = RankDumps(ranks, directory)
+            self.dumps = RankDumps(ranks, directory, made=made is not None)
         except BaseException:
             if directory is not None:
                 with contextlib.suppress(OSError):  # gone already: RankDumps.close removed it
@@ -90,6 +96,10 @@ class JobStacks:
         self.scope = scope
         self.job_wide: Callable[[Reply], None] | None = None
         self.at_failure: tuple[WorkerExit, list[RankStacks]] | None = None
+        self.flight_at_failure: list[FlightAnswer] = []  # the others' flight recorders then
+        # Where a `numarun stacks` request keeps the ranks' flight-recorder dumps (the run's
+        # log directory, when it stays); None: not kept.
+        self.flight_dir: str | None = None
         # Another node's failure: (its notice, its digest, its classes' frames, this node's
         # dumps taken then).
         self.at_notice: tuple[str, Digest | None, dict, list[Raw]] | None = None
@@ -139,19 +149,22 @@ class JobStacks:
             self.close()
 
     def on_failure(self, ended: WorkerExit) -> None:
-        """The supervisor's ``on_failure``: the other ranks' stacks, before anyone is signalled
-        (at most :data:`TAKE_LIMIT` seconds)."""
+        """The supervisor's ``on_failure``: the other ranks' stacks and flight recorders,
+        before anyone is signalled (at most :data:`TAKE_LIMIT` seconds)."""
         self.dumps.note_exit(ended)
         others = [r for r in self.dumps.live() if r != ended.local_rank]
         with contextlib.suppress(OSError):  # no stacks then: the teardown must go on
-            self.at_failure = (ended, self.dumps.take(others) if others else [])
+            stacks, flight = self.dumps.take_with_flight(others) if others else ([], [])
+            self.at_failure = (ended, stacks)
+            self.flight_at_failure = flight
 
-    def take_async(self, done: Callable[[list[Raw]], None]) -> None:
+    def take_async(self, done: Callable[[list[Raw]], None], *, flight: bool = False) -> None:
         """Every rank's dump, unparsed, to ``done`` from the loop once taken (at most
-        :data:`TAKE_LIMIT` seconds; the loop is free meanwhile); an exited rank says so. An
-        I/O error gives no dumps rather than an exception."""
+        :data:`TAKE_LIMIT` seconds; the loop is free meanwhile); an exited rank says so;
+        ``flight``: with each rank's flight recorder. An I/O error gives no dumps rather than
+        an exception."""
         try:
-            self.dumps.take_async(done)
+            self.dumps.take_async(done, flight=flight)
         except OSError:
             done([])
 
@@ -209,27 +222,48 @@ class JobStacks:
                  "problem": item.problem, "text": item.text}
                 for item in dumps
             ]  # fmt: skip
+            report = self.flight_report([item.flight for item in dumps if item.flight])
+            if report.shown:
+                report.save(self.flight_dir, why_not="the run has no --log-dir")
+                info["flight"] = report.to_json()
             reply(info)
 
-        self.take_async(taken)
+        self.take_async(taken, flight=True)
+
+    def flight_report(self, answers: Sequence[FlightAnswer]) -> Any:
+        """A :class:`numarun.stacks.flightreport.FlightReport` of ``answers``, over this node's
+        ranks."""
+        from numarun.stacks.flightreport import FlightReport
+
+        return FlightReport(answers, world=[state.rank for state in self.dumps._ranks.values()])
 
     def summary_fields(self, attempt_dir: str | None) -> dict[str, object]:
         """Keyword arguments for :func:`numarun.launch.summary.format_summary`: the hang report or
-        the stacks taken at the first failure; with ``attempt_dir`` (the run's kept log
-        directory) each rank's full stacks are written to ``<attempt_dir>/<local rank>/
-        stacks.log`` first."""
+        the stacks taken at the first failure, and the ranks' flight recorders then
+        (``flight``, a :class:`numarun.stacks.flightreport.FlightReport`, when it has
+        something to say); with ``attempt_dir`` (the run's kept log directory) each rank's
+        full stacks are written to ``<attempt_dir>/<local rank>/stacks.log`` first, and the
+        flight-recorder dumps to ``<attempt_dir>/flight_recorder/``."""
         fields: dict[str, object] = {}
         if self.hang is not None and self.hang.report is not None:
             report = self.hang.report
             fields["hang"] = report
             stacks = report.stacks
             header = f"when --hang-timeout {report.timeout:g} found the job hung"
+            flight = report.flight
         elif self.at_failure is not None:
             ended, stacks = self.at_failure
             fields["stacks_at_failure"] = (ended.rank, stacks)
             header = f"when rank {ended.rank} failed"
+            flight = self.flight_at_failure
         else:
             return fields
+        if flight:
+            found = self.flight_report(flight)
+            if found.shown:
+                kept = os.path.join(attempt_dir, "flight_recorder") if attempt_dir else None
+                found.save(kept, why_not="no log directory stays (give --log-dir to keep them)")
+                fields["flight"] = found
         # Over several nodes the stacks hold every node's ranks: files for this node's only.
         mine = {self.dumps._ranks[r].rank for r in self.dumps.local_ranks}
         own = [item for item in stacks if item.rank in mine]

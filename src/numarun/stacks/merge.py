@@ -43,6 +43,7 @@ from numarun.stacks.digest import (
 )
 from numarun.stacks.parse import (
     IMPORTING,
+    WAITS_IN_TORCH,
     RankStacks,
     Thread,
     format_ranks,
@@ -653,8 +654,7 @@ def ordered(view: JobView) -> tuple[list[JobClass], JobClass | None]:
 def _in_collective(item: JobClass) -> bool:
     threads = item.threads or ()
     return bool(threads) and any(
-        "torch/distributed/" in frame.file or "torch/nn/parallel/" in frame.file
-        for frame in threads[-1].frames
+        any(part in frame.file for part in WAITS_IN_TORCH) for frame in threads[-1].frames
     )
 
 

@@ -17,8 +17,10 @@ thread" only names the thread that happened to run the signal handler.
 :func:`parse_dump` turns that text into :class:`Thread` objects, without numarun's bootstrap frames
 (``numarun/worker/bootstrap.py``, ``spawning/childmain.py``, ``process/forkexec.py``, everything
 outside them, and the :mod:`runpy` frames between them and the user's module), so a stack starts at
-the user's program; and each run of import machinery frames (``<frozen importlib._bootstrap>``,
-``<frozen importlib._bootstrap_external>``: about 35 per nested import) collapsed into one
+the user's program, and without numarun's helper thread (:mod:`numarun.worker.dumphandler`: the
+one that runs the handler, not the program's); and each run of import machinery frames
+(``<frozen importlib._bootstrap>``, ``<frozen importlib._bootstrap_external>``: about 35 per
+nested import) collapsed into one
 :data:`IMPORTING` frame, as Python's own tracebacks leave them out, so that ranks importing the same
 modules group together whatever step of the import each is at. :func:`group_ranks` puts ranks with
 identical stacks (every thread's file, line and function; thread ids and which thread was
@@ -39,6 +41,7 @@ import time
 from collections.abc import Iterable, Sequence
 
 from numarun.machine.model import Value
+from numarun.worker.dumphandler import HELPER_FUNCTION
 
 __all__ = [
     "Frame",
@@ -62,12 +65,16 @@ _BOOTSTRAP_FILES = tuple(
     os.sep + os.path.join("numarun", *name.split("/"))
     for name in ("worker/bootstrap.py", "spawning/childmain.py", "process/forkexec.py")
 )
+# The helper thread's module.
+_HELPER_FILES = (os.sep + os.path.join("numarun", "worker", "dumphandler.py"),)
 # numarun/stacks/parse.py -> numarun/: every frame of numarun's own code.
 _NUMARUN_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 _STDLIB = re.compile(r"/lib(?:64)?/python\d+\.\d+/")
 _IMPORT_MACHINERY = ("<frozen importlib._bootstrap>", "<frozen importlib._bootstrap_external>")
 _PACKAGES = ("/site-packages/", "/dist-packages/")
-_COLLECTIVE = ("torch/distributed/", "torch/nn/parallel/")
+# A main thread with a frame here waits inside torch: a collective, a Work's wait, a backward
+# (DDP all-reduces the gradients from the autograd engine, so its stack shows no collective).
+WAITS_IN_TORCH = ("torch/distributed/", "torch/nn/parallel/", "torch/autograd/", "torch/_tensor.py")
 # The failure and hang summaries show this many innermost frames of each group's main thread.
 SUMMARY_FRAMES = 12
 _set = object.__setattr__  # how a Value's __init__ fills its slots
@@ -220,7 +227,7 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
     truncated = False
 
     def close() -> None:
-        if ident is not None:
+        if ident is not None and not _is_helper(frames):
             kept = _imports_collapsed(_without_bootstrap(frames))
             threads.append(Thread(ident, current, kept, truncated, bool(frames) and not kept))
 
@@ -244,6 +251,14 @@ def parse_dump(text: str) -> tuple[tuple[Thread, ...], bool]:
             more = True
     close()
     return tuple(threads), more
+
+
+def _is_helper(frames: Sequence[Frame]) -> bool:
+    """Whether these are the frames of numarun's helper thread (its bottom frame is the
+    helper's function in :mod:`numarun.worker.dumphandler`): not the program's, never shown."""
+    return bool(frames) and frames[-1].function == HELPER_FUNCTION and frames[-1].file.endswith(
+        _HELPER_FILES
+    )
 
 
 def _is_bootstrap(frame: Frame) -> bool:
@@ -343,8 +358,10 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     """(the majority, the groups whose stacks differ from it): the likely culprits of a hang.
 
     The majority is the largest group with stacks; between groups of the same size, the one
-    whose main thread is inside ``torch.distributed`` (waiting in a collective), if exactly one
-    is. With one group there is no odd one; without a majority (a tie) every group is listed.
+    whose main thread waits inside torch (:data:`WAITS_IN_TORCH`: a collective, a ``wait()``,
+    a backward whose gradients DDP all-reduces), if exactly one does: the others, in their own
+    code, are the likely partners it waits for (two ranks, one hang). With one group there is
+    no odd one; without a majority (a tie) every group is listed.
     """
     with_stacks = [group for group in groups if group.has_stacks]
     if not with_stacks:
@@ -354,7 +371,7 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     size = len(with_stacks[0].ranks)
     largest = [group for group in with_stacks if len(group.ranks) == size]
     if len(largest) > 1:
-        waiting = [group for group in largest if _in_collective(group.sample)]
+        waiting = [group for group in largest if waits_in_torch(group.sample)]
         if len(waiting) != 1:
             return None, with_stacks
         largest = waiting
@@ -362,10 +379,11 @@ def odd_ones_out(groups: Sequence[Group]) -> tuple[Group | None, list[Group]]:
     return majority, [group for group in with_stacks if group is not majority]
 
 
-def _in_collective(stacks: RankStacks) -> bool:
+def waits_in_torch(stacks: RankStacks) -> bool:
+    """Whether the rank's main thread waits inside torch (:data:`WAITS_IN_TORCH`)."""
     thread = stacks.main_thread
     return thread is not None and any(
-        any(part in frame.file.replace(os.sep, "/") for part in _COLLECTIVE)
+        any(part in frame.file.replace(os.sep, "/") for part in WAITS_IN_TORCH)
         for frame in thread.frames
     )
 

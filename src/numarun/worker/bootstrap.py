@@ -24,8 +24,13 @@ SIGSEGV prints Python tracebacks on stderr), and an uncaught exception other tha
 ``KeyboardInterrupt`` is written to ``$TORCHELASTIC_ERROR_FILE`` in torchrun's format -- unless
 that file already exists, i.e. the user's own ``@record`` wrote it first. And, before the
 user's code, numarun's stack dumps are armed (:mod:`numarun.worker.dumphandler`). A ``--preload``
-standby (``NUMARUN_STANDBY_FD`` set) first imports its modules and waits for its attempt
-(:mod:`numarun.worker.preload`); from its hand-over on, everything here is as in a cold worker.
+standby (``NUMARUN_STANDBY_FD`` set) first becomes what the cold worker is when its script's
+first line runs (``sys.argv``, ``sys.path[0]``, a fresh ``__main__`` with its ``__file__``: the
+imports find the files the cold worker's would, never the working directory's in place of the
+script directory's), arms the stack dumps on the file its attempt reads (a hang in an import is
+seen and declared as in a cold worker), then imports its modules and waits for its attempt
+(:mod:`numarun.worker.preload`); from its hand-over on, everything here is as in a cold worker,
+the script running in that same ``__main__``.
 
 Imports stay minimal because every worker pays for them (``benchmarks/bench_bootstrap.py``
 holds it within 5 ms of ``python -u script.py``): only ``os``, ``sys`` (loaded by every
@@ -59,30 +64,39 @@ def main(argv: "list[str] | None" = None) -> None:
         faulthandler.enable(all_threads=True)
     except (AttributeError, OSError, RuntimeError, ValueError):
         pass
+    target, args, as_module = _target(argv)
+    namespace = None
     if STANDBY_FD_ENV in os.environ:  # a --preload standby: imports, then its attempt
-        _standby()
-    _arm_stacks()
-    if argv[:1] == ["-m"]:
-        if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
-            _usage()
-        target, args, as_module = argv[1], argv[2:], True
+        namespace = _as_at_first_line(target, args, as_module)
+        armed = _arm_stacks()  # before the imports: a hang in them is seen as in a cold worker
+        _keep_armed(armed, _standby())
     else:
-        if argv[:1] == ["--"]:
-            argv = argv[1:]
-        elif argv[:1] and argv[0].startswith("-"):
-            _usage()
-        if not argv:
-            _usage()
-        target, args, as_module = argv[0], argv[1:], False
+        _arm_stacks()
     try:
         if as_module:
-            _run_module(target, args)
+            _run_module(target, args, namespace)
         else:
-            _run_script(target, args)
+            _run_script(target, args, namespace)
     except SystemExit:
         raise
     except BaseException as exc:
         _fail(exc)
+
+
+def _target(argv: "list[str]") -> "tuple[str, list[str], bool]":
+    """(script or module, its arguments, whether it is a module) from the bootstrap's argv;
+    bad usage exits 2."""
+    if argv[:1] == ["-m"]:
+        if len(argv) < 2 or not argv[1] or argv[1].startswith("-"):
+            _usage()
+        return argv[1], argv[2:], True
+    if argv[:1] == ["--"]:
+        argv = argv[1:]
+    elif argv[:1] and argv[0].startswith("-"):
+        _usage()
+    if not argv:
+        _usage()
+    return argv[0], argv[1:], False
 
 
 def _usage() -> None:
@@ -98,37 +112,104 @@ def _fresh_main() -> dict[str, object]:
     return module.__dict__
 
 
-def _standby() -> None:
+def _standby() -> "str | None":
     from numarun.worker.preload import standby
 
-    standby()
+    stacks_file = standby()
     sys.modules.pop("numarun.worker.preload", None)  # the launcher's, not the user's
+    return stacks_file
 
 
-def _arm_stacks() -> None:
+def _as_at_first_line(target: str, args: "list[str]", as_module: bool) -> "dict[str, object]":
+    """A standby, before its imports: ``sys.argv``, ``sys.path`` and ``__main__`` as the
+    cold worker has them when its script's (or module's) first line runs, so that the
+    preloaded imports find the same files and see the same process (the working directory
+    is the cold worker's already). Returns ``__main__``'s namespace, which the script runs in
+    after the hand-over (what the imports did to these stays, as in a cold worker)."""
+    if as_module:
+        origin = _module_file(target)
+        sys.argv = [origin or "-m", *args]
+        if not _safe_path():
+            _set_path0(os.getcwd())
+        namespace = _fresh_main()
+        if origin is not None:
+            namespace["__file__"] = origin
+        return namespace
+    sys.argv = [target, *args]
+    if os.path.isdir(target) or not _is_plain_file(target):
+        _path_entry(target)
+        return _fresh_main()
+    if not _safe_path():
+        _set_path0(os.path.dirname(os.path.realpath(target)))
+    return _script_main(os.path.abspath(target))
+
+
+def _module_file(name: str) -> "str | None":
+    """Where ``python -m name`` finds the module's file (its ``sys.argv[0]``), located
+    without importing anything (a package's ``__path__`` as its directory); None when not
+    found here (the run then says why, as ``python -m`` would)."""
+    from _frozen_importlib_external import PathFinder
+
+    safe = _safe_path()
+    path = [*([] if safe else [os.getcwd()]), *sys.path[0 if safe else 1 :]]
+    parts = name.split(".")
+    try:
+        for depth in range(1, len(parts) + 1):
+            spec = PathFinder.find_spec(".".join(parts[:depth]), path)
+            if spec is None:
+                return None
+            path = list(spec.submodule_search_locations or ())
+        if spec.submodule_search_locations is not None:  # a package: its __main__ runs
+            spec = PathFinder.find_spec(f"{name}.__main__", path)
+        return spec.origin if spec is not None else None
+    except (ImportError, OSError, ValueError):
+        return None
+
+
+def _keep_armed(armed: "tuple[str, int] | None", handed: "str | None") -> None:
+    """After the hand-over (``handed``: the attempt's stack-dump file): the stack dumps stay
+    armed on the file they were armed on before the imports when the attempt's is the same
+    (the launcher gives a standby its attempt's file at birth). Otherwise the attempt's file
+    is armed instead (unarmed without one), and the first file's fd is closed."""
+    if armed is not None and handed == armed[0]:
+        return
+    if _arm_stacks(handed) is None and armed is not None:
+        from numarun.worker.dumphandler import STACKS_SIGNAL
+
+        faulthandler.unregister(STACKS_SIGNAL)  # never a dump into a closed (reused) fd
+    if armed is not None:
+        try:  # noqa: SIM105
+            os.close(armed[1])
+        except OSError:
+            pass
+
+
+def _arm_stacks(path: "str | None" = None) -> "tuple[str, int] | None":
     try:
         from numarun.worker.dumphandler import arm
     except ImportError:  # a copy of this file run outside its package: run unarmed
-        return
-    arm()
+        return None
+    return arm(path)
 
 
-def _run_module(name: str, args: list[str]) -> None:
+def _run_module(name: str, args: list[str], namespace: "dict[str, object] | None") -> None:
     import runpy  # `python -m MODULE` imports it too
 
-    sys.argv = ["-m", *args]
-    if not _safe_path():
-        _set_path0(os.getcwd())  # what `python -m` puts first
-    _fresh_main()
+    if namespace is None:
+        sys.argv = ["-m", *args]
+        if not _safe_path():
+            _set_path0(os.getcwd())  # what `python -m` puts first
+        _fresh_main()
     # The same entry point `python -m` uses: argv[0] becomes the module's file, the code runs
     # in sys.modules["__main__"], "No module named x" exits 1 with python's message.
     runpy._run_module_as_main(name, alter_argv=True)  # type: ignore[attr-defined]
 
 
-def _run_script(path: str, args: list[str]) -> None:
-    sys.argv = [path, *args]
+def _run_script(path: str, args: list[str], namespace: "dict[str, object] | None") -> None:
+    if namespace is None:
+        sys.argv = [path, *args]
     if os.path.isdir(path) or not _is_plain_file(path):
-        _run_path(path)
+        _run_path(path, prepared=namespace is not None)
         return
     absolute = os.path.abspath(path)
     try:
@@ -139,13 +220,19 @@ def _run_script(path: str, args: list[str]) -> None:
             f"{sys.executable}: can't open file {absolute!r}: [Errno {err.errno}] {err.strerror}\n"
         )
         sys.exit(2)
-    if not _safe_path():
-        _set_path0(os.path.dirname(os.path.realpath(path)))
+    if namespace is None:
+        if not _safe_path():
+            _set_path0(os.path.dirname(os.path.realpath(path)))
+        namespace = _script_main(absolute)
+    code = compile(source, absolute, "exec", dont_inherit=True)
+    exec(code, namespace)
+
+
+def _script_main(absolute: str) -> "dict[str, object]":
     namespace = _fresh_main()
     namespace.update(__file__=absolute, __cached__=None, __package__=None, __spec__=None)
     namespace["__loader__"] = _source_loader(absolute)
-    code = compile(source, absolute, "exec", dont_inherit=True)
-    exec(code, namespace)
+    return namespace
 
 
 def _is_plain_file(path: str) -> bool:
@@ -159,17 +246,22 @@ def _is_plain_file(path: str) -> bool:
         return True
 
 
-def _run_path(path: str) -> None:
+def _run_path(path: str, *, prepared: bool = False) -> None:
     import runpy
 
+    if not prepared:
+        _path_entry(path)
+        _fresh_main()
+    runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
+
+
+def _path_entry(path: str) -> None:
     # What python does for a directory or zip archive: the path itself, absolute, becomes
     # sys.path[0] (even under -P) and its __main__ module runs; sys.argv[0] stays as given.
     if _safe_path():
         sys.path.insert(0, os.path.abspath(path))
     else:
         _set_path0(os.path.abspath(path))
-    _fresh_main()
-    runpy._run_module_as_main("__main__", alter_argv=False)  # type: ignore[attr-defined]
 
 
 def _safe_path() -> bool:
