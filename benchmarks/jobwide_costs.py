@@ -276,7 +276,7 @@ def standin_traffic(nodes: int, seconds: float, look: float = 2.0) -> dict:
 _RANK = r"""
 import os, sys, threading, time
 sys.path[:0] = [{src!r}]
-from numarun.stacks.dumphandler import arm
+from numarun.worker.dumphandler import arm
 arm()
 def deep(n):
     if n == 0:
@@ -313,9 +313,8 @@ def dump_latency(ranks: int = 8, samples: int = 40) -> dict:
     launcher's CPU per rank for asking and reading, the dump's size."""
     import tempfile
 
-    from numarun.stacks.dumphandler import STACKS_FILE_ENV
-
     from numarun.stacks.dumps import RankDumps, _structurally_complete
+    from numarun.worker.dumphandler import STACKS_FILE_ENV
 
     src = str(HERE.parent / "src")
     with tempfile.TemporaryDirectory() as folder:

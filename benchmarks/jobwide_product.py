@@ -9,14 +9,9 @@ from __future__ import annotations
 
 from numarun.cmdline.config import parse_args  # noqa: F401
 from numarun.jobwide import protocol  # noqa: F401
+from numarun.jobwide.hangverdict import STILL_NODES_KEY, STILLS_KEY  # noqa: F401
 from numarun.jobwide.notices import JobNotices  # noqa: F401
-from numarun.jobwide.protocol import (  # noqa: F401
-    CLAIM_KEY,
-    COMPLETE_KEY,
-    FRAMES_KEY,
-    STILL_NODES_KEY,
-    STILLS_KEY,
-)
+from numarun.jobwide.protocol import CLAIM_KEY, COMPLETE_KEY, FRAMES_KEY  # noqa: F401
 from numarun.process.loop import Loop  # noqa: F401
 from numarun.process.spec import WorkerExit  # noqa: F401
 from numarun.rendezvous.round import Round as NodeRound  # noqa: F401

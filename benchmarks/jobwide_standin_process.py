@@ -159,7 +159,9 @@ class StandInProcess:
     def times(self, kind: str) -> dict[int, float | None]:
         """When each live stand-in's loop first had ``kind`` in this round: a result kind,
         ``verdict`` (a hang stop), ``still`` (its hang watch said still), ``stopped`` (any
-        stop request: a verdict, a notice, its own look), ``outcome`` (stopped or merged)."""
+        stop request: a verdict, a notice, its own look), ``outcome`` (stopped or merged),
+        ``over`` (another node's notice, or its own failure: a node reads no notice after its
+        own)."""
         found: dict[int, float | None] = {}
         for index, stand_in in self.stand_ins.items():
             if stand_in.fate.dead.is_set():
@@ -169,6 +171,9 @@ class StandInProcess:
                 found[index] = stand_in.verdict_at()
             elif kind == "stopped":
                 found[index] = stopped[0] if stopped else None
+            elif kind == "over":  # the round is over for it: another's notice, or its own
+                found[index] = min([t for t in (stand_in.times.get("notice"),
+                                                stand_in.times.get("failed")) if t] or [None])  # type: ignore[type-var]
             elif kind == "outcome":
                 found[index] = min([t for t in (stopped[0] if stopped else None,
                                                 stand_in.times.get("merged")) if t] or [None])  # type: ignore[type-var]
@@ -234,7 +239,7 @@ class StandInProcess:
             _, frames = product.node_digest(
                 stand_in.raw(), node=round_.me, host=round_.host, pid=round_.pid,
                 state="answer", known=product.protocol.state(round_).classes)  # fmt: skip
-            product.protocol.publish(stand_in.node.watch, round_, frames)
+            product.protocol.publish(stand_in.node.watch, round_, frames, round_.conn)
 
         stand_in.node.watch.queue(publish)
         return {"t0": time.monotonic()}

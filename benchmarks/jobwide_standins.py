@@ -740,6 +740,7 @@ class StandIn:
         as the launcher takes them: blocking, at most 1 s), then the notice."""
         ended = product.WorkerExit(0, self.index * self.ranks, 10_000, 1, None, "failed",
                                    time.time())  # fmt: skip
+        self.times.setdefault("failed", time.monotonic())
         self.stacks.on_failure(ended)
         self.view.on_worker_failure(ended)
 

@@ -11,7 +11,6 @@ ends what it started and checks that nothing of its job is left (each job has it
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import re
@@ -24,20 +23,36 @@ from pathlib import Path
 import pytest
 
 from job_processes import processes_with_run_id
-from numarun.placement.workerenv import free_port
+from rdzv_jobs import (
+    LIMIT,
+    PROGRAMS,
+    Job,
+    env,
+    finish,
+    gone,
+    numarun_lines,
+    read_ready,
+    round_store,
+    stacks,
+    stacks_until,
+    started_job,
+    with_signal,
+)
 from torch_python import TORCH_PYTHON, require_torch, torch_release
 
 TORCH_VERSION = require_torch()
 
-PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 JW = str(PROGRAMS / "gloo_multinode.py")
 ST = str(PROGRAMS / "gloo_stuck_rank.py")
 ELASTIC = str(PROGRAMS / "rdzv_restart_modes.py")
-NUMARUN = [TORCH_PYTHON, "-m", "numarun"]
 TORCHRUN = [TORCH_PYTHON, "-m", "torch.distributed.run"]
-SRC = str(Path(__file__).resolve().parents[2] / "src")
-LIMIT = 120.0
 TORCH_RELEASE = torch_release(TORCH_VERSION)
+
+
+@pytest.fixture
+def job(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Job]:
+    yield from started_job(request, tmp_path)
+
 # torch 2.4's TCPStore client gives up when a signal interrupts its connect (retried from 2.5 on,
 # pytorch/pytorch#129261), and under torch 2.4 a worker waits in that connect until rank 0's
 # worker hosts the store: a stack sample of --hang-timeout (signal 42) then and there ends it in
@@ -47,153 +62,6 @@ SAMPLES_MAY_INTERRUPT_INIT = pytest.mark.xfail(
     reason="torch 2.4: a stack sample can interrupt the workers' TCPStore connect (EINTR)",
     strict=False,
 )
-
-
-def _env(runtime: Path | None = None, **extra: str) -> dict[str, str]:
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PET_", "SLURM_", "OMPI_", "TORCHELASTIC_", "TORCH_", "NUMARUN_"))
-        and key not in ("MASTER_ADDR", "MASTER_PORT", "PYTHON_EXEC")
-    }
-    env["PYTHONPATH"] = SRC + os.pathsep + env.get("PYTHONPATH", "")
-    env["GLOO_SOCKET_IFNAME"] = "lo"
-    env["OMP_NUM_THREADS"] = "1"
-    if runtime is not None:
-        env["NUMARUN_RUNTIME_DIR"] = str(runtime)
-    env.update(extra)
-    return env
-
-
-class Job:
-    """The launchers of one test's job; :meth:`close` kills what is left, workers included."""
-
-    def __init__(self, run_id: str, tmp: Path) -> None:
-        self.run_id = run_id
-        self.port = free_port()
-        self.tmp = tmp
-        self.started: list[subprocess.Popen[bytes]] = []
-
-    def runtime(self, node: int) -> Path:
-        path = self.tmp / f"rt{node}"
-        path.mkdir(mode=0o700, exist_ok=True)
-        return path
-
-    def flags(self, nnodes: str = "2", nproc: int = 2) -> list[str]:
-        return [
-            "--nnodes", nnodes, "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", self.run_id,
-        ]  # fmt: skip
-
-    def start(self, node: int, *argv: str, launcher: list[str] = NUMARUN) -> subprocess.Popen:
-        proc = subprocess.Popen(
-            [*launcher, *argv],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            env=_env(self.runtime(node)),
-        )
-        self.started.append(proc)
-        return proc
-
-    def close(self) -> None:
-        for proc in self.started:
-            if proc.poll() is None:
-                with_signal(proc, signal.SIGCONT)
-                proc.kill()
-            proc.communicate()
-        for pid in processes_with_run_id(self.run_id):
-            os.kill(pid, signal.SIGKILL)
-
-
-def with_signal(proc: subprocess.Popen, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(proc.pid, signum)
-
-
-@pytest.fixture
-def job(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Job]:
-    name = f"jw-{request.node.name[:30]}-{os.getpid()}".replace("[", "-").strip("]")
-    started = Job(name, tmp_path)
-    try:
-        yield started
-    finally:
-        started.close()
-
-
-def read_ready(procs: list[subprocess.Popen], count: int, limit: float = LIMIT) -> dict[int, int]:
-    """rank -> pid from the workers' ``ready <rank> <pid>`` lines on the launchers' stdout
-    (read byte by byte from the raw fds: later output stays in the pipes)."""
-    import select
-
-    fds = {proc.stdout.fileno(): proc for proc in procs}  # type: ignore[union-attr]
-    pending = {fd: b"" for fd in fds}
-    ready: dict[int, int] = {}
-    deadline = time.monotonic() + limit
-    while len(ready) < count:
-        left = deadline - time.monotonic()
-        readable, _, _ = select.select(list(fds), [], [], max(0.0, left))
-        if not readable:
-            raise AssertionError(f"only {sorted(ready)} ready after {limit} s")
-        for fd in readable:
-            chunk = os.read(fd, 1)
-            if not chunk:
-                proc = fds.pop(fd)
-                raise AssertionError(f"a launcher ended: {proc.wait()} {proc.stderr.read()!r}")
-            pending[fd] += chunk
-            if chunk == b"\n":
-                line, pending[fd] = pending[fd].decode(), b""
-                if line.startswith("ready "):
-                    _, rank, pid = line.split()
-                    ready[int(rank)] = int(pid)
-    return ready
-
-
-def stacks(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*NUMARUN, "stacks", *args], env=_env(runtime), capture_output=True, text=True, timeout=60
-    )
-
-
-def stacks_until(runtime: Path, *wanted: str) -> str:
-    deadline = time.monotonic() + 30
-    while True:
-        done = stacks(runtime)
-        assert done.returncode == 0, done.stderr
-        if all(text in done.stdout for text in wanted) or time.monotonic() > deadline:
-            return done.stdout
-        time.sleep(0.3)
-
-
-def finish(proc: subprocess.Popen, limit: float = LIMIT) -> tuple[int, str, str]:
-    try:
-        out, err = proc.communicate(timeout=limit)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"{proc.args} did not end: {err.decode()[-3000:]}") from None
-    return proc.returncode, out.decode(), err.decode()
-
-
-def gone(pids: list[int], limit: float = 15.0) -> bool:
-    deadline = time.monotonic() + limit
-    while True:
-        alive = []
-        for pid in pids:
-            try:
-                with open(f"/proc/{pid}/stat") as file:
-                    if file.read().rsplit(")", 1)[1].split()[0] not in "ZX":
-                        alive.append(pid)
-            except OSError:
-                pass
-        if not alive:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-
-
-def numarun_lines(stderr: str) -> list[str]:
-    return [line for line in stderr.splitlines() if line.startswith("numarun: ")]
 
 
 # --- stacks of the whole job ---------------------------------------------------------------------
@@ -436,7 +304,7 @@ def _launch_without(
         f"raise SystemExit(main({argv!r}))\n"
     )
     return subprocess.run(
-        [TORCH_PYTHON, "-c", code], env=_env(runtime), capture_output=True, text=True,
+        [TORCH_PYTHON, "-c", code], env=env(runtime), capture_output=True, text=True,
         timeout=LIMIT,
     )  # fmt: skip
 
@@ -494,7 +362,7 @@ def test_a_torch_older_than_2_4_is_refused_in_one_line_naming_it(job: Job, tmp_p
         f"raise SystemExit(main({argv!r}))\n"
     )
     done = subprocess.run(
-        [TORCH_PYTHON, "-c", code], env=_env(job.runtime(0)), capture_output=True, text=True,
+        [TORCH_PYTHON, "-c", code], env=env(job.runtime(0)), capture_output=True, text=True,
         timeout=LIMIT,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
@@ -595,23 +463,6 @@ def test_four_nodes_stacks_are_classes_with_rank_and_node_ranges(job: Job) -> No
     assert gone(list(pids.values()))
 
 
-def _round_store(job: Job) -> object:
-    """The job's round in its store, as anyone who can reach the port sees it."""
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    client = dist.TCPStore("127.0.0.1", job.port, is_master=False, wait_for_workers=False,
-                           timeout=timedelta(seconds=30))  # fmt: skip
-    deadline = time.monotonic() + LIMIT
-    while time.monotonic() < deadline:
-        keys = [key for key in client.list_keys() if key.endswith("/numarun/nodes")]
-        if keys:
-            return dist.PrefixStore(keys[0][: -len("/numarun/nodes")], client)
-        time.sleep(0.2)
-    raise AssertionError("no numarun keys in the store")
-
-
 def test_every_forgery_of_the_stores_content_is_named_and_survived(job: Job) -> None:
     # Issue 23 item 5: a deeply nested post (a RecursionError traceback, exit 1 on both
     # nodes), a non-numeric counter ("lost the c10d rendezvous"), control characters reaching
@@ -619,7 +470,7 @@ def test_every_forgery_of_the_stores_content_is_named_and_survived(job: Job) -> 
     flags = [*job.flags(), "--monitor-interval", "0.5"]
     nodes = [job.start(n, *flags, UNEVEN, "parked", "3") for n in (0, 1)]
     pids = read_ready(nodes, 4)
-    store = _round_store(job)
+    store = round_store(job)
     view = (b'{"v": 2, "kind": "hang", "by": "evil", "size": 2, "answered": [[0, 2, 1]],'
             b' "missing": [], "notes": [], "idle": 1, "classes": []}')  # fmt: skip
     count = store.add("numarun/events", 1)
@@ -647,7 +498,8 @@ def test_every_forgery_of_the_stores_content_is_named_and_survived(job: Job) -> 
     assert "\x1b" not in both and "\x07" not in both
     assert "lost the" not in both
     assert "numarun/events holds 'not a number \\x1b[31m', not a number" in both
-    assert "a hang verdict posted by node 1 reached this node, whose ranks were never still" in both
+    assert "a hang verdict posted by node 1 reached this node, whose ranks are moving: not " \
+           "acted on, and denied" in both  # fmt: skip
     assert "numarun/events moved from" in both
     assert "stopped: node 1: \\x1b]0;pwned\\x07gone" in both
     assert "the notice of node 1: a digest: " in both and "its ranks not shown" in both

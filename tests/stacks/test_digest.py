@@ -109,3 +109,46 @@ def test_any_json_read_back_gives_a_view_or_one_line(document: object) -> None:
             read(data)
         except codec.PostError as error:
             assert "\n" not in str(error)
+
+
+# --- what decoding a post may cost ---------------------------------------------------------------
+
+
+def test_a_digest_naming_more_ranks_than_the_job_is_refused_before_it_is_expanded() -> None:
+    # 1,000 classes of every rank of a job of 4 million: 4 billion ranks in 50 KB, refused
+    # before any is built (this test would need a hundred GB otherwise).
+    world = 1 << 22
+    classes = [{"id": f"{n:016x}", "ranks": [[0, world, 1]]} for n in range(1000)]
+    post = json.dumps({"v": 2, "node": 0, "host": "h", "pid": 1, "state": "still",
+                       "classes": classes, "problems": []}).encode()  # fmt: skip
+    assert len(post) <= codec.DIGEST_LIMIT
+    with pytest.raises(codec.PostError, match="more ranks than the job has"):
+        codec.read_digest(post, below=world)
+    one = json.dumps({"v": 2, "node": 0, "host": "h", "pid": 1, "state": "still",
+                      "classes": classes[:1], "problems": []}).encode()  # fmt: skip
+    assert codec.read_digest(one, below=world).rank_count == world
+    with pytest.raises(codec.PostError, match="more ranks than the job has"):
+        codec.read_digest(one, below=world, most=world - 1)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "why"),
+    [
+        ("count", 17, "count is not a whole number from 1 to 16"),
+        ("node_count", 3, "node_count is not a whole number from 1 to 2"),
+        ("nodes", [[0, 5, 1]], "nodes is not a whole number from 1 to 2"),
+    ],
+)
+def test_a_view_is_read_within_the_jobs_ranks_and_the_rounds_nodes(
+    field: str, value: object, why: str
+) -> None:
+    item = {"ranks": [[0, 1, 1]], "nodes": [[0, 1, 1]], "hosts": "h", "problem": "p", field: value}
+    view = json.dumps({"v": 2, "kind": "hang", "by": "x", "size": 2, "answered": [[0, 2, 1]],
+                       "missing": [], "notes": [], "idle": 1, "classes": [item]}).encode()
+    with pytest.raises(codec.PostError, match=why):
+        merge.read_view(view, world=16, nodes=2)
+    classes = [{"ranks": [[0, 16, 1]], "nodes": [[0, 2, 1]], "hosts": "h", "problem": "p"}] * 2
+    twice = json.dumps({"v": 2, "kind": "hang", "by": "x", "size": 2, "answered": [[0, 2, 1]],
+                        "missing": [], "notes": [], "idle": 1, "classes": classes}).encode()
+    with pytest.raises(codec.PostError, match="more ranks than the job has"):
+        merge.read_view(twice, world=16, nodes=2)

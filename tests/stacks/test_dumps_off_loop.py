@@ -166,6 +166,32 @@ def test_a_rank_that_does_not_answer_is_unknown_and_its_node_never_still(
     assert [item.problem for item in hang.last_raw()][1] == PENDING
 
 
+def test_a_rank_with_no_python_frame_is_unknown_not_still(
+    ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
+) -> None:
+    # A rank whose interpreter is exiting (gloo's teardown on a loaded machine: seconds) shows
+    # no Python frame in any thread, sample after sample: it was taken for a still rank, and a
+    # job whose other node had finished was declared hung.
+    dumps, supervisor = ranks("park")
+    exiting = b"Current thread 0x00007f3f01481b80 (most recent call first):\n  <no Python frame>\n"
+    dumps.read = lambda local_rank: exiting  # type: ignore[method-assign]
+    marks: list[str] = []
+
+    class Job:
+        def still(self, dumps_: list, idle: float) -> None:
+            marks.append("still")
+
+        def moving(self) -> None:
+            marks.append("moving")
+
+    hang = HangWatch(dumps, 0.6, output_watched=False, job=Job())
+    hang.attach(supervisor)  # type: ignore[arg-type]
+    for _ in range(8):  # ticks by hand, well past the timeout
+        hang.tick()
+        time.sleep(0.15)
+    assert marks == [] and hang.report is None
+
+
 def test_a_node_whose_ranks_all_answer_and_stay_put_is_hung(
     ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
 ) -> None:

@@ -14,9 +14,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 
-from numarun.jobwide import protocol
+from numarun.jobwide import hangverdict, protocol
 from numarun.jobwide.results import Ask, Hang, Merged
+from numarun.rendezvous.storeops import first_line
 from numarun.rendezvous.storewatch import StoreWatch, post_event
+
+ASK_LIMIT = 4.5  # seconds a whole-job request may take before its client is told why not
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -39,6 +42,7 @@ class JobNotices:
         self._watch = node.watch
         self._stacks: JobStacks | None = None
         self._asks: dict[str, Callable[[dict], None]] = {}
+        self._timers: dict[str, object] = {}
 
     def attach(self, stacks: JobStacks | None) -> None:
         """This attempt's stacks: the whole job's served through them (``numarun stacks``),
@@ -52,7 +56,20 @@ class JobNotices:
 
     def on_event(self, round_: WatchedRound, number: int, kind: str, sender: int,
                  fields: list[str], body: bytes) -> None:  # fmt: skip
-        protocol.on_event(self._watch, round_, number, kind, sender, fields, body)
+        """In the store thread, event ``number`` of a kind that is not the rendezvous's own:
+        ``stacks`` (a request), ``hang`` (a verdict), ``deny`` (a node whose ranks move denies
+        one); anything else is named and ignored."""
+        watch = self._watch
+        if kind == "stacks":
+            token = fields[2][:32] if len(fields) > 2 else ""
+            protocol.answer_request(watch, round_, number, sender, token)
+        elif kind == "hang":
+            hangverdict.read_verdict(watch, round_, number, sender, body)
+        elif kind == "deny":
+            hangverdict.read_deny(watch, round_, sender, fields)
+        elif kind != "merged":  # an earlier numarun's answer: its asking node's alone
+            watch.note(round_, f"event {number}", f"event {number} is of no kind numarun "
+                       "posts: ignored")  # fmt: skip
 
     def read_notice(self, round_: WatchedRound, sender: int, post: bytes) -> Notice:
         return protocol.read_notice(round_, sender, post)
@@ -85,8 +102,11 @@ class JobNotices:
                 self._stacks.take_async(lambda dumps: self._watch.answer(number, dumps))
         elif isinstance(result, Merged):
             reply = self._asks.pop(result.token, None) if result.token else None
+            timer = self._timers.pop(result.token, None)
+            if timer is not None:
+                timer.cancel()  # type: ignore[attr-defined]
             if reply is not None:
-                reply(_job_fields(result.view, result.frames))
+                reply(_job_fields(result.view, result.frames, result.why))
         elif isinstance(result, Hang):
             hang = self._stacks.hang if self._stacks is not None else None
             if hang is not None:
@@ -99,12 +119,15 @@ class JobNotices:
         for reply in self._asks.values():
             reply({"error": "the attempt ended before every node answered"})
         self._asks.clear()
+        for timer in self._timers.values():
+            timer.cancel()  # type: ignore[attr-defined]
+        self._timers.clear()
 
     # --- the launcher's calls --------------------------------------------------------------------
 
     def hang_job(self) -> _HangJob:
         """What ``--hang-timeout`` calls to judge over every node (:mod:`numarun.stacks.hang`)."""
-        return _HangJob(self._watch)
+        return _HangJob(self._node, self._watch)
 
     def on_worker_failure(self, ended: WorkerExit) -> None:
         """The supervisor's ``on_failure``: the node tells the other nodes at once, with where
@@ -139,30 +162,47 @@ class JobNotices:
         token = os.urandom(6).hex()
         self._asks[token] = reply
         me, after, watch = round_.me, round_.seen, self._watch
+        stacks = self._stacks
+        timer = stacks.call_later(ASK_LIMIT, lambda: self._expired(token)) if stacks else None
+        if timer is not None:
+            self._timers[token] = timer
 
         def noted(line: str) -> None:
             watch.note(round_, "events", line)
 
         def ask(conn: Conn) -> None:
-            key = post_event(conn, f"stacks {me} {token}", after=after, note=noted)
+            try:
+                key = post_event(conn, f"stacks {me} {token}", after=after, note=noted)
+            except Exception as error:
+                watch.report(round_, Merged(token, None, {}, "the request could not be posted "
+                                            f"({type(error).__name__}: {first_line(error)})"))
+                raise
             if key is not None:
                 round_.shared.append(key)
 
-        StoreWatch.post(round_, ask)
+        watch.post(round_, ask, "this node's stacks request")
+
+    def _expired(self, token: str) -> None:
+        self._timers.pop(token, None)
+        reply = self._asks.pop(token, None)
+        if reply is not None:
+            reply({"error": f"no merged answer came back through the rendezvous store within "
+                            f"{ASK_LIMIT:g} s (see the launcher's warnings)"})
 
 
 class _HangJob:
-    """``--hang-timeout`` over every node: this node's still/moving marks go to the store
-    thread (:mod:`numarun.jobwide.protocol`)."""
+    """``--hang-timeout`` over every node: this node's still/moving marks, posted at once
+    (:func:`numarun.jobwide.hangverdict.mark`)."""
 
-    def __init__(self, watch: StoreWatch) -> None:
+    def __init__(self, node: ElasticNode, watch: StoreWatch) -> None:
+        self._node = node
         self._watch = watch
 
     def still(self, dumps: list[Raw], idle: float) -> None:
-        protocol.mark_still(self._watch, dumps)
+        hangverdict.mark(self._watch, self._node.watched_round, "still", dumps)
 
     def moving(self) -> None:
-        protocol.mark_moving(self._watch)
+        hangverdict.mark(self._watch, self._node.watched_round, "moving", [])
 
 
 class _BarrierHang:
@@ -180,7 +220,7 @@ class _BarrierHang:
         node_round = self._node.round
         assert node_round is not None
         ended = "ended with exit code 0; its node waits in the exit barrier"
-        protocol.mark_done(self._watch, [
+        hangverdict.mark(self._watch, self._node.watched_round, "done", [
             _raw(place.rank, local_rank, ended)
             for local_rank, place in enumerate(node_round.workers)
         ])  # fmt: skip
@@ -197,11 +237,11 @@ def _raw(rank: int, local_rank: int, problem: str) -> Raw:
     return Raw(rank, local_rank, None, "", problem)
 
 
-def _job_fields(view: JobView | None, frames: dict[str, bytes]) -> dict:
+def _job_fields(view: JobView | None, frames: dict[str, bytes], why: str = "") -> dict:
     """The reply fields of a whole-job ``numarun stacks`` request: the merged classes with
     their frames, as one JSON text the client reads back checked."""
     if view is None:
-        return {"error": "the merged stacks that came back through the store are unreadable"}
-    from numarun.stacks.merge import encode_view
+        return {"error": f"the whole job's stacks are unavailable: {why or 'unreadable'}"}
+    from numarun.stacks.merge import REPLY_LIMIT, encode_view
 
-    return {"job_wide": True, "view": encode_view(view, frames).decode()}
+    return {"job_wide": True, "view": encode_view(view, frames, limit=REPLY_LIMIT).decode()}

@@ -28,20 +28,23 @@ class Ask(Value):
 
 
 class Merged(Value):
-    """The merged answer to this node's request ``token`` (empty: another node's): the job's
-    classes (``view``, None when unreadable) and their ``frames``."""
+    """The merged answer to this node's request ``token``: the job's classes (``view``, None
+    when there is none: ``why`` says why) and their ``frames``."""
 
     kind = "merged"
-    _fields = ("token", "view", "frames")
+    _fields = ("token", "view", "frames", "why")
     __slots__ = _fields
     token: str
     view: JobView | None
     frames: dict[str, bytes]
+    why: str
 
-    def __init__(self, token: str, view: JobView | None, frames: dict[str, bytes]) -> None:
+    def __init__(self, token: str, view: JobView | None, frames: dict[str, bytes],
+                 why: str = "") -> None:  # fmt: skip
         object.__setattr__(self, "token", token)
         object.__setattr__(self, "view", view)
         object.__setattr__(self, "frames", frames)
+        object.__setattr__(self, "why", why)
 
 
 class Hang(Value):

@@ -506,7 +506,7 @@ def _job_hang_lines(hang: Any) -> list[str]:
     odd = [item for item in shown if item.problem is None and item is not majority]
     lines = [f"Declared by {hang.by}." if hang.by else ""]
     if odd:
-        label = "Likely culprit" if len(odd) == 1 and len(odd[0].ranks) == 1 else "Likely culprits"
+        label = "Likely culprit" if len(odd) == 1 and odd[0].count == 1 else "Likely culprits"
         why = "stacks differ from the other ranks'" if majority is not None else (
             "still running while the other ranks had ended"
         )
@@ -514,7 +514,7 @@ def _job_hang_lines(hang: Any) -> list[str]:
         for item in odd:
             label_text, _, where = heading(item).partition(": ")
             details = [nodes_text(item)] if item.nodes else []
-            pid = item.pids.get(item.ranks[0]) if len(item.ranks) == 1 else None
+            pid = item.pids.get(item.ranks[0]) if item.count == 1 else None
             if pid:
                 details.append(f"pid {pid}")
             lines.append(f"  {label_text} ({', '.join(details)}): {where}")

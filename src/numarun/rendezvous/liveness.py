@@ -19,12 +19,14 @@ that the next round forms seconds after a node is lost, not after torch's 15 s w
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from datetime import datetime, timezone
 
-from numarun.rendezvous.storeops import Forged, as_count
-from numarun.rendezvous.storewatch import ALIVE_KEY, read_count
+from numarun.rendezvous import torchcompat
+from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line, root_cause
+from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY, read_count
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -32,7 +34,6 @@ if TYPE_CHECKING:
     from typing import Any
 
     from numarun.cmdline.config import LaunchConfig
-    from numarun.rendezvous.storeops import Conn
     from numarun.rendezvous.storewatch import WatchedRound
 
 _MIN_LOOKS = 3  # a silent neighbour is declared gone after at least this many looks
@@ -46,6 +47,28 @@ beats missed. A launcher that is alive beats from its own thread, whatever its w
 that thread's longest wait inside one event of the whole-job view (an answer from its loop,
 then the other nodes' digests: 3.5 s at most) stays below it."""
 _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
+
+
+def register(store: Any, rank: int) -> None:
+    """Say this node (group rank ``rank``) is a numarun node of the round: its first beat and
+    1 added to the round's count, on torch's connection (read before added to: a forged value
+    must not make the store close it; a connection of numarun's own would cost one per
+    round). What fails (numarun's keys only: the rendezvous is fine) is one line."""
+    conn = Conn(store, clone=False)
+    try:
+        for key in (ALIVE_KEY.format(rank), NODES_KEY):
+            with contextlib.suppress(Forged):  # named by the watch when it matters
+                conn.add(key, 1)
+    except Exception as error:
+        cause = root_cause(error)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(
+                "numarun: warning: the rendezvous store: this node could not say it is a "
+                f"numarun node ({type(cause).__name__}: {first_line(cause)}): the others take "
+                "it for a torchrun node; the training goes on\n"
+            )
+    finally:
+        conn.close()
 
 
 class Heartbeats:
@@ -88,13 +111,14 @@ class Heartbeats:
         self._next_look = now + self.beat_interval
         return True
 
-    def look(self, round_: WatchedRound) -> int | None:
+    def look(self, round_: WatchedRound, handler: Any = None) -> int | None:
         """When due (:meth:`due`), a look at the neighbour's beat: the neighbour's group rank
-        once it is silent (:meth:`silent_neighbour`), else None. This node's own beats come
-        from the store watch's ``numarun-beat`` thread (:meth:`beat`)."""
+        once it is silent (:meth:`silent_neighbour`, torch's keep-alive in ``handler``'s
+        state cross-checked), else None. This node's own beats come from the store watch's
+        ``numarun-beat`` thread (:meth:`beat`)."""
         if not self.due():
             return None
-        return self.silent_neighbour(round_)
+        return self.silent_neighbour(round_, handler)
 
     def beat(self, round_: WatchedRound, conn: Conn) -> None:
         """Add 1 to this node's counter through ``conn`` (one that is not a number is named
@@ -106,9 +130,12 @@ class Heartbeats:
             self._note(round_, key, f"{forged}; set back to 1")
             conn.repair(key, forged.value, 1)
 
-    def silent_neighbour(self, round_: WatchedRound) -> int | None:
-        """The watched node's group rank once its beat stood still for the silence limit.
-        A node that never beat (a torchrun node) is passed over for the next one."""
+    def silent_neighbour(self, round_: WatchedRound, handler: Any = None) -> int | None:
+        """The watched node's group rank once its beat stood still for the silence limit,
+        unless torch's own keep-alive of that node is fresh in ``handler``'s state (then a
+        value frozen by another client of the store: named once, the node not taken for gone;
+        a handler without that state leaves it to numarun's beat). A node that never beat (a
+        torchrun node) is passed over for the next one."""
         if self._watched is None:
             return None
         now = time.monotonic()
@@ -126,6 +153,13 @@ class Heartbeats:
             following = (self._watched + 1) % round_.size
             self._watched = None if following == round_.me else following
             self._watched_since = now
+            return None
+        if torchcompat.keep_alive_fresh(handler, self._watched, self.silence_limit) is True:
+            key = ALIVE_KEY.format(self._watched)
+            self._note(round_, f"{key} frozen", f"{key} stood still for {self.silence_limit:g} "
+                       f"s while torch's own keep-alive of node {self._watched} is fresh: not "
+                       "numarun's heartbeat (another client of the store?); node "
+                       f"{self._watched} is not taken for gone")  # fmt: skip
             return None
         return self._watched
 

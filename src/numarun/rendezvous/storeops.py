@@ -116,6 +116,10 @@ class Conn:
             return None
         return bytes(self.store.get(key))
 
+    def has(self, key: str) -> bool:
+        """Whether ``key`` is there (one request)."""
+        return bool(self.store.check([key]))
+
     def get_after_wait(self, key: str) -> bytes | None:
         """``key``'s value once a :meth:`wait` for it returned (None: it woke for nothing)."""
         if not self.own:
@@ -127,18 +131,41 @@ class Conn:
                 return None
             raise
 
-    def get_many(self, keys: list[str], seconds: float) -> list[bytes | None]:
-        """The values of ``keys``: in one request when every key is there within ``seconds``
-        (each absent one then read alone: None)."""
+    def get_many(self, keys: list[str], seconds: float, probes: int = 32) -> list[bytes | None]:
+        """The values of ``keys`` (None: absent): in one request when every key is there within
+        ``seconds``; else the keys that are there found by halving (``check`` of each half, at
+        most ``probes`` of them; keys still unknown then count as absent) and read together.
+        So a few keys that never come (a poster that died, ids another client made up) cost a
+        few requests, never one or two per key."""
         if not keys:
             return []
-        if self.extended and self.own and self.wait(keys, seconds):
-            try:
-                return [bytes(value) for value in self.store.multi_get(keys)]
-            except Exception as error:  # woken for nothing: each read alone
-                if not torchcompat.is_store_timeout(error):
-                    raise
-        return [self.get_now(key) for key in keys]
+        if not (self.extended and self.own):  # etcd's store, torch's connection: one by one
+            return [self.get_now(key) for key in keys]
+        if self.wait(keys, seconds):
+            found = self._multi_get(keys)
+            if found is not None:
+                return found
+        present: list[str] = []
+        pending = [keys]
+        while pending and probes > 0:
+            group = pending.pop()
+            probes -= 1
+            if self.store.check(group):
+                present += group
+            elif len(group) > 1:
+                pending += [group[: len(group) // 2], group[len(group) // 2 :]]
+        values = dict(zip(present, self._multi_get(present) or [], strict=False))
+        return [values.get(key) for key in keys]
+
+    def _multi_get(self, keys: list[str]) -> list[bytes | None] | None:
+        if not keys:
+            return []
+        try:
+            return [bytes(value) for value in self.store.multi_get(keys)]
+        except Exception as error:  # a key gone meanwhile (woken for nothing): none read
+            if not torchcompat.is_store_timeout(error):
+                raise
+            return None
 
     def wait(self, keys: list[str], seconds: float) -> bool:
         """True once every key of ``keys`` is there, False after ``seconds``."""

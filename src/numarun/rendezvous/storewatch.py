@@ -13,24 +13,32 @@ the usual bound whatever the store does, and a frozen store costs at most this t
 The thread sleeps blocked in the store, in ``wait`` for the next event key of the round, so
 another node's event wakes it the moment it is posted (no polling); the wait times out every look
 interval (``--monitor-interval``, default 2 s), when it looks at the rendezvous as torchrun's
-agent does (:mod:`numarun.rendezvous.torchrdzv`) and runs the work the loop queued (this node's
-hang marks). This node's heartbeat (every second, :mod:`numarun.rendezvous.liveness`) is a
-thread of its own per round, ``numarun-beat``, on the round's posting connection (in this
-thread, at wake-ups of its own, where a torch cannot clone).
+agent does (:mod:`numarun.rendezvous.torchrdzv`), or sooner for timed work
+(:meth:`StoreWatch.later`: a hang verdict's window, a still node's waves). Work queued from
+other threads (:meth:`StoreWatch.queue`) runs at its next wake-up. This node's heartbeat (every
+second, :mod:`numarun.rendezvous.liveness`) is a thread of its own per round, ``numarun-beat``,
+on the round's posting connection (in this thread, at wake-ups of its own, where a torch cannot
+clone).
 
 Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
-thread waits for the key after the last one it read. The counter is checked like any value read
-from the store: one that is not a number is named and set back to the last event there, one that
-jumped is named and the events after the jump are read, one that went back is named and followed
-(:meth:`StoreWatch._check_count`). An event key is never deleted while another node may not have
-read it: its poster deletes it once the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
+thread waits for the key after the last one it read. The counter is read at each look and checked
+like any value read from the store: an event counted but not set within :data:`HOLE_GRACE` (its
+poster died between its two calls) is skipped, so a hole costs at most a look interval and that;
+one that is not a number is named and set back to the last event there, one that jumped is named
+and the events after the jump are read, one that went back is named and followed
+(:meth:`StoreWatch._check_count`). Once the round is over for this node (the first ``stop``
+notice read, or its own posted: :attr:`WatchedRound.stopping`) no event is read any more. An
+event key is never deleted while another node may not have read it: its poster deletes it once
+the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
 
 What happens at each event is not this module's: the round's events are handed to the
 ``on_event`` callable its :class:`StoreWatch` was made with (the rendezvous's own, which passes
 the whole-job view's on to :mod:`numarun.jobwide`); docs/protocol.md lists every key and event.
 A diagnostic that fails there, or in queued work, is one line (:meth:`StoreWatch.note`), never a
-lost rendezvous: only the look (the rendezvous's own health) and the event wait end a round's
-watch with :class:`numarun.rendezvous.storeresults.Lost`.
+lost rendezvous; so is a store call on numarun's own keys that fails or times out (the event wait
+and reads, the counter, a post: :meth:`StoreWatch.unavailable`; the events then rest until the
+next look). Only the look (the rendezvous's own health: what torch's handler raises) ends a
+round's watch with :class:`numarun.rendezvous.storeresults.Lost`.
 
 Local news that cannot wait for the thread's next wake-up (this node's failure notice, a
 ``numarun stacks`` request) is posted by a short-lived thread that nobody waits for
@@ -48,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import heapq
 import os
 import sys
 import threading
@@ -60,7 +69,9 @@ from numarun.rendezvous.storeresults import Lost
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import Any
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
     from numarun.process.supervisor import Supervisor
     from numarun.rendezvous.storeresults import Result
@@ -69,8 +80,10 @@ EVENTS_KEY = "numarun/events"
 EVENT_KEY = "numarun/event/{}"
 ALIVE_KEY = "numarun/alive/{}"
 NODES_KEY = "numarun/nodes"
-_HOLE_LOOKS = 5  # on its own connection, the event count is read every this many looks
-_SCAN = 64  # event numbers looked at around a hole or a jump
+_SCAN = 64  # event numbers looked at around a jump
+_PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
+HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
+EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
 
 
 class WatchedRound:
@@ -98,10 +111,14 @@ class WatchedRound:
         self.post_lock = threading.Lock()
         self.seen = 0  # the last event read
         self.read: dict[int, int] = {}  # the last events read: number -> hash of the value
-        self.hole_since = 0.0  # an event counted but not set (its poster died in between)
         self.local: list[str] = []  # keys only this node reads: deleted when the watch ends
         self.shared: list[str] = []  # keys others read: deleted once the next round formed
         self.noted: set[str] = set()
+        # This node left the round (another node's notice, or its own): no more event is read.
+        self.stopping = False
+        self.events_down = False  # the last event call failed: none until the next look
+        self.trouble: tuple[str, BaseException] | None = None  # said once a look succeeded
+        self.timers: list[tuple[float, int, Callable[[WatchedRound], None]]] = []
         self.job: Any = None
 
 
@@ -208,6 +225,15 @@ class StoreWatch:
             self._work.append(work)
             self._cond.notify_all()
 
+    def later(self, round_: WatchedRound, delay: float,
+              work: Callable[[WatchedRound], None]) -> None:  # fmt: skip
+        """``work(round_)`` in the thread ``delay`` seconds from now, if ``round_`` is still
+        watched then (in the thread itself: on time; from another thread: at the thread's
+        next wake-up after that, within a look interval). Guarded as queued work is."""
+        with self._cond:
+            heapq.heappush(round_.timers, (time.monotonic() + delay, id(work), work))
+            self._cond.notify_all()
+
     @property
     def attached(self) -> bool:
         """Whether a supervisor's loop reads the results (not detached: see :meth:`detach`)."""
@@ -219,25 +245,35 @@ class StoreWatch:
             self._answers[request] = value
             self._cond.notify_all()
 
-    @staticmethod
-    def post(round_: WatchedRound, calls: Callable[[Conn], None]) -> None:
+    def post(self, round_: WatchedRound, calls: Callable[[Conn], object], what: str) -> None:
         """``calls(conn)`` (store calls on the round's posting connection, or one of their
         own, closed after, before the watch made it) in a short-lived daemon thread nobody
-        waits for."""
+        waits for, one such thread at a time per round (this node's beats take their turns
+        too). What ``calls`` returns, when callable, is called after, in the same thread but
+        out of turn: work that may take long (a hang verdict's judging, on a connection of its
+        own) never holds up a beat. What they raise is one line naming ``what`` could not be
+        posted (:meth:`unavailable`; nothing when ``what`` is empty): a store that is gone, or
+        that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
         def run() -> None:
+            after = None
             with round_.post_lock:
                 conn = round_.poster
                 fresh = conn is None
                 try:
                     if conn is None:
                         conn = Conn(round_.store, clone=False)
-                    calls(conn)
-                except Exception:  # fire-and-forget: the store may be gone
-                    pass
+                    after = calls(conn)
+                except Forged as forged:
+                    self.note(round_, forged.key, str(forged))
+                except Exception as error:  # fire-and-forget: the store may be gone
+                    if what:
+                        self.unavailable(round_, what, error)
                 finally:
                     if fresh and conn is not None:
                         conn.close()
+            if callable(after):
+                self.tolerant(round_, what or "a post", after)
 
         threading.Thread(target=run, name="numarun-post", daemon=True).start()
 
@@ -273,7 +309,7 @@ class StoreWatch:
             self._cond.notify_all()
         if thread is not None and thread.is_alive():
             if last is not None:
-                self.post(last, lambda conn: wake(conn, last.me))
+                self.post(last, lambda conn: wake(conn, last.me), "")
             thread.join(limit)
         with self._cond:
             for fd in (self._read_fd, self._write_fd):
@@ -294,7 +330,7 @@ class StoreWatch:
             assert round_ is not None
             try:
                 self._watch(round_)
-            except Exception as error:  # the store is gone or broken: the loop decides
+            except Exception as error:  # the look: the store is gone for the rendezvous
                 if round_.active:
                     self._report(round_, Lost(error))
                     with self._cond:  # nothing more to do in this round
@@ -312,11 +348,15 @@ class StoreWatch:
             conn.close()
 
     def _watch(self, round_: WatchedRound) -> None:
+        """The round's watch. Only what the look raises leaves it (the rendezvous's own
+        health: :meth:`_serve` reports it as :class:`Lost`); a store call of numarun's own
+        that fails (the event wait, an event read, the counter) is one line, said once a look
+        succeeded (the rendezvous is fine: only numarun's keys are unavailable), and the
+        events wait until the next look."""
         round_.conn = conn = Conn(round_.store)
         if conn.own:
-            round_.poster = Conn(round_.store)
+            round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
         next_look = next_beat = time.monotonic()
-        looks = 0
         beat = self._beat
         if beat is not None and round_.poster is not None:
             # A thread of its own beats on the posting connection: no wake-up of this one
@@ -328,42 +368,83 @@ class StoreWatch:
             self._run_work(round_)
             now = time.monotonic()
             if beat is not None and now >= next_beat:
-                beat[1](round_, conn)  # the rendezvous's health, like a look: errors are Lost
+                self.tolerant(round_, "this node's heartbeat", beat[1], round_, conn)
                 next_beat = time.monotonic() + beat[0]
             wake = min(next_look, next_beat) if beat is not None else next_look
             if now >= next_look:
-                looks += 1
-                # On its own connection events wake the watch; the count is read now and then
-                # only, for an event whose poster died between its two calls, or a counter
-                # moved. Events are also read before a look's results are reported: a node that
-                # posts its failure and then closes the rendezvous (its last restart failed) is
-                # read as its notice, not as a bare "closed" (torch 2.4's handler sees it first).
                 results = list(self._look(round_))
-                if results or not conn.own or looks % _HOLE_LOOKS == 0:
-                    self._take_events(round_)
-                    self._check_count(round_)
+                round_.events_down = False
+                if not round_.stopping:
+                    # Events are also read before a look's results are reported: a node that
+                    # posts its failure and then closes the rendezvous (its last restart
+                    # failed) is read as its notice, not as a bare "closed" (torch 2.4's
+                    # handler sees it first).
+                    self._numarun_calls(round_, self._events_at_look, round_, bool(results))
                 for result in results:
                     self._report(round_, result)
+                self._say_trouble(round_)
                 next_look = time.monotonic() + self.interval
                 continue
-            if not conn.own:
-                with self._cond:
-                    if round_.active and not self._work:
-                        self._cond.wait(wake - now)
+            until = min(wake, self._next_due(round_))
+            if round_.stopping or round_.events_down or not conn.own:
+                self._sleep(round_, until)
                 continue
-            key = EVENT_KEY.format(round_.seen + 1)
-            if conn.wait([key], wake - now):
-                value = conn.get_after_wait(key)
-                if value is not None:
-                    self._took(round_, value)
+            self._numarun_calls(round_, self._wait_event, round_, until - now)
+
+    def _wait_event(self, round_: WatchedRound, seconds: float) -> None:
+        conn = round_.conn
+        assert conn is not None
+        key = EVENT_KEY.format(round_.seen + 1)
+        if conn.wait([key], seconds):
+            value = conn.get_after_wait(key)
+            if value is not None:
+                self._took(round_, value)
+
+    def _events_at_look(self, round_: WatchedRound, results: bool) -> None:
+        conn = round_.conn
+        assert conn is not None
+        if results or not conn.own:
+            self._take_events(round_)
+        # Every look: an event whose poster died between its two calls (a hole) costs at most
+        # a look interval and HOLE_GRACE; a counter moved by another client is named.
+        self._check_count(round_)
+
+    def _numarun_calls(self, round_: WatchedRound, call: Callable[..., None],
+                       *args: object) -> None:  # fmt: skip
+        """``call(*args)``: store calls on numarun's own keys. :class:`Forged` is named; any
+        other error is :attr:`WatchedRound.trouble`, said after the next look (which judges
+        the store for the rendezvous), and the events rest until then."""
+        try:
+            call(*args)
+        except Forged as forged:
+            self.note(round_, forged.key, str(forged))
+        except Exception as error:
+            round_.trouble = (EVENTS, error)
+            round_.events_down = True
+
+    def _say_trouble(self, round_: WatchedRound) -> None:
+        if round_.trouble is not None:
+            what, error = round_.trouble
+            round_.trouble = None
+            self.unavailable(round_, what, error)
+
+    def _sleep(self, round_: WatchedRound, until: float) -> None:
+        with self._cond:
+            if round_.active and not self._work:
+                self._cond.wait(max(0.0, until - time.monotonic()))
+
+    def _next_due(self, round_: WatchedRound) -> float:
+        with self._cond:
+            return round_.timers[0][0] if round_.timers else float("inf")
 
     def _beating(
         self, round_: WatchedRound, interval: float, beat: Callable[[WatchedRound, Conn], None]
     ) -> None:
         """This node's heartbeat while ``round_`` is watched, every ``interval`` seconds on
-        the round's posting connection (one call at a time with the posts). A beat that fails
-        ends the beating: the store thread's own calls find out what is wrong with the store
-        and say it."""
+        the round's posting connection (one call at a time with the posts; whatever a post
+        does that may take long, a hang verdict's judging, runs outside that turn). A beat
+        that fails is one line (:meth:`unavailable`) and the next comes on time: a store that
+        is gone is the look's to judge."""
         while True:
             with self._cond:
                 if not round_.active:
@@ -372,10 +453,7 @@ class StoreWatch:
                 conn = round_.poster
                 if conn is None or not round_.active:
                     return
-                try:
-                    beat(round_, conn)
-                except Exception:
-                    return
+                self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
             deadline = time.monotonic() + interval
             with self._cond:  # woken early by anything that notifies: waits on to the beat
                 while round_.active and (left := deadline - time.monotonic()) > 0:
@@ -384,21 +462,49 @@ class StoreWatch:
     def _run_work(self, round_: WatchedRound) -> None:
         while True:
             with self._cond:
-                if not self._work:
+                if self._work:
+                    work = self._work.popleft()
+                elif round_.timers and round_.timers[0][0] <= time.monotonic():
+                    work = heapq.heappop(round_.timers)[2]
+                else:
                     return
-                work = self._work.popleft()
             self.guarded(round_, "queued work", work, round_)
 
-    def note(self, round_: WatchedRound, topic: str, line: str) -> None:
-        """Say once per round and topic, on stderr, what in the store is not numarun's."""
+    def note(self, round_: WatchedRound, topic: str, line: str,
+             about: str = "the rendezvous store") -> None:  # fmt: skip
+        """Say once per round and topic, on stderr, what in the store is not numarun's, or
+        what of numarun's failed (``about``: what the line is about)."""
         if topic in round_.noted or len(round_.noted) > 64:
             return
         round_.noted.add(topic)
         from numarun.stacks.digest import printable
 
         with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(f"numarun: warning: the rendezvous store: {printable(line)}\n")
+            sys.stderr.write(f"numarun: warning: {about}: {printable(line)}\n")
             sys.stderr.flush()
+
+    def unavailable(self, round_: WatchedRound, what: str, error: BaseException) -> None:
+        """One line: ``what`` is unavailable on this node because a store call on numarun's
+        keys failed with ``error``; the training goes on. Once per round and kind of error (a
+        store that refuses numarun's keys refuses them all: the first thing it cost is
+        named)."""
+        from numarun.rendezvous.storeops import root_cause
+
+        cause = root_cause(error)
+        self.note(round_, f"unavailable: {type(cause).__name__}", f"{what}: unavailable on this "
+                  f"node ({type(cause).__name__}: {first_line(cause)}); the training goes on")
+
+    def tolerant(self, round_: WatchedRound, what: str, call: Callable[..., T],
+                 *args: object) -> T | None:  # fmt: skip
+        """``call(*args)``, store calls on numarun's keys: its value, or None after one line
+        (:meth:`unavailable`; :class:`Forged` named) when it raised."""
+        try:
+            return call(*args)
+        except Forged as forged:
+            self.note(round_, forged.key, str(forged))
+        except Exception as error:
+            self.unavailable(round_, what, error)
+        return None
 
     # --- events ----------------------------------------------------------------------------------
 
@@ -407,7 +513,7 @@ class StoreWatch:
         nothing reads none)."""
         conn = round_.conn
         assert conn is not None
-        while round_.active:
+        while round_.active and not round_.stopping:
             value = conn.get_now(EVENT_KEY.format(round_.seen + 1))
             if value is None:
                 return
@@ -416,7 +522,6 @@ class StoreWatch:
     def _took(self, round_: WatchedRound, value: bytes) -> None:
         """The next event read: counted, remembered (to tell a moved counter), handled."""
         round_.seen += 1
-        round_.hole_since = 0.0
         round_.read[round_.seen] = hash(value)
         if len(round_.read) > 2 * _SCAN:
             round_.read.pop(next(iter(round_.read)))
@@ -424,9 +529,9 @@ class StoreWatch:
 
     def _check_count(self, round_: WatchedRound) -> None:
         """The event counter against what this node read: a hole (an event counted, never
-        set: its poster died between its two calls) skipped after an interval; a counter
-        that is not a number, or that another client moved (by more than a few events, or
-        back), named, and the events posted since read (module docstring)."""
+        set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
+        counter that is not a number, or that another client moved (by more than a few
+        events, or back), named, and the events posted since read (module docstring)."""
         conn = round_.conn
         assert conn is not None
         try:
@@ -436,21 +541,18 @@ class StoreWatch:
             return
         seen = round_.seen
         if count == seen:
-            round_.hole_since = 0.0
             return
         # Events posted after holes are holes, however many: at a thousand nodes a failure
         # cascade posts hundreds of notices while a few posters are between their two calls.
         if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
-            now = time.monotonic()
-            if not round_.hole_since:
-                round_.hole_since = now
-            elif now - round_.hole_since >= self.interval:
-                round_.hole_since = 0.0
-                for number in range(seen + 2, count + 1):
-                    if conn.get_now(EVENT_KEY.format(number)) is not None:
-                        round_.seen = number - 1
-                        return
-                round_.seen = count
+            if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
+                return  # its poster was between its two calls: read by the next wait
+            last = min(count, seen + _PROBES)
+            for number in range(seen + 2, last + 1):
+                if conn.has(EVENT_KEY.format(number)):
+                    round_.seen = number - 1
+                    return
+            round_.seen = last  # holes, all of them: the next look goes on from there
             return
         low = count
         while count - low < _SCAN:
@@ -461,7 +563,6 @@ class StoreWatch:
         self.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
                   f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
         round_.seen = low
-        round_.hole_since = 0.0
 
     def _event(self, round_: WatchedRound, number: int, value: bytes) -> None:
         if self._on_event is not None:
@@ -504,13 +605,10 @@ class StoreWatch:
 
 
 def _posted_soon_after(conn: Conn, seen: int) -> bool:
-    """Whether an event is there within :data:`_SCAN` numbers after the hole at ``seen + 1``
+    """Whether an event is there within :data:`_PROBES` numbers after the hole at ``seen + 1``
     (posters between their two calls), as there never is after a counter another client moved
     far ahead."""
-    return any(
-        conn.get_now(EVENT_KEY.format(number)) is not None
-        for number in range(seen + 2, seen + _SCAN + 1)
-    )
+    return any(conn.has(EVENT_KEY.format(number)) for number in range(seen + 2, seen + _PROBES + 1))
 
 
 def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,
@@ -547,6 +645,15 @@ def _last_event(conn: Conn, after: int) -> int:
             break
         number += 1
     return number
+
+
+def post_notice(round_: WatchedRound, body: bytes) -> None:
+    """Post this node's ``stop`` notice (``body``: its line) on the round's connection, for the
+    other nodes to read; deleted once the next round formed."""
+    assert round_.conn is not None
+    key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
+    if key is not None:
+        round_.shared.append(key)
 
 
 def wake(conn: Conn, me: int) -> None:

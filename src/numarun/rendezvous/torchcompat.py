@@ -12,7 +12,10 @@ library, and a few of the names it calls are private or recent. Each is looked u
   that have it (torch's own barrier relies on it), and is recognised by that type; a torch without
   it raised ``RuntimeError`` with "timeout" in the message, recognised by the text
   (:func:`is_store_timeout`);
-* optional -- ``dynamic_rendezvous._delay`` and the state holder's ``_cache_duration`` (a quick
+* optional -- the handler's ``_state_holder.state`` (``participants``, ``last_heartbeats``:
+  torch's own keep-alive of each node, cross-checked before a silent neighbour is taken for
+  gone, :func:`keep_alive_fresh`), ``dynamic_rendezvous._delay`` and the state holder's
+  ``_cache_duration`` (a quick
   re-join, :func:`rejoin`, and a first join that notices the round sooner, :func:`first_join`),
   ``Store.list_keys`` (emptying the workers' store between rounds,
   :func:`clear_worker_store`), ``Store.clone`` (the watch's own connection,
@@ -35,6 +38,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable
+from datetime import datetime, timezone
 from typing import Any
 
 from numarun.errors import UsageError
@@ -87,6 +91,27 @@ def torch_release(version: str) -> tuple[int, int] | None:
         return int(parts[0]), int("".join(c for c in parts[1][:3] if c.isdigit()) or "x")
     except (IndexError, ValueError):
         return None
+
+
+def keep_alive_fresh(handler: Any, group_rank: int, window: float) -> bool | None:
+    """Whether torch's own keep-alive of the node of group rank ``group_rank`` is younger
+    than ``window`` seconds in the state torch's handler last synced (no store call): False
+    when torch dropped that node from the round (its keep-alive expired); None for a handler
+    that keeps no such state (etcd-v2, a plugin, another torch)."""
+    state = getattr(getattr(handler, "_state_holder", None), "state", None)
+    participants = getattr(state, "participants", None)
+    beats = getattr(state, "last_heartbeats", None)
+    if not isinstance(participants, dict) or not isinstance(beats, dict):
+        return None
+    for node, rank in list(participants.items()):
+        if rank == group_rank:
+            last = beats.get(node)
+            if not isinstance(last, datetime):
+                return False
+            if last.tzinfo is None:
+                last = last.replace(tzinfo=timezone.utc)
+            return (datetime.now(timezone.utc) - last).total_seconds() < window
+    return False
 
 
 def store_timeout_type() -> type[BaseException] | None:

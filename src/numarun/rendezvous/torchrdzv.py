@@ -49,11 +49,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
-from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes
+from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
 from numarun.rendezvous.round import Round, WorkerPlace
 from numarun.rendezvous.storeops import (
     Conn,
-    Forged,
     first_line,
     root_cause,
     run_blocking,
@@ -62,12 +61,11 @@ from numarun.rendezvous.storeops import (
 )
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
 from numarun.rendezvous.storewatch import (
-    ALIVE_KEY,
-    NODES_KEY,
     StoreWatch,
     WatchedRound,
     notice_body,
     post_event,
+    post_notice,
 )
 from numarun.rendezvous.waiting import CONNECTING, IMPORTING, JOINING, TICK, Waiting
 
@@ -259,15 +257,7 @@ class ElasticNode:
             )
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
-            # Read before added to: a forged value must not make the store close torch's
-            # connection (a connection of numarun's own would cost a connection per round).
-            conn = Conn(info.store, clone=False)
-            try:
-                for key in (ALIVE_KEY.format(info.rank), NODES_KEY):  # "a numarun node", at once
-                    with contextlib.suppress(Forged):  # named by the watch when it matters
-                        conn.add(key, 1)
-            finally:
-                conn.close()
+            register(info.store, info.rank)
             return info, store_info, workers
 
         self.waiting.begin(JOINING)
@@ -363,10 +353,13 @@ class ElasticNode:
 
     def _look(self, round_: WatchedRound) -> list[Result]:
         """In the store thread, every look interval: results for :meth:`_on_result`; in the
-        exit barrier, what ended the job elsewhere (:meth:`ExitBarrier.look`)."""
+        exit barrier, what ended the job elsewhere (:meth:`ExitBarrier.look`). Only torch's
+        handler's calls may raise out of here (the rendezvous's own health); numarun's keys
+        (the neighbour's heartbeat, the silent neighbour's notice) that fail are one line."""
         barrier = self._barrier
         if barrier is not None:
-            silent = self.heartbeats.look(round_)
+            silent = self.watch.tolerant(round_, "the next node's heartbeat",
+                                         self.heartbeats.look, round_, self._handler)  # fmt: skip
             why = barrier.look(round_, self._handler.is_closed, silent)
             if why == "closed":
                 return [Change(END, f"{self.where} was closed by another node")]
@@ -375,7 +368,8 @@ class ElasticNode:
             return []
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
-        silent = self.heartbeats.look(round_)
+        silent = self.watch.tolerant(round_, "the next node's heartbeat",
+                                     self.heartbeats.look, round_, self._handler)  # fmt: skip
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
@@ -392,12 +386,10 @@ class ElasticNode:
             f"node {silent} stopped answering (no heartbeat for "
             f"{self.heartbeats.silence_limit:g} s: its launcher is gone)"
         )
-        assert round_.conn is not None
         body = notice_body(self._notice_text(message))
-        key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
-        if key is not None:
-            round_.shared.append(key)
+        self.watch.tolerant(round_, "this node's notice", post_notice, round_, body)
         self._announced = True
+        round_.stopping = True  # the round is over for this node: no other notice is read
         return message
 
     def _on_event(self, round_: WatchedRound, number: int, value: bytes) -> None:
@@ -416,6 +408,10 @@ class ElasticNode:
             watch.note(round_, f"event {number}", f"event {number} names node {sender}, not "
                        f"one of the {round_.size} nodes: ignored")  # fmt: skip
             return
+        if kind == "stop":
+            # The round is over for this node: the events after the first notice (a failure
+            # cascade: hundreds of nodes' notices) are not read (docs/protocol.md).
+            round_.stopping = True
         if kind == "wake" or (kind == "stop" and sender == round_.me):
             return
         if kind == "stop":
@@ -543,7 +539,8 @@ class ElasticNode:
             finally:
                 posted.set()
 
-        StoreWatch.post(round_, send)
+        round_.stopping = True  # this node's attempt is over: no other notice is read
+        watch.post(round_, send, "this node's notice")
         return posted
 
     def announce_and_linger(self, message: str) -> None:

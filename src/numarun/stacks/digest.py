@@ -313,6 +313,13 @@ class Digest:
     def label(self) -> str:
         return node_label(self.node, self.host)
 
+    @property
+    def rank_count(self) -> int:
+        """How many ranks the digest names (its classes' and problems')."""
+        return sum(len(ranks) for _, ranks, _ in self.classes) + sum(
+            len(ranks) for _, ranks in self.problems
+        )
+
     def ranks(self) -> list[int]:
         found = [rank for _, ranks, _ in self.classes for rank in ranks]
         found += [rank for _, ranks in self.problems for rank in ranks]
@@ -360,18 +367,34 @@ def node_digest(
     return digest, frames
 
 
-def read_digest(data: bytes, *, below: int = MAX_RANKS) -> Digest:
-    """A digest read back, every field checked (ranks below ``below``); :class:`PostError`."""
+def read_digest(data: bytes, *, below: int = MAX_RANKS, most: int | None = None) -> Digest:
+    """A digest read back, every field checked (ranks below ``below``; at most ``most`` ranks
+    in all, default ``below``, counted before a rank set is expanded: memory in proportion to
+    the job, whatever the post says); :class:`PostError`."""
     post = mapping(load_json(data, limit=DIGEST_LIMIT, what="a digest"), "a digest")
     if post.get("v") != FORMAT:
         raise PostError("a digest of another format (another numarun version?)")
-    classes = []
+    left = below if most is None else most
+    checked = []
     for entry in listed(post.get("classes"), "classes", 4096):
         entry = mapping(entry, "a class")
         ident = text(entry.get("id"), "a class id", 16)
         if not re.fullmatch(r"[0-9a-f]{16}", ident):
             raise PostError("a class id is not 16 hex digits")
-        ranks = decode_ranks(entry.get("ranks"), "ranks", below=below)
+        triples, count = check_ranks(entry.get("ranks"), "ranks", below=below)
+        left -= count
+        checked.append((ident, triples, entry))
+    problems_checked = []
+    for entry in listed(post.get("problems"), "problems", 64):
+        problem = text(mapping(entry, "a problem").get("problem"), "a problem")
+        triples, count = check_ranks(entry.get("ranks"), "ranks", below=below)
+        left -= count
+        problems_checked.append((problem, triples))
+    if left < 0:
+        raise PostError("a digest that names more ranks than the job has")
+    classes = []
+    for ident, triples, entry in checked:
+        ranks = expand_ranks(triples)
         pids: dict[int, int] = {}
         if "pids" in entry:
             listed_pids = listed(entry["pids"], "pids", len(ranks))
@@ -379,11 +402,7 @@ def read_digest(data: bytes, *, below: int = MAX_RANKS) -> Digest:
                 if value is not None:
                     pids[rank] = whole(value, "a pid")
         classes.append((ident, ranks, pids))
-    problems = [
-        (text(mapping(entry, "a problem").get("problem"), "a problem"),
-         decode_ranks(entry.get("ranks"), "ranks", below=below))
-        for entry in listed(post.get("problems"), "problems", 64)
-    ]  # fmt: skip
+    problems = [(problem, expand_ranks(triples)) for problem, triples in problems_checked]
     return Digest(
         whole(post.get("node"), "node"), text(post.get("host"), "host", 255),
         whole(post.get("pid"), "pid"), text(post.get("state"), "state", 16), classes, problems,

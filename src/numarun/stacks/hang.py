@@ -14,7 +14,9 @@ observed is never declared hung. A rank that does not answer a dump request by t
 (its signal still pending: a rank starved of CPU on a loaded machine, or one blocking the signal)
 is *unknown*: not progress, and not stillness either: no verdict is reached (and no node says it
 is still) at a sample in which a rank is unknown, so a busy job on a loaded machine is never taken
-for a hung one; a rank that never answers keeps its node from ever being judged hung.
+for a hung one; a rank that never answers keeps its node from ever being judged hung. So is a
+rank whose dump shows no Python frame in any thread: its interpreter is starting up or exiting
+(a rank whose exit takes longer than the timeout on a loaded machine is not a hang).
 
 Limits, and how to choose the timeout. Samples are instants: a rank that spends a fraction
 ``p`` of its time on one line (a training step that waits at ``loss.item()`` for the GPU, one
@@ -37,6 +39,7 @@ again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged cl
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -146,6 +149,7 @@ class HangWatch:
         self._unasked: dict[int, str] = {}  # local rank -> why the last tick did not ask it
         self._progress_at = time.monotonic()
         self._supervisor: Supervisor | None = None
+        self._job_failed = False
         self._declaring = False  # the rule fired: the flight recorders are being taken
 
     def count_output(self, sinks: Iterable[Any]) -> None:
@@ -213,6 +217,9 @@ class HangWatch:
                 continue
             if not data:
                 continue
+            if b'File "' not in data:  # no Python frame in any thread: starting or exiting
+                unknown = True
+                continue
             observable = True
             sample = normalized(data)
             if self._last.get(local_rank) != sample:
@@ -222,26 +229,43 @@ class HangWatch:
             self._progress_at = now
             if self.still and self.job is not None:
                 self.still = False
-                self.job.moving()
+                self._tell_job(self.job.moving)
         elif now - self._progress_at >= self.timeout and not unknown:
             if self.job is None:
                 self._take_flight(now)
                 return
             if not self.still:
                 self.still = True
-                self.job.still(self.last_raw(), now - self._progress_at)
+                self._tell_job(self.job.still, self.last_raw(), now - self._progress_at)
         self._unasked = dumps.ask([r for r in dumps.live() if r not in signalled])
+
+    def _tell_job(self, call: Callable[..., None], *args: object) -> None:
+        """The whole job's side of a hang (a diagnostic of its own): what it raises is one
+        line, once, and the run goes on (no verdict is reached without it)."""
+        try:
+            call(*args)
+        except Exception as error:
+            if not self._job_failed:
+                self._job_failed = True
+                text = str(error).strip().split("\n", 1)[0] or type(error).__name__
+                with contextlib.suppress(OSError, ValueError):
+                    sys.stderr.write(
+                        f"numarun: warning: the whole job's hang watch failed "
+                        f"({type(error).__name__}: {text}); a hang over every node cannot be "
+                        "declared, the training goes on\n"
+                    )
+                    sys.stderr.flush()
 
     def idle(self) -> float:
         """Seconds since this node's ranks last made progress."""
         return time.monotonic() - self._progress_at
 
     def declare_job(self, view: JobView, by: str) -> None:
-        """The whole job is hung (every numarun node of ``view`` still): set :attr:`report`
-        with the job's classes and this node's last samples, and stop the run, as a local
-        verdict does, on every node alike (also one whose ranks moved since it said they were
-        still: the job as a whole was still). ``by`` names who declared it. Does nothing once
-        a verdict was given."""
+        """The whole job is hung (every numarun node of ``view`` still, and this node's own
+        ranks still or ended when the verdict was acted on: the launcher checks both before it
+        calls this): set :attr:`report` with the job's classes and this node's last samples,
+        and stop the run, as a local verdict does, on every node alike. ``by`` names who
+        declared it. Does nothing once a verdict was given."""
         if self.report is not None:
             return
         self.report = self.job_report(view, by, self.idle())

@@ -123,6 +123,13 @@ class JobStacks:
         if self.hang is not None:
             self.hang.attach(supervisor)
 
+    def call_later(self, delay: float, callback: Callable[[], None]) -> object | None:
+        """``callback()`` from the attached supervisor's loop ``delay`` seconds from now; its
+        handle (``cancel()`` drops the call), or None when no supervisor is attached."""
+        if self._supervisor is None:
+            return None
+        return self._supervisor.call_later(delay, callback)
+
     def listen(self) -> None:
         """Open the ``numarun stacks`` socket and watch it from the supervisor's loop (called
         once the workers started: nothing of it delays them)."""

@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from numarun.stacks.digest import (
     FORMAT,
     FRAMES_LIMIT,
+    MAX_RANKS,
     MAX_TEXT,
     Digest,
     PostError,
@@ -51,12 +52,14 @@ from numarun.stacks.parse import (
     where,
 )
 
-VIEW_LIMIT = 256 * 1024  # bytes of a merged result (frames by id, not in it)
+VIEW_LIMIT = 256 * 1024  # bytes of a merged result in the store (frames by id, not in it)
+REPLY_LIMIT = 4 * 1024 * 1024  # bytes of the merged result a ``numarun stacks`` client gets
 MAX_CLASSES = 64  # classes with stacks kept: the smallest half and the largest half
 _SHOWN_RANGES = 12  # ranges of a rank list shown before "..."
 _HOSTS_SHOWN = 200  # characters of a compressed host list
 _DETAIL_NODES = 3  # a class on at most this many nodes names each node's ranks
 _NOTES = 16
+_PROBLEMS = 16  # kinds of ranks without stacks kept apart; more are one line
 _HOST_NUMBER = re.compile(r"^(.*?)(\d+)(\D*)$")
 
 
@@ -74,12 +77,17 @@ class JobClass:
         pids: dict[int, int] | None = None,
         problem: str | None = None,
         per_node: dict[int, tuple[str, list[int]]] | None = None,
+        total: int | None = None,
+        node_total: int | None = None,
     ) -> None:
         self.ident = ident
         # Lists, or (checked triples, count) read back: expanded when first looked at (a
-        # node that only passes the view on never builds 8,192 numbers per class).
+        # node that only passes the view on never builds 8,192 numbers per class). A set
+        # cut to its first and last ranges on the way (encode_view) says its full count.
         self._ranks = ranks
         self._nodes = nodes
+        self._total = total
+        self._node_total = node_total
         self.hosts = hosts
         self.pids = pids or {}
         self.problem = problem
@@ -101,7 +109,17 @@ class JobClass:
 
     @property
     def count(self) -> int:
+        """How many ranks the class has (all of them, when :attr:`ranks` was cut)."""
+        if self._total is not None:
+            return self._total
         return self._ranks[1] if isinstance(self._ranks, tuple) else len(self._ranks)
+
+    @property
+    def node_count(self) -> int:
+        """How many nodes the class runs on (all of them, when :attr:`nodes` was cut)."""
+        if self._node_total is not None:
+            return self._node_total
+        return self._nodes[1] if isinstance(self._nodes, tuple) else len(self._nodes)
 
     def sample(self) -> RankStacks:
         """The representative as a :class:`RankStacks` (no threads: the problem, or frames
@@ -192,7 +210,9 @@ def merge(
     owner: dict[int, int] = {}
     groups: dict[tuple, dict] = {}
     hosts: dict[int, str] = {}
-    for digest in digests:
+    # By node: each class's ranks then come in order (sorting them costs O(ranks), not
+    # O(ranks log ranks)); the first digest of a node, as read, is the one kept.
+    for digest in sorted(digests, key=lambda item: item.node):
         if digest.node in seen_nodes:
             notes.append(f"a second digest of node {digest.node} was ignored")
             continue
@@ -200,14 +220,12 @@ def merge(
         hosts[digest.node] = digest.host
         entries = [(("class", i), r, p) for i, r, p in digest.classes]
         entries += [(("problem", why), r, {}) for why, r in digest.problems]
+        twice: list[int] = []
         for key, ranks, pids in entries:
             kept = []
             for rank in ranks:
                 if owner.setdefault(rank, digest.node) != digest.node:
-                    notes.append(
-                        f"rank {rank} claimed by node {digest.node} and node {owner[rank]}: "
-                        f"kept on node {owner[rank]}"
-                    )
+                    twice.append(rank)
                     continue
                 kept.append(rank)
             if not kept:
@@ -216,6 +234,12 @@ def merge(
             group["ranks"].extend(kept)
             group["per_node"].setdefault(digest.node, (digest.host, []))[1].extend(kept)
             group["pids"].update({r: p for r, p in pids.items() if r in kept})
+        if twice and len(notes) < _NOTES:
+            firsts = {owner[rank] for rank in twice}
+            first = f"node {min(firsts)}" if len(firsts) == 1 else "other nodes"
+            kept_on = f"on {first}" if len(firsts) == 1 else "where they came first"
+            notes.append(f"{ranks_text(twice)} claimed by node {digest.node} and {first}: "
+                         f"kept {kept_on}")  # fmt: skip
     kept_groups = _kept(groups)
     classes = []
     for (what, value), group in kept_groups.items():
@@ -239,19 +263,33 @@ def _kept(groups: dict[tuple, dict]) -> dict[tuple, dict]:
     """At most :data:`MAX_CLASSES` classes with stacks (ranks computing at random lines can
     make one per rank): the smallest half (the odd ones out) and the largest half; the others
     become one group without stacks that says so."""
+    problems = [key for key in groups if key[0] == "problem"]
+    if len(problems) > _PROBLEMS:  # problems read back from other nodes: as many as posted
+        folded_problems: dict = {"ranks": [], "per_node": {}, "pids": {}}
+        for key in problems[_PROBLEMS - 1 :]:
+            group = groups.pop(key)
+            folded_problems["ranks"].extend(group["ranks"])
+            for node, (host, ranks) in group["per_node"].items():
+                folded_problems["per_node"].setdefault(node, (host, []))[1].extend(ranks)
+        more = len(problems) - _PROBLEMS + 1
+        groups[("problem", f"and {more:,} more problems (not shown)")] = folded_problems
     stacks = sorted((key for key in groups if key[0] == "class"),
                     key=lambda key: len(groups[key]["ranks"]))  # fmt: skip
     if len(stacks) <= MAX_CLASSES:
         return groups
     half = MAX_CLASSES // 2
     dropped = stacks[half:-half]
-    kept = {key: group for key, group in groups.items() if key not in set(dropped)}
+    gone = set(dropped)
+    kept = {key: group for key, group in groups.items() if key not in gone}
     folded: dict = {"ranks": [], "per_node": {}, "pids": {}}
     for key in dropped:
         folded["ranks"].extend(groups[key]["ranks"])
         for node, (host, ranks) in groups[key]["per_node"].items():
             folded["per_node"].setdefault(node, (host, []))[1].extend(ranks)
-    kept[("problem", f"in {len(dropped):,} other classes of stacks, not shown")] = folded
+    sizes = [len(groups[key]["ranks"]) for key in dropped]
+    span = f"{min(sizes):,}" if min(sizes) == max(sizes) else f"{min(sizes):,}-{max(sizes):,}"
+    kept[("problem", f"and {len(dropped):,} more classes of {span} rank"
+          f"{'s' if max(sizes) > 1 else ''} (their stacks not shown)")] = folded
     return kept
 
 
@@ -273,13 +311,13 @@ class CallTree:
             path = list(reversed(item.threads[-1].frames))
             self._paths[str(index)] = path
             node = self.root
-            node["count"] += len(item.ranks)
+            node["count"] += item.count
             for frame in path:
                 node = node["children"].setdefault(
                     (frame.file, frame.line, frame.function),
                     {"children": {}, "count": 0, "classes": set()},
                 )
-                node["count"] += len(item.ranks)
+                node["count"] += item.count
                 node["classes"].add(index)
 
     def branch(self, index: int) -> tuple[str, int] | None:
@@ -313,42 +351,119 @@ class CallTree:
 # --- travelling: the merged result as JSON -------------------------------------------------------
 
 
-def encode_view(view: JobView, frames: dict[str, bytes] | None = None) -> bytes:
-    """``view`` as one JSON document (frames by id; with ``frames``, those posts inline, for
-    the ``numarun stacks`` client)."""
+def encode_view(
+    view: JobView, frames: dict[str, bytes] | None = None, *, limit: int = VIEW_LIMIT
+) -> bytes:
+    """``view`` as one JSON document of at most ``limit`` bytes, by construction (frames by id;
+    with ``frames``, those posts inline, for the ``numarun stacks`` client). Whole when it fits;
+    else each rank set of more than a few ranges is cut to its first and last ranges with its
+    count (what :func:`format_view` shows of it), then the details of each node dropped, then
+    frames inline and classes beyond what fits folded into one line that says how many; the
+    largest class and the odd ones (the smallest) are kept the longest. The header (missing
+    nodes, at most 64 lines; notes, at most 16) is always whole: a few KB, at most about 50 KB
+    at 8,192 nodes."""
+    inline = dict(frames) if frames is not None else None
+    for terse in (0, 1, 2):
+        data = _encode(view, view.classes, inline, terse)
+        if len(data) <= limit:
+            return data
+    if inline:  # frames of the odd ones and the largest first
+        order = [item.ident for item in _by_interest(view.classes) if item.ident in inline]
+        kept: dict[str, bytes] = {}
+        for ident in order:
+            trial = {**kept, ident: inline[ident]}
+            if len(_encode(view, view.classes, trial, 2)) > limit:
+                break
+            kept = trial
+        inline = kept
+    classes = _by_interest(view.classes)
+    hidden, hidden_ranks = 0, 0
+    while True:
+        data = _encode(view, classes, inline, 2)
+        if len(data) <= limit or len(classes) <= 1:
+            return data if len(data) <= limit else _encode(view, [], None, 2)
+        shown = classes[:-1] if hidden else classes
+        keep = max(1, len(shown) * 3 // 4)
+        if keep >= len(shown):  # the largest class alone does not fit: the header alone
+            return _encode(view, [], None, 2)
+        hidden += len(shown) - keep
+        hidden_ranks += sum(item.count for item in shown[keep:])
+        folded = JobClass(None, [], [], problem=f"and {hidden:,} more classes of "
+                          f"{hidden_ranks:,} ranks in all (not shown: the view's size limit)",
+                          total=hidden_ranks)  # fmt: skip
+        classes = [*shown[:keep], folded]
+
+
+def _by_interest(classes: Sequence[JobClass]) -> list[JobClass]:
+    """The largest class first, then the smallest (the odd ones out), then the rest."""
+    by_size = sorted(classes, key=lambda item: item.count)
+    if not by_size:
+        return []
+    return [by_size[-1], *by_size[:-1]]
+
+
+def _encode(view: JobView, classes: Sequence[JobClass], frames: dict[str, bytes] | None,
+            terse: int) -> bytes:  # fmt: skip
+    ids = {item.ident for item in classes}
     document: dict = {
         "v": FORMAT, "kind": view.kind, "by": view.by[:300], "size": view.size,
         "answered": encode_ranks(view.answered),
         "missing": [{"why": why[:MAX_TEXT], "nodes": encode_ranks(nodes)}
-                    for why, nodes in view.missing],
+                    for why, nodes in view.missing[:64]],
         "notes": [note[:MAX_TEXT] for note in view.notes[:_NOTES]],
         "idle": view.idle,
-        "classes": [_class_doc(item) for item in view.classes],
+        "classes": [_class_doc(item, terse) for item in classes],
     }  # fmt: skip
     if frames is not None:  # as text: decoded by the client, not by the loop that sends it
         document["frames"] = {key: value.decode("utf-8", "replace") for key, value in
-                              frames.items() if key in view.frame_ids()}  # fmt: skip
+                              frames.items() if key in ids}  # fmt: skip
     return json.dumps(document, separators=(",", ":")).encode()
 
 
-def _class_doc(item: JobClass) -> dict:
-    doc: dict = {"ranks": encode_ranks(item.ranks), "nodes": encode_ranks(item.nodes),
-                 "hosts": item.hosts[:_HOSTS_SHOWN + 40]}  # fmt: skip
+def _rank_set(ranks: list[int], total: int, terse: int) -> tuple[list[list[int]], int | None]:
+    """(encoded ranks, their count when the set was cut, else None)."""
+    triples = encode_ranks(ranks)
+    if not terse or len(triples) <= _SHOWN_RANGES + 4 or total > len(ranks):
+        return triples, (total if total > len(ranks) else None)
+    runs = format_ranks(ranks).split(",")
+    if len(runs) <= _SHOWN_RANGES:
+        return triples, None
+    half = _SHOWN_RANGES // 2
+    shown: list[int] = []
+    for run in [*runs[:half], *runs[-half:]]:
+        low, _, high = run.partition("-")
+        shown.extend(range(int(low), int(high or low) + 1))
+    return encode_ranks(shown), total
+
+
+def _class_doc(item: JobClass, terse: int = 0) -> dict:
+    ranks, count = _rank_set(item.ranks, item.count, terse)
+    nodes, node_count = _rank_set(item.nodes, item.node_count, terse)
+    doc: dict = {"ranks": ranks, "nodes": nodes, "hosts": item.hosts[:_HOSTS_SHOWN + 40]}
+    if count is not None:
+        doc["count"] = count
+    if node_count is not None:
+        doc["node_count"] = node_count
     if item.ident is not None:
         doc["id"] = item.ident
     if item.problem is not None:
         doc["problem"] = item.problem[:MAX_TEXT]
     if item.pids:
-        doc["pids"] = [[rank, pid] for rank, pid in sorted(item.pids.items())]
-    if item.per_node:
+        doc["pids"] = [[rank, pid] for rank, pid in sorted(item.pids.items())[:8]]
+    if item.per_node and terse < 2:
         doc["per_node"] = [[node, host[:255], encode_ranks(ranks)]
                            for node, (host, ranks) in item.per_node.items()]  # fmt: skip
     return doc
 
 
-def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[str, bytes]]:
+def read_view(
+    data: bytes, *, limit: int = VIEW_LIMIT, world: int = MAX_RANKS, nodes: int = 1 << 20
+) -> tuple[JobView, dict[str, bytes]]:
     """A merged result read back, every field checked: (the view, frames posts found inline
-    by id); :class:`PostError` when it is not one."""
+    by id); :class:`PostError` when it is not one. Ranks are below ``world`` (the job's rank
+    count; the classes name at most that many in all) and nodes below ``nodes`` (the round's
+    size): what decoding it costs is in proportion to its size and the job's, whatever it
+    says."""
     document = mapping(load_json(data, limit=limit, what="a merged result", depth=10),
                        "a merged result")  # fmt: skip
     if document.get("v") != FORMAT:
@@ -360,42 +475,22 @@ def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[st
     if idle is not None and (type(idle) not in (int, float) or not 0 <= idle < 1e9):
         raise PostError("idle is not a number of seconds")
     classes = []
+    left = world
     for entry in listed(document.get("classes"), "classes", 4096):
-        entry = mapping(entry, "a class")
-        ident = entry.get("id")
-        if ident is not None and not (isinstance(ident, str) and re.fullmatch(r"[0-9a-f]{16}",
-                                                                           ident)):  # fmt: skip
-            raise PostError("a class id is not 16 hex digits")
-        problem = entry.get("problem")
-        if (ident is None) == (problem is None):
-            raise PostError("a class has neither stacks nor a problem, or both")
-        item = JobClass(
-            ident,
-            check_ranks(entry.get("ranks"), "ranks"),
-            check_ranks(entry.get("nodes"), "nodes"),
-            hosts=text(entry.get("hosts", ""), "hosts", _HOSTS_SHOWN + 40),
-            problem=None if problem is None else text(problem, "a problem"),
-        )
-        for pair in listed(entry.get("pids", []), "pids", 8):
-            pair = listed(pair, "a pid", 2)
-            item.pids[whole(pair[0] if pair else None, "a rank")] = whole(pair[-1], "a pid")
-        for triple in listed(entry.get("per_node", []), "per_node", _DETAIL_NODES):
-            triple = listed(triple, "a node's ranks", 3)
-            if len(triple) != 3:
-                raise PostError("a node's ranks is not [node, host, ranks]")
-            item.per_node[whole(triple[0], "a node")] = (
-                text(triple[1], "a host", 255), decode_ranks(triple[2], "ranks")
-            )
+        item = _read_class(mapping(entry, "a class"), world, nodes)
+        left -= item.count
+        if left < 0:
+            raise PostError("a merged result that names more ranks than the job has")
         classes.append(item)
     view = JobView(
         kind,
         text(document.get("by"), "by"),
-        whole(document.get("size"), "size", 0, 1 << 20),
-        decode_ranks(document.get("answered"), "answered"),
+        whole(document.get("size"), "size", 0, nodes),
+        decode_ranks(document.get("answered"), "answered", below=nodes),
         classes,
         [(text(mapping(m, "a missing node").get("why"), "why"),
-          decode_ranks(m.get("nodes"), "nodes")) for m in listed(document.get("missing"),
-                                                                "missing", 64)],
+          decode_ranks(m.get("nodes"), "nodes", below=nodes))
+         for m in listed(document.get("missing"), "missing", 64)],
         [text(note, "a note") for note in listed(document.get("notes", []), "notes", _NOTES)],
         idle,
     )  # fmt: skip
@@ -406,6 +501,41 @@ def read_view(data: bytes, *, limit: int = VIEW_LIMIT) -> tuple[JobView, dict[st
     return view, inline
 
 
+def _read_class(entry: dict, world: int, nodes: int) -> JobClass:
+    ident = entry.get("id")
+    if ident is not None and not (isinstance(ident, str) and re.fullmatch(r"[0-9a-f]{16}",
+                                                                       ident)):  # fmt: skip
+        raise PostError("a class id is not 16 hex digits")
+    problem = entry.get("problem")
+    if (ident is None) == (problem is None):
+        raise PostError("a class has neither stacks nor a problem, or both")
+    ranks = check_ranks(entry.get("ranks"), "ranks", below=world)
+    node_set = check_ranks(entry.get("nodes"), "nodes", below=nodes)
+    total = whole(entry.get("count", ranks[1]), "count", ranks[1], world)
+    node_total = whole(entry.get("node_count", node_set[1]), "node_count", node_set[1], nodes)
+    item = JobClass(
+        ident, ranks, node_set,
+        hosts=text(entry.get("hosts", ""), "hosts", _HOSTS_SHOWN + 40),
+        problem=None if problem is None else text(problem, "a problem"),
+        total=total if total > ranks[1] else None,
+        node_total=node_total if node_total > node_set[1] else None,
+    )  # fmt: skip
+    for pair in listed(entry.get("pids", []), "pids", 8):
+        pair = listed(pair, "a pid", 2)
+        item.pids[whole(pair[0] if pair else None, "a rank")] = whole(pair[-1], "a pid")
+    for triple in listed(entry.get("per_node", []), "per_node", _DETAIL_NODES):
+        triple = listed(triple, "a node's ranks", 3)
+        if len(triple) != 3:
+            raise PostError("a node's ranks is not [node, host, ranks]")
+        node_ranks = check_ranks(triple[2], "ranks", below=world)
+        if node_ranks[1] > total:
+            raise PostError("a node's ranks are more than its class's")
+        item.per_node[whole(triple[0], "a node", 0, nodes)] = (
+            text(triple[1], "a host", 255), expand_ranks(node_ranks[0])
+        )
+    return item
+
+
 # --- one screen ----------------------------------------------------------------------------------
 
 
@@ -413,16 +543,22 @@ def count(number: int) -> str:
     return f"{number:,}"
 
 
-def ranks_text(ranks: Sequence[int], noun: str = "rank") -> str:
+def ranks_text(ranks: Sequence[int], noun: str = "rank", total: int | None = None) -> str:
     """``rank 3`` or ``ranks 0-4094,4096-8191 (8,191)``; a long list shows its first and last
-    ranges around ``...``."""
-    if len(ranks) == 1:
+    ranges around ``...``. ``total``: how many there are when ``ranks`` is a list cut to its
+    first and last ranges (:func:`encode_view`)."""
+    number = max(len(ranks), total or 0)
+    if not ranks:
+        return f"{count(number)} {noun}{'s' if number != 1 else ''}"
+    if number == 1:
         return f"{noun} {ranks[0]}"
     ranges = format_ranks(ranks).split(",")
-    if len(ranges) > _SHOWN_RANGES:
-        half = _SHOWN_RANGES // 2
+    half = _SHOWN_RANGES // 2
+    if len(ranges) > _SHOWN_RANGES or (number > len(ranks) and len(ranges) > half):
         ranges = [*ranges[:half], "...", *ranges[-half:]]
-    return f"{noun}s {','.join(ranges)} ({count(len(ranks))})"
+    elif number > len(ranks):
+        ranges = [*ranges, "..."]
+    return f"{noun}s {','.join(ranges)} ({count(number)})"
 
 
 def compress_hosts(names: Iterable[str]) -> str:
@@ -452,11 +588,19 @@ def compress_hosts(names: Iterable[str]) -> str:
         if len(numbers) == 1:
             parts.append((1, f"{prefix}{numbers[0]:0{width}d}{suffix}"))
             continue
-        runs = []
+        runs, length, shown_count = [], len(prefix) + len(suffix) + 6, 0
         for chunk in format_ranks(numbers).split(","):
             low, _, high = chunk.partition("-")
-            runs.append(f"{int(low):0{width}d}" + (f"-{int(high):0{width}d}" if high else ""))
-        parts.append((len(numbers), f"{prefix}[{','.join(runs)}]{suffix}"))
+            run = f"{int(low):0{width}d}" + (f"-{int(high):0{width}d}" if high else "")
+            if runs and length + len(run) > _HOSTS_SHOWN:  # one pattern of no regularity
+                runs.append("...")
+                break
+            runs.append(run)
+            length += len(run) + 1
+            shown_count += int(high or low) - int(low) + 1
+        cut = len(numbers) - shown_count
+        parts.append((len(numbers), f"{prefix}[{','.join(runs)}]{suffix}"
+                      + (f" ({len(numbers):,})" if cut else "")))
     parts += [(1, name) for name in plain]
     shown, used, hidden = [], 0, 0
     for size, part in sorted(parts, key=lambda item: item[1]):
@@ -474,13 +618,13 @@ def nodes_text(item: JobClass) -> str:
     ``on nodes 0-1023 (gpu[0001-1024])``."""
     if not item.nodes:
         return ""
-    if len(item.nodes) == 1:
+    if item.node_count == 1:
         return f"on node {item.nodes[0]} ({item.hosts})"
-    if item.per_node and len(item.per_node) == len(item.nodes):
+    if item.per_node and len(item.per_node) == item.node_count:
         parts = [f"node {node} ({host}): {ranks_text(ranks)}"
                  for node, (host, ranks) in sorted(item.per_node.items())]  # fmt: skip
         return f"on {'; '.join(parts)}"
-    return f"on {ranks_text(item.nodes, 'node')} ({item.hosts})"
+    return f"on {ranks_text(item.nodes, 'node', item.node_count)} ({item.hosts})"
 
 
 def ordered(view: JobView) -> tuple[list[JobClass], JobClass | None]:
@@ -489,13 +633,13 @@ def ordered(view: JobView) -> tuple[list[JobClass], JobClass | None]:
     no collective breaks, or no stacks at all)."""
     view.resolve()
     with_stacks = sorted((c for c in view.classes if c.problem is None),
-                         key=lambda c: (-len(c.ranks), c.ranks[:1]))  # fmt: skip
+                         key=lambda c: (-c.count, c.ranks[:1]))  # fmt: skip
     problems = sorted((c for c in view.classes if c.problem is not None),
                       key=lambda c: c.ranks[:1])  # fmt: skip
     majority = None
     if with_stacks:
-        size = len(with_stacks[0].ranks)
-        largest = [c for c in with_stacks if len(c.ranks) == size]
+        size = with_stacks[0].count
+        largest = [c for c in with_stacks if c.count == size]
         if len(largest) == 1:
             majority = largest[0]
         else:
@@ -517,8 +661,8 @@ def _in_collective(item: JobClass) -> bool:
 def heading(item: JobClass, *, pid: bool = False) -> str:
     """``ranks 0-2 (3): in step (/job/train.py:14)``; one rank with ``pid``: ``rank 3 (pid
     4242): ...``."""
-    label = ranks_text(item.ranks)
-    if pid and len(item.ranks) == 1 and item.pids.get(item.ranks[0]):
+    label = ranks_text(item.ranks, total=item.count)
+    if pid and item.count == 1 and item.pids.get(item.ranks[0]):
         label += f" (pid {item.pids[item.ranks[0]]})"
     return f"{label}: {where(item.sample())}"
 
@@ -592,6 +736,8 @@ def view_to_json(view: JobView, **job: object) -> dict[str, object]:
         sample = item.sample()
         classes.append(
             {"ranks": item.ranks, "nodes": item.nodes, "hosts": item.hosts,
+             "rank_count": item.count, "node_count": item.node_count,
+             "cut": item.count > len(item.ranks) or item.node_count > len(item.nodes),
              "where": where(sample), "problem": item.problem,
              "pids": {str(rank): pid for rank, pid in item.pids.items()},
              "threads": [{"id": t.ident, "main": index == len(sample.threads) - 1,
