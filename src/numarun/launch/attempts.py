@@ -8,17 +8,7 @@ no supervisor runs (:class:`SignalGuard`); every attempt keeps its own directory
 attempt's root cause. Each attempt's stack dumps (:mod:`numarun.stacks.dumps`) are set up here.
 
 What a failure needs is imported before any failure is acted on, in the main thread
-(:func:`_import_failure_path`): under a torch rendezvous once the workers started and before
-the supervisor's loop serves its first event; on numarun's static rendezvous, where no other
-thread runs then, :data:`FAILURE_PATH_DELAY` seconds after the workers started (not while their
-interpreters start, which its few milliseconds would slow on a machine with few cores; nor at
-the first worker's end, which in a short run comes while the others still start) or at the first
-failure, before it is acted on, whichever comes first, and at the latest once the attempt ended:
-a run that succeeds imports what one that fails does. Nothing is imported in another thread: an
-import in progress elsewhere leaves a module in ``sys.modules`` half made (creating a dataclass
-reads ``typing`` from there without the import lock, and failed with ``partially initialized
-module 'typing' has no attribute 'ClassVar'`` when a background thread was importing it as a
-worker failed).
+(:mod:`numarun.launch.failurepath` says when and why).
 """
 
 from __future__ import annotations
@@ -29,6 +19,7 @@ import os
 import sys
 
 from numarun.errors import NumarunError, UsageError
+from numarun.launch.failurepath import FAILURE_PATH_DELAY, after_import, import_failure_path
 from numarun.launch.outcome import (
     exit_code_for,
     failure_summary,
@@ -321,7 +312,7 @@ class Job:
                     elif warning and not config.quiet:
                         sys.stderr.write(f"numarun: warning: {warning}\n")
                 return self.report(attempt)
-            self._describe_failure(attempt)
+            _describe_failure(attempt, self.outputs)
             if self.node is not None and result.first_failure is None:
                 self._announce(f"stopped: {result.stop_reason}")
             if restart_count >= config.max_restarts:
@@ -483,7 +474,8 @@ class Job:
 
         # The failure path is imported before a worker's end is acted on (module docstring).
         elastic = self.node is not None
-        on_failure = _after_import(self._on_failure_callbacks(stacks, restart_count), elastic)
+        restarts = self.node is None and restart_count < self.config.max_restarts
+        on_failure = after_import(_failure_calls(stacks, self.job_view, restarts), elastic)
         on_exit = stacks.on_exit if stacks is not None else None
         if taken is not None:
             supervisor: Supervisor = taken.adopt(specs, on_failure, on_exit)
@@ -538,7 +530,7 @@ class Job:
                     self.warm.release(running)
                 self.warm.unwatch()
         self.started = True
-        _import_failure_path(self.node is not None)  # a run that ended before the timer
+        import_failure_path(self.node is not None)  # a run that ended before the timer
         return result
 
     def _write_main_code(self) -> None:
@@ -615,40 +607,6 @@ class Job:
         elif self.warm is not None and self.warm.note is not None and not config.quiet:
             sys.stderr.write(f"numarun: {name}: cold start: {self.warm.note}\n")
 
-    def _on_failure_callbacks(
-        self, stacks: object, restart_count: int
-    ) -> Callable[[WorkerExit], None] | None:
-        """What runs at a local worker's failure, before the others are stopped: the other
-        ranks' stacks (at most ~1 s, typically milliseconds), then the notice to the other
-        nodes with them (posted by a helper thread; the teardown does not wait for it).
-
-        Without a torch rendezvous, an attempt that a restart will follow takes no stacks: only
-        the last attempt's summary shows them (the earlier ones get a line each), and taking
-        them (every other rank dumps, the launcher waits for the dumps) would delay the
-        restart. Under a torch rendezvous they go to the other nodes with the notice."""
-        calls = []
-        restarts = self.node is None and restart_count < self.config.max_restarts
-        if stacks is not None and not restarts:
-            calls.append(stacks.on_failure)  # type: ignore[attr-defined]
-        if self.job_view is not None:
-            calls.append(self.job_view.on_worker_failure)
-        if not calls:
-            return None
-
-        def on_failure(ended: WorkerExit) -> None:
-            for call in calls:
-                call(ended)
-
-        return on_failure
-
-    def _describe_failure(self, attempt: _Attempt) -> None:
-        """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
-        from numarun.launch import summary as end_summary
-
-        reports = rank_reports(attempt.result, attempt.directory, self.outputs)
-        stopped = attempt.result.stop_reason
-        attempt.line = end_summary.attempt_line(attempt.name, reports, stopped_by=stopped)
-
     def report(self, last: _Attempt) -> int:
         """The end of the job: the failure summary of the last attempt (naming every earlier
         attempt's root cause) when it failed, else a short note of the earlier attempts' root
@@ -679,6 +637,44 @@ class Job:
             if lost:
                 sys.stderr.write(end_summary.format_lost_logs(lost) + "\n")
         return code
+
+
+def _failure_calls(
+    stacks: object, job_view: object, restarts: bool
+) -> Callable[[WorkerExit], None] | None:
+    """What runs at a local worker's failure, before the others are stopped: the other
+    ranks' stacks (at most ~1 s, typically milliseconds), then the notice to the other
+    nodes with them (``job_view``'s, posted by a helper thread; the teardown does not wait
+    for it).
+
+    Without a torch rendezvous, an attempt that a restart will follow (``restarts``) takes no
+    stacks: only the last attempt's summary shows them (the earlier ones get a line each), and
+    taking them (every other rank dumps, the launcher waits for the dumps) would delay the
+    restart. Under a torch rendezvous they go to the other nodes with the notice."""
+    calls = []
+    if stacks is not None and not restarts:
+        calls.append(stacks.on_failure)  # type: ignore[attr-defined]
+    if job_view is not None:
+        calls.append(job_view.on_worker_failure)  # type: ignore[attr-defined]
+    if not calls:
+        return None
+
+    def on_failure(ended: WorkerExit) -> None:
+        for call in calls:
+            call(ended)
+
+    return on_failure
+
+
+def _describe_failure(
+    attempt: _Attempt, outputs: tuple[dict[int, int], dict[int, int], set[int]]
+) -> None:
+    """Set ``attempt.line``: its root cause in one line (rank, exit or signal, error)."""
+    from numarun.launch import summary as end_summary
+
+    reports = rank_reports(attempt.result, attempt.directory, outputs)
+    stopped = attempt.result.stop_reason
+    attempt.line = end_summary.attempt_line(attempt.name, reports, stopped_by=stopped)
 
 
 def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
@@ -771,9 +767,6 @@ def _close_attempt_files(stacks: JobStacks | None, duplicates: tuple) -> None:
             line_filter.close()
 
 
-FAILURE_PATH_DELAY = 0.25  # seconds from the workers' start to the failure path's import
-
-
 def _on_started(supervisor: Supervisor, stacks: JobStacks | None, elastic: bool) -> None:
     if stacks is not None:
         try:
@@ -782,52 +775,6 @@ def _on_started(supervisor: Supervisor, stacks: JobStacks | None, elastic: bool)
             print(f"numarun: warning: `numarun stacks` will not reach this job: {error}",
                   file=sys.stderr)  # fmt: skip
     if elastic:
-        _import_failure_path(elastic)
+        import_failure_path(elastic)
     else:
-        supervisor.call_later(FAILURE_PATH_DELAY, lambda: _import_failure_path(elastic))
-
-
-def _after_import(
-    call: Callable[[WorkerExit], None] | None, elastic: bool
-) -> Callable[[WorkerExit], None]:
-    """``call`` (or nothing), after :func:`_import_failure_path`: a supervisor's
-    ``on_failure``, so that the first failure is acted on with the failure path imported
-    (module docstring)."""
-
-    def after_import(ended: WorkerExit) -> None:
-        _import_failure_path(elastic)
-        if call is not None:
-            call(ended)
-
-    return after_import
-
-
-def _import_failure_path(elastic: bool) -> None:
-    """Import what acting on a failure needs, in the main thread, before any failure is acted
-    on (module docstring says when): the stacks' parser
-    (:meth:`numarun.stacks.dumps.RankDumps.take` at the failure, the hang watch), the summary
-    and the error files it reads, under a torch rendezvous the post that carries this node's
-    stacks to the others, and the flight recorders' reader (with :mod:`pickle`: 2 ms with its
-    bytecode cached). A few milliseconds, once per launch (then a look in ``sys.modules``);
-    nothing of it is imported in another thread.
-
-    The first time, what was imported since the start-up's ``gc.freeze()`` (these modules, and
-    the few the workers' start brought) is frozen too: it lives until exit as the start-up's
-    objects do, and the collection at interpreter exit would otherwise walk it, milliseconds
-    between a failure and the launcher's exit."""
-    global _failure_path_imported
-    import json  # noqa: F401  (read_error_file)
-
-    import numarun.launch.summary  # with launch.errorfile and stacks.parse
-    import numarun.stacks.flightreport  # the ranks' flight recorders (with pickle)
-
-    if elastic:
-        import numarun.stacks.digest  # noqa: F401  (ElasticNode.on_worker_failure's post)
-    if not _failure_path_imported:
-        _failure_path_imported = True
-        import gc
-
-        gc.freeze()
-
-
-_failure_path_imported = False
+        supervisor.call_later(FAILURE_PATH_DELAY, lambda: import_failure_path(elastic))
