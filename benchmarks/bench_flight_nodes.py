@@ -30,9 +30,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from numarun.stacks.digest import Classes, Raw, node_digest, read_digest  # noqa: E402
-from numarun.stacks.merge import encode_view, merge  # noqa: E402
-from numarun.stacks.rankhelper import FlightAnswer  # noqa: E402
+from numarun.stacks.digest import Classes, Raw, node_digest, read_digest
+from numarun.stacks.merge import encode_view, merge
+from numarun.stacks.rankhelper import FlightAnswer
 
 STACK = ('Thread 0x00007f0000000001 (most recent call first):\n'
          '  File "/job/train.py", line 41 in main\n')  # fmt: skip

@@ -30,10 +30,10 @@ line (``while not ready: time.sleep(1)``) looks still: that is a hang by this ru
 Over several nodes (a torch rendezvous, ``job`` given): a hang is judged over the whole job, no
 rank on any numarun node made progress for the timeout (a node whose ranks all ended counts as
 still). This node's watch then never ends the run by itself: once its own ranks have been still
-for the timeout it takes its ranks' flight recorders once and calls ``job.still(dumps, idle)`` (the
-last samples of its ranks, unparsed, each with its flight recorder; the launcher posts their
-digest, with the recorders' summary, for the other nodes), and ``job.moving()`` when one of them moves
-again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged classes
+for the timeout it takes its ranks' flight recorders once and calls ``job.still(dumps, idle)``
+(the last samples of its ranks, unparsed, each with its flight recorder; the launcher posts
+their digest, with the recorders' summary, for the other nodes), and ``job.moving()`` when one
+of them moves again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged classes
 (:class:`numarun.stacks.merge.JobView`) once every numarun node is still, on every node alike.
 """
 
