@@ -5,6 +5,9 @@ collectives show. ``--case``:
   loop, then every rank calls ``all_reduce`` on an ``[8]`` tensor: every stack is at the same
   line (gloo hangs with 3 ranks or more; with 2 it aborts);
 * ``type``: rank 1 calls ``broadcast`` where the others call ``all_reduce``;
+* ``dtype``: the last rank calls ``all_reduce`` on an ``int64`` tensor where the others pass
+  ``float64`` (same shape and bytes: gloo aborts on a size that differs, and does not check the
+  dtype), then sleeps in its own code while the others wait in the next ``all_reduce``;
 * ``subgroup``: rank 0 calls ``all_reduce`` on the group of ranks 0 and 1 while the others
   call it on the default group;
 * ``raise``: rank 0 waits in an ``all_reduce`` of the group of ranks 0 and 1, which rank 1
@@ -104,6 +107,11 @@ def main() -> None:
             dist.broadcast(ones(4), src=0)
         else:
             dist.all_reduce(ones(4))
+    elif args.case == "dtype":
+        dist.all_reduce(ones(4, torch.int64 if rank == last else torch.float64))
+        if rank == last:
+            time.sleep(args.sleep)
+        dist.all_reduce(ones(4))
     elif args.case == "subgroup":
         if rank == 0:
             dist.all_reduce(ones(2, torch.float64), group=pair)

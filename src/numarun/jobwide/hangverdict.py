@@ -243,7 +243,8 @@ def judge(watch: StoreWatch, round_: WatchedRound, conn: Conn, count: int) -> No
         conn.repair(STILLS_KEY, str(count).encode(), len(unique))
     others = [node for node in range(round_.size) if node not in unique]
     view = merge(list(unique.values()), kind="hang", by=node_label(round_.me, round_.host),
-                 size=round_.size, missing=[(NOT_JUDGED, others)] if others else [])  # fmt: skip
+                 size=round_.size, missing=[(NOT_JUDGED, others)] if others else [],
+                 world=round_.world)  # fmt: skip
     key = post_event(conn, f"hang {round_.me}", encode_view(view), after=round_.seen,
                      note=noter(watch, round_))  # fmt: skip
     if key is not None:

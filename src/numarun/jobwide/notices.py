@@ -99,7 +99,11 @@ class JobNotices:
             if self._stacks is None:
                 self._watch.answer(number, [])
             else:
-                self._stacks.take_async(lambda dumps: self._watch.answer(number, dumps))
+                stacks = self._stacks
+                # With the flight recorders: the digest carries their summary; the dumps
+                # stay on this node, kept in its log directory.
+                stacks.take_async(lambda dumps: self._watch.answer(number, stacks.keep_flight(
+                    dumps)), flight=True)  # fmt: skip
         elif isinstance(result, Merged):
             reply = self._asks.pop(result.token, None) if result.token else None
             timer = self._timers.pop(result.token, None)
@@ -138,12 +142,17 @@ class JobNotices:
         self._node.on_worker_failure(ended, dumps or [])
 
     def _failure_dumps(self) -> list[Raw]:
-        at_failure = self._stacks.at_failure if self._stacks is not None else None
-        if at_failure is None:
+        stacks = self._stacks
+        at_failure = stacks.at_failure if stacks is not None else None
+        if stacks is None or at_failure is None:
             return []
         from numarun.stacks.dumps import Raw
 
-        return [Raw.of(item) for item in at_failure[1]]
+        flight = {answer.rank: answer for answer in stacks.flight_at_failure}
+        found = [Raw.of(item) for item in at_failure[1]]
+        for raw in found:  # the notice's digest carries their flight summary
+            raw.flight = flight.get(raw.rank)
+        return found
 
     def _declared_by(self, sender: int) -> str:
         node_round = self._node.round

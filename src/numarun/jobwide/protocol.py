@@ -273,7 +273,7 @@ def collect(watch: StoreWatch, round_: WatchedRound, number: int, token: str) ->
     missing = missing_nodes(round_, {d.node for d in digests},
                             f"did not answer within {COLLECT_LIMIT:g} s")  # fmt: skip
     view = merge(digests, kind="stacks", by=node_label(round_.me, round_.host),
-                 size=round_.size, missing=missing, notes=notes)  # fmt: skip
+                 size=round_.size, missing=missing, notes=notes, world=round_.world)  # fmt: skip
     posts = frames_of(round_, view.frame_ids())
     view.add_posts(posts)
     if token:

@@ -689,7 +689,7 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
     view = stacks.notice_view(node.round.group_rank, node.host)  # type: ignore[attr-defined]
     if view is None or not view.classes:
         return ""
-    return format_job_view("numarun: where every rank of the job was:", view) + "\n"
+    return format_job_view("numarun: where every rank of the job was:", view, flight=True) + "\n"
 
 
 def _hung_after(attempt: _Attempt, view: object, by: str) -> None:

@@ -485,16 +485,56 @@ def _stacks_lines(stacks: Sequence[Any], indent: str = "  ") -> list[str]:
     return [indent + _printable(line) for line in lines]
 
 
-def format_job_view(heading: str, view: Any) -> str:
+def format_job_view(heading: str, view: Any, *, flight: bool = False) -> str:
     """``heading``, then a whole job's classes (a :class:`numarun.stacks.merge.JobView`): odd
     ones first, each with its ranks and nodes as ranges and its main thread's innermost
-    frames; escaped (other nodes' posts are shown)."""
+    frames; escaped (other nodes' posts are shown). ``flight``: then the view's flight
+    recorder verdict, when it has one."""
     from numarun.stacks.merge import format_view, summary_lines
     from numarun.stacks.parse import SUMMARY_FRAMES
 
     lines = [*summary_lines(view),
              *format_view(view, max_frames=SUMMARY_FRAMES, other_threads=False)]  # fmt: skip
-    return "\n".join([heading, *(f"  {_printable(line)}" for line in lines)])
+    shown = [heading, *(f"  {_printable(line)}" for line in lines)]
+    if flight and view.flight is not None:
+        shown.extend(_job_flight_lines(view, None, "the collectives of the ranks above"))
+    return "\n".join(shown)
+
+
+def _job_flight_lines(view: Any, mine: Any, heading: str) -> list[str]:
+    """The flight recorders of every node, as the merging node found them (``view.flight``, a
+    :class:`numarun.stacks.flightjob.JobFlight`), where this node's dumps are (``mine``, its
+    :class:`numarun.stacks.flightreport.FlightReport`, or None) and the culprits with their
+    nodes and stacks."""
+    found = view.flight
+    lines = [f"Flight recorder ({heading}, as torch recorded them on every node):",
+             *(f"  {line}" for line in found.shown_lines())]  # fmt: skip
+    if mine is not None:
+        lines.extend(f"  this node's {line}" for line in mine.where_lines())
+    lines.append("  (each node keeps its own ranks' dumps in its log directory's attempt's "
+                 "flight_recorder/; copied into one directory, torch's analyzer reads them all)")
+    if found.culprits:
+        from numarun.stacks.merge import heading as class_heading
+        from numarun.stacks.merge import nodes_text, ordered
+
+        shown, _ = ordered(view)
+        label = "Likely culprit" if len(found.culprits) == 1 else "Likely culprits"
+        lines.append(f"{label} (flight recorder: behind, or calling something else, where the "
+                     "others wait):")  # fmt: skip
+        for rank in found.culprits[:8]:
+            item = next((c for c in shown if rank in c.ranks), None)
+            if item is None:
+                lines.append(f"  rank {rank}: no stacks")
+                continue
+            node = nodes_text(item) if item.node_count == 1 else next(
+                (f"on node {n} ({host})" for n, (host, r) in item.per_node.items() if rank in r),
+                "",
+            )  # fmt: skip
+            where = class_heading(item).partition(": ")[2]
+            lines.append(f"  rank {rank}{f' ({node})' if node else ''}: {where}")
+        if len(found.culprits) > 8 or found.more_culprits:
+            lines.append("  ... (more culprits: see the verdict above)")
+    return [_printable(line) for line in lines]
 
 
 def _job_hang_lines(hang: Any) -> list[str]:
@@ -584,6 +624,8 @@ def _hang_block(hang: Any, stacks_logs: str | None, flight: Any = None) -> list[
     ]
     if getattr(hang, "view", None) is not None:
         lines.extend(_job_hang_lines(hang))
+        if hang.view.flight is not None:
+            lines.extend(_job_flight_lines(hang.view, flight, "each rank's collectives"))
         lines.append(_THIN)
         lines.append("Stacks when the hang was declared:")
         lines.extend(format_job_view("", hang.view).split("\n")[1:])

@@ -623,5 +623,9 @@ def _print_job_wide(reply: dict, fields: dict, as_json: bool) -> int:
         *(f"  {line}" for line in merge.summary_lines(view)),
         *merge.format_view(view),
     ]
+    if view.flight is not None:  # every node's ranks' collectives, merged by the asked node
+        lines.append("Flight recorder (each rank's collectives, as torch recorded them on "
+                     "every node; each node keeps its ranks' dumps in its log directory):")
+        lines.extend(f"  {line}" for line in view.flight.shown_lines())
     sys.stdout.write("\n".join(lines) + "\n")
     return 0

@@ -7,7 +7,15 @@ LLNL's Stack Trace Analysis Tool does, and posts a **digest** of a few hundred b
 
     {"v": 2, "node": <group rank>, "host": "<host>", "pid": <launcher pid>, "state": "answer",
      "classes": [{"id": "<16 hex>", "ranks": <rank set>, "pids": [4242]}],
-     "problems": [{"problem": "exited", "ranks": <rank set>}]}
+     "problems": [{"problem": "exited", "ranks": <rank set>}],
+     "flight": "<the ranks' flight-recorder summary, JSON text>"}
+
+``flight`` is there when the node's ranks' flight recorders were taken with their stacks and
+one of them has a process group (:func:`numarun.stacks.flightjob.node_flight`: each group's
+frontier, ranks in step as one class; at most :data:`numarun.stacks.flightjob.FLIGHT_LIMIT`
+characters). It is read back as text only: decoded where the digests are merged
+(:func:`numarun.stacks.flightjob.job_flight`), so a broken one costs that node's flight
+record, never its stacks.
 
 A class's frames are posted once per round, whoever sees the class first, as its **frames** post
 (content-addressed by the class id: a hash of the frames without thread ids), bounded by
@@ -36,6 +44,7 @@ import re
 from collections.abc import Sequence
 
 from numarun.stacks.dumps import Raw
+from numarun.stacks.flightjob import FLIGHT_LIMIT, node_flight
 from numarun.stacks.parse import Frame, RankStacks, Thread, rank_stacks
 
 FORMAT = 2
@@ -291,7 +300,9 @@ def read_frames(data: bytes, wanted: str) -> tuple[tuple[Thread, ...], bool]:
 
 class Digest:
     """One node's digest, built (:func:`node_digest`) or read back (:func:`read_digest`):
-    its classes as (id, ranks, pids by rank), its ranks without stacks as (problem, ranks)."""
+    its classes as (id, ranks, pids by rank), its ranks without stacks as (problem, ranks),
+    ``flight``: its ranks' flight-recorder summary (JSON text, unread) or None;
+    ``flight_refused``: why a post's ``flight`` field was not taken (not a bounded text)."""
 
     def __init__(
         self,
@@ -301,6 +312,7 @@ class Digest:
         state: str,
         classes: list[tuple[str, list[int], dict[int, int]]],
         problems: list[tuple[str, list[int]]],
+        flight: str | None = None,
     ) -> None:
         self.node = node
         self.host = host
@@ -308,6 +320,8 @@ class Digest:
         self.state = state
         self.classes = classes
         self.problems = problems
+        self.flight = flight
+        self.flight_refused: str | None = None
 
     @property
     def label(self) -> str:
@@ -337,13 +351,17 @@ class Digest:
             "problems": [{"problem": problem[:MAX_TEXT], "ranks": encode_ranks(ranks)}
                          for problem, ranks in self.problems],
         }  # fmt: skip
+        if self.flight is not None:
+            document["flight"] = self.flight
         return json.dumps(document, separators=(",", ":")).encode()
 
 
 def node_digest(
     dumps: Sequence[Raw], *, node: int, host: str, pid: int, state: str, known: Classes
 ) -> tuple[Digest, dict[str, bytes]]:
-    """This node's digest of ``dumps`` and the frames post of each of its classes, by id."""
+    """This node's digest of ``dumps`` and the frames post of each of its classes, by id;
+    with the flight recorders the dumps carry (:attr:`Raw.flight`), their summary (read here:
+    the calling thread pays for it, never the loop)."""
     classes: dict[str, tuple[list[int], dict[int, int]]] = {}
     frames: dict[str, bytes] = {}
     problems: dict[str, list[int]] = {}
@@ -359,10 +377,12 @@ def node_digest(
         ranks.append(dump.rank)
         if dump.pid:
             pids[dump.rank] = dump.pid
+    answers = [dump.flight for dump in dumps if dump.flight is not None]
     digest = Digest(
         node, host, pid, state,
         [(ident, ranks, pids) for ident, (ranks, pids) in classes.items()],
         list(problems.items()),
+        node_flight(answers) if answers else None,
     )  # fmt: skip
     return digest, frames
 
@@ -403,7 +423,13 @@ def read_digest(data: bytes, *, below: int = MAX_RANKS, most: int | None = None)
                     pids[rank] = whole(value, "a pid")
         classes.append((ident, ranks, pids))
     problems = [(problem, expand_ranks(triples)) for problem, triples in problems_checked]
-    return Digest(
+    digest = Digest(
         whole(post.get("node"), "node"), text(post.get("host"), "host", 255),
         whole(post.get("pid"), "pid"), text(post.get("state"), "state", 16), classes, problems,
     )  # fmt: skip
+    flight = post.get("flight")
+    if isinstance(flight, str) and len(flight) <= FLIGHT_LIMIT:
+        digest.flight = flight
+    elif flight is not None:  # its stacks stand; the flight record is named as refused
+        digest.flight_refused = f"not a text of at most {FLIGHT_LIMIT:,} characters"
+    return digest

@@ -210,10 +210,12 @@ class GroupFrontier(Value):
     group's order; empty when the dump does not say), ``enqueued`` (the highest collective
     sequence number the rank entered; 0: none), ``completed`` (the highest it knows finished;
     -1: none), ``started`` (-1: not known), and ``recent``: its last :data:`ENTRIES_KEPT`
-    entries, oldest first. ``waiting``: it is inside a collective not completed."""
+    entries, oldest first. ``waiting``: it is inside a collective not completed. Its hash is
+    computed once (a default group's members are the whole job: merging 8,192 ranks' frontiers
+    would hash 8,192 members per rank)."""
 
     _fields = ("name", "desc", "members", "enqueued", "started", "completed", "recent")
-    __slots__ = _fields
+    __slots__ = (*_fields, "_hash")
     name: str
     desc: str
     members: tuple[int, ...]
@@ -239,6 +241,14 @@ class GroupFrontier(Value):
         _set(self, "started", started)
         _set(self, "completed", completed)
         _set(self, "recent", recent)
+        _set(self, "_hash", None)
+
+    def __hash__(self) -> int:
+        if self._hash is None:
+            _set(self, "_hash", hash(self._values()))
+        return self._hash  # type: ignore[return-value]
+
+    __eq__ = Value.__eq__  # defining __hash__ alone would leave the class unhashable elsewhere
 
     @property
     def waiting(self) -> bool:
@@ -386,7 +396,9 @@ def ranges(ranks: object) -> list[list[int]]:
     return runs
 
 
-def _unranges(value: object, limit: int) -> tuple[int, ...]:
+def unranges(value: object, limit: int) -> tuple[int, ...]:
+    """The ranks of ``[[first, last], ...]`` runs (:func:`ranges`), at most ``limit`` in
+    all; :class:`FlightError` for anything else."""
     if not isinstance(value, list) or len(value) > limit:
         raise FlightError("a rank set is not a list of runs")
     ranks: list[int] = []
@@ -444,26 +456,68 @@ def _read_entry(doc: object) -> Entry:
                  _dtypes(out_dtypes), state, p2p == 1)  # fmt: skip
 
 
-def _read_group(doc: object) -> GroupFrontier:
+class _Reading:
+    """What reading summaries may still cost: ``below`` bounds every member's rank, ``budget``
+    the members expanded in all (a forged summary of short runs naming a million members per
+    group degrades to groups without members); ``known``: groups read before, by their text,
+    so that identical frontiers of many nodes are one object (hashed once)."""
+
+    __slots__ = ("below", "budget", "known")
+
+    def __init__(self, below: int, budget: int, known: dict | None) -> None:
+        self.below = below
+        self.budget = budget
+        self.known: dict[str, GroupFrontier] = {} if known is None else known
+
+
+def _read_group(doc: object, reading: _Reading) -> GroupFrontier:
     if not isinstance(doc, dict):
         raise FlightError("a group is not an object")
+    key = json.dumps(doc, separators=(",", ":"), sort_keys=True)
+    found = reading.known.get(key)
+    if found is not None:
+        return found
     recent = doc.get("recent")
     if not isinstance(recent, list) or len(recent) > ENTRIES_KEPT:
         raise FlightError("a group's entries are not a short list")
     name = doc.get("name")
     if not isinstance(name, str) or not name:
         raise FlightError("a group has no name")
-    members = _unranges(doc.get("members"), _MEMBERS)
+    runs = doc.get("members")
+    members: tuple[int, ...] = ()
+    if isinstance(runs, list) and len(runs) <= _MEMBERS and all(
+        isinstance(run, list) and len(run) == 2 and all(type(x) is int for x in run)
+        for run in runs
+    ):  # fmt: skip
+        size = sum(run[1] - run[0] + 1 for run in runs)
+        if size <= reading.budget:
+            members = unranges(runs, min(_MEMBERS, reading.budget) + 1)
+            reading.budget -= len(members)
+            if members and max(members) >= reading.below:
+                raise FlightError(f"a group's members go beyond rank {reading.below - 1}")
+        else:
+            reading.budget = 0  # past the bound: this group and the later ones without members
+    else:
+        raise FlightError("a group's members are not a list of runs")
     entries = tuple(_read_entry(entry) for entry in recent)
-    return GroupFrontier(_text(name), _text(doc.get("desc")), members, _int(doc.get("enqueued"), 0),
-                         _int(doc.get("started")), _int(doc.get("completed")), entries)
+    group = GroupFrontier(_text(name), _text(doc.get("desc")), members,
+                          _int(doc.get("enqueued"), 0), _int(doc.get("started")),
+                          _int(doc.get("completed")), entries)  # fmt: skip
+    if len(reading.known) < 4096:
+        reading.known[key] = group
+    return group
 
 
-def read_summary(data: bytes, *, max_ranks: int = 1 << 16) -> tuple[list[RankRecord],
-                                                                  dict[int, str]]:  # fmt: skip
+def read_summary(
+    data: bytes, *, max_ranks: int = 1 << 16, world: int | None = None,
+    known: dict | None = None,
+) -> tuple[list[RankRecord], dict[int, str]]:  # fmt: skip
     """A node's summary (:func:`node_summary`, as JSON bytes) back as one record per rank and
     the problems per rank; read as untrusted (size, shape, every field), :class:`FlightError`
-    in one line."""
+    in one line. At most ``max_ranks`` ranks; with ``world`` (the job's rank count) every
+    group member below it and at most ``4 * world + 4096`` members expanded in all (groups
+    past that have none); ``known`` (a dict kept by the caller across summaries): identical
+    groups read as one object."""
     if len(data) > SUMMARY_LIMIT:
         raise FlightError(f"the summary is {len(data):,} bytes, over {SUMMARY_LIMIT:,}")
     try:
@@ -472,17 +526,23 @@ def read_summary(data: bytes, *, max_ranks: int = 1 << 16) -> tuple[list[RankRec
         raise FlightError(f"unreadable summary: {type(error).__name__}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("classes"), list):
         raise FlightError("the summary has no classes")
+    below = _MEMBERS * 64 if world is None else world
+    reading = _Reading(below, 4 * min(below, _MEMBERS) + 4096, known)
     records: list[RankRecord] = []
     for item in doc["classes"][:max_ranks]:
         if not isinstance(item, dict) or not isinstance(item.get("groups"), list):
             raise FlightError("a class is not an object with groups")
-        groups = tuple(_read_group(group) for group in item["groups"][:GROUPS_KEPT])
-        for rank in _unranges(item.get("ranks"), max_ranks - len(records)):
-            records.append(RankRecord(rank, _text(item.get("version"), 16),
-                                      _text(item.get("backend"), 16), groups))  # fmt: skip
+        groups = tuple(_read_group(group, reading) for group in item["groups"][:GROUPS_KEPT])
+        version, backend = _text(item.get("version"), 16), _text(item.get("backend"), 16)
+        for rank in unranges(item.get("ranks"), max_ranks - len(records)):
+            records.append(RankRecord(rank, version, backend, groups))
     problems: dict[int, str] = {}
-    for item in doc.get("problems") or []:
+    listed = doc.get("problems") if isinstance(doc.get("problems"), list) else []
+    left = max_ranks
+    for item in listed[:64]:
         if isinstance(item, dict) and isinstance(item.get("reason"), str):
-            for rank in _unranges(item.get("ranks"), max_ranks):
+            ranks = unranges(item.get("ranks"), left)
+            left -= len(ranks)
+            for rank in ranks:
                 problems[rank] = _text(item["reason"], 300)
     return records, problems

@@ -67,6 +67,7 @@ class FlightReport:
             self.absent.setdefault(NOTHING_RECORDED, []).extend(r.rank for r in records)
             records = []
         self.records = records
+        self.without = without  # rank -> why it has no record (not: no process group)
         self.verdict: Verdict | None = merge(records, without, world=world) if records else None
 
     @property

@@ -30,9 +30,10 @@ line (``while not ready: time.sleep(1)``) looks still: that is a hang by this ru
 Over several nodes (a torch rendezvous, ``job`` given): a hang is judged over the whole job, no
 rank on any numarun node made progress for the timeout (a node whose ranks all ended counts as
 still). This node's watch then never ends the run by itself: once its own ranks have been still
-for the timeout it calls ``job.still(dumps, idle)`` (the last samples of its ranks, unparsed; the
-launcher posts their digest for the other nodes), and ``job.moving()`` when one of them moves
-again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged classes
+for the timeout it takes its ranks' flight recorders once and calls ``job.still(dumps, idle)``
+(the last samples of its ranks, unparsed, each with its flight recorder; the launcher posts
+their digest, with the recorders' summary, for the other nodes), and ``job.moving()`` when one
+of them moves again; the launcher calls :meth:`HangWatch.declare_job` with the job's merged classes
 (:class:`numarun.stacks.merge.JobView`) once every numarun node is still, on every node alike.
 """
 
@@ -151,6 +152,7 @@ class HangWatch:
         self._supervisor: Supervisor | None = None
         self._job_failed = False
         self._declaring = False  # the rule fired: the flight recorders are being taken
+        self.flight: list[FlightAnswer] = []  # taken when this node last went still (a job's)
 
     def count_output(self, sinks: Iterable[Any]) -> None:
         """Count what these output sinks receive as progress. The sink's own ``feed`` is
@@ -235,9 +237,38 @@ class HangWatch:
                 self._take_flight(now)
                 return
             if not self.still:
-                self.still = True
-                self._tell_job(self.job.still, self.last_raw(), now - self._progress_at)
+                self._go_still(now)
+                return
         self._unasked = dumps.ask([r for r in dumps.live() if r not in signalled])
+
+    def _go_still(self, now: float) -> None:
+        """Over several nodes, the rule fired on this node: take every live rank's flight
+        recorder first (as :meth:`_take_flight`), then tell the job this node is still, its
+        ranks' last samples carrying them (the digest carries their summary); sampling goes
+        on."""
+        self._declaring = True
+        live = self.dumps.live()
+
+        def taken(raws: list[Raw]) -> None:
+            self._declaring = False
+            if self.dumps.live() != live:  # a rank ended meanwhile: progress
+                self._progress_at = time.monotonic()
+            else:
+                flight = {raw.local_rank: raw.flight for raw in raws if raw.flight is not None}
+                self.flight = list(flight.values())
+                dumps = self.last_raw()
+                for raw in dumps:
+                    raw.flight = flight.get(raw.local_rank)
+                self.still = True
+                assert self.job is not None
+                self._tell_job(self.job.still, dumps, now - self._progress_at)
+            with contextlib.suppress(OSError):
+                self._unasked = self.dumps.ask(self.dumps.live())
+
+        try:
+            self.dumps.take_async(taken, live, stacks=False, flight=True)
+        except OSError:
+            taken([])
 
     def _tell_job(self, call: Callable[..., None], *args: object) -> None:
         """The whole job's side of a hang (a diagnostic of its own): what it raises is one
@@ -279,7 +310,7 @@ class HangWatch:
     def job_report(self, view: JobView, by: str, idle: float) -> HangReport:
         """The report of a verdict over the job (this node's ranks parsed when read)."""
         return HangReport(self.timeout, idle, self.last_stacks, self.output_watched,
-                          len(view.answered), view, by)  # fmt: skip
+                          len(view.answered), view, by, self.flight)  # fmt: skip
 
     def last_raw(self) -> list[Raw]:
         """This node's ranks as last sampled, unparsed (a rank without a sample: why)."""

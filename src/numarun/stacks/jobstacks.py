@@ -228,6 +228,18 @@ class JobStacks:
 
         self.take_async(taken, flight=True)
 
+    def keep_flight(self, dumps: list[Raw]) -> list[Raw]:
+        """Keep the flight recorders ``dumps`` carry in :attr:`flight_dir` (a whole-job
+        ``numarun stacks``: each node keeps its own ranks' dumps; their summary travels in the
+        digest); ``dumps``, unchanged. A dump that cannot be kept is a line of this node's
+        report, never an error."""
+        answers = [item.flight for item in dumps if item.flight is not None]
+        if answers and self.flight_dir is not None:
+            report = self.flight_report(answers)
+            if report.shown:
+                report.save(self.flight_dir, why_not="")
+        return dumps
+
     def flight_report(self, answers: Sequence[FlightAnswer]) -> Any:
         """A :class:`numarun.stacks.flightreport.FlightReport` of ``answers``, over this node's
         ranks."""

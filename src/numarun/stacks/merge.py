@@ -41,6 +41,8 @@ from numarun.stacks.digest import (
     text,
     whole,
 )
+from numarun.stacks.flight import FlightError
+from numarun.stacks.flightjob import JobFlight, job_flight, read_flight
 from numarun.stacks.parse import (
     IMPORTING,
     WAITS_IN_TORCH,
@@ -136,7 +138,9 @@ class JobView:
     """The job's classes merged by one node (module docstring). ``kind``: ``"stacks"``,
     ``"hang"`` or ``"notice"``; ``by``: the node that merged; ``size``: nodes in the round;
     ``answered``: group ranks of the nodes merged; ``missing``: (why, nodes); ``notes``: posts
-    that were not merged and why (one line each); ``idle``: seconds without progress (a hang)."""
+    that were not merged and why (one line each); ``idle``: seconds without progress (a hang);
+    ``flight``: the job's flight-recorder verdict (:class:`numarun.stacks.flightjob.JobFlight`),
+    None when no node sent a flight summary."""
 
     def __init__(
         self,
@@ -157,6 +161,7 @@ class JobView:
         self.missing = missing or []
         self.notes = notes or []
         self.idle = idle
+        self.flight: JobFlight | None = None
         self.posts: dict[str, bytes] = {}
         self._resolved = True
 
@@ -202,14 +207,19 @@ def merge(
     missing: Sequence[tuple[str, list[int]]] = (),
     notes: Sequence[str] = (),
     idle: float | None = None,
+    world: int | None = None,
 ) -> JobView:
     """The job's classes from every node's digest: a rank claimed twice (a forged post, say)
-    is kept where it came first and named in ``notes``; so is a second digest of one node."""
+    is kept where it came first and named in ``notes``; so is a second digest of one node.
+    The digests' flight summaries merged over ``world`` ranks (default: up to the highest
+    rank named) into :attr:`JobView.flight` (every rank expected unless ``kind`` is
+    ``"notice"``)."""
     notes = list(notes)
     seen_nodes: set[int] = set()
     owner: dict[int, int] = {}
     groups: dict[tuple, dict] = {}
     hosts: dict[int, str] = {}
+    kept_digests: list[Digest] = []
     # By node: each class's ranks then come in order (sorting them costs O(ranks), not
     # O(ranks log ranks)); the first digest of a node, as read, is the one kept.
     for digest in sorted(digests, key=lambda item: item.node):
@@ -217,6 +227,7 @@ def merge(
             notes.append(f"a second digest of node {digest.node} was ignored")
             continue
         seen_nodes.add(digest.node)
+        kept_digests.append(digest)
         hosts[digest.node] = digest.host
         entries = [(("class", i), r, p) for i, r, p in digest.classes]
         entries += [(("problem", why), r, {}) for why, r in digest.problems]
@@ -241,6 +252,8 @@ def merge(
             notes.append(f"{ranks_text(twice)} claimed by node {digest.node} and {first}: "
                          f"kept {kept_on}")  # fmt: skip
     kept_groups = _kept(groups)
+    flight = job_flight([(d.node, d.ranks(), d.flight, d.flight_refused) for d in kept_digests],
+                        world or max(owner, default=-1) + 1, whole_job=kind != "notice")
     classes = []
     for (what, value), group in kept_groups.items():
         nodes = sorted(group["per_node"])
@@ -255,8 +268,10 @@ def merge(
                 per_node=group["per_node"] if len(nodes) <= _DETAIL_NODES else None,
             )
         )
-    return JobView(kind, by, size, sorted(seen_nodes), classes, list(missing),
-                   notes[:_NOTES], idle)  # fmt: skip
+    view = JobView(kind, by, size, sorted(seen_nodes), classes, list(missing), notes[:_NOTES],
+                   idle)  # fmt: skip
+    view.flight = flight
+    return view
 
 
 def _kept(groups: dict[tuple, dict]) -> dict[tuple, dict]:
@@ -414,6 +429,8 @@ def _encode(view: JobView, classes: Sequence[JobClass], frames: dict[str, bytes]
         "idle": view.idle,
         "classes": [_class_doc(item, terse) for item in classes],
     }  # fmt: skip
+    if view.flight is not None:  # bounded by construction (flightjob)
+        document["flight"] = view.flight.to_doc()
     if frames is not None:  # as text: decoded by the client, not by the loop that sends it
         document["frames"] = {key: value.decode("utf-8", "replace") for key, value in
                               frames.items() if key in ids}  # fmt: skip
@@ -494,6 +511,11 @@ def read_view(
         [text(note, "a note") for note in listed(document.get("notes", []), "notes", _NOTES)],
         idle,
     )  # fmt: skip
+    if document.get("flight") is not None:
+        try:
+            view.flight = read_flight(document["flight"], world)
+        except FlightError as error:  # the stacks stand without it
+            view.notes.append(f"the flight recorder's verdict: {error}")
     inline: dict[str, bytes] = {}
     if "frames" in document:
         for key, value in mapping(document["frames"], "frames").items():
@@ -749,4 +771,5 @@ def view_to_json(view: JobView, **job: object) -> dict[str, object]:
         **job, "nodes": view.size, "answered_nodes": view.answered,
         "missing_nodes": [{"why": why, "nodes": nodes} for why, nodes in view.missing],
         "notes": view.notes, "classes": classes, "tree": tree.to_json(),
+        "flight": view.flight.to_json() if view.flight is not None else None,
     }  # fmt: skip
