@@ -192,6 +192,29 @@ def test_a_rank_with_no_python_frame_is_unknown_not_still(
     assert marks == [] and hang.report is None
 
 
+def test_a_hang_watch_whose_own_code_fails_is_one_line_and_the_run_goes_on(
+    ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A diagnostic never ends training: a bug in the watch (here the dump reader raising a
+    # KeyError) used to leave tick() through the supervisor's loop, ending the run.
+    dumps, supervisor = ranks("park")
+
+    def broken(local_rank: int) -> bytes:
+        raise KeyError("a bug")
+
+    dumps.read = broken  # type: ignore[method-assign]
+    hang = HangWatch(dumps, 0.3, output_watched=False)
+    hang.attach(supervisor)  # type: ignore[arg-type]
+    for _ in range(6):
+        hang.tick()
+        time.sleep(0.1)
+    err = capsys.readouterr().err
+    assert err.count("numarun: warning: the hang watch failed (KeyError") == 1, err
+    assert "the training goes on" in err
+    assert hang.report is None and supervisor.stopped is None
+
+
 def test_a_node_whose_ranks_all_answer_and_stay_put_is_hung(
     ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
 ) -> None:

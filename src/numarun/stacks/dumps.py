@@ -604,8 +604,8 @@ class RankDumps:
         def step() -> None:
             try:
                 finished = collection.step()
-            except OSError:  # the files went with the run: what was read
-                finished = True
+            except Exception:  # the files went with the run (or a dump no check foresaw):
+                finished = True  # what was read, the others' problem said in their Raw
             if finished:
                 done(collection.raw())
                 return

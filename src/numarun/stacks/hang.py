@@ -151,6 +151,7 @@ class HangWatch:
         self._progress_at = time.monotonic()
         self._supervisor: Supervisor | None = None
         self._job_failed = False
+        self._broken = False  # the watch's own code failed: it stopped (see tick)
         self._declaring = False  # the rule fired: the flight recorders are being taken
         self.flight: list[FlightAnswer] = []  # taken when this node last went still (a job's)
 
@@ -176,9 +177,24 @@ class HangWatch:
 
     def tick(self) -> None:
         """Read the dumps asked for at the last tick, judge progress, ask again. An I/O error
-        skips this tick (an exception here would end the job)."""
-        with contextlib.suppress(OSError):
+        skips this tick; any other error (a bug, a dump no check foresaw) is one line and
+        stops the watch: a diagnostic that fails never ends the run it watches."""
+        if self._broken:
+            return
+        try:
             self._tick()
+        except OSError:
+            pass
+        except Exception as error:
+            self._broken = True
+            self._declaring = False
+            text = str(error).strip().split("\n", 1)[0] or type(error).__name__
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(
+                    f"numarun: warning: the hang watch failed ({type(error).__name__}: "
+                    f"{text[:200]}); no hang will be declared, the training goes on\n"
+                )
+                sys.stderr.flush()
 
     def _tick(self) -> None:
         if self._declaring:
