@@ -140,6 +140,9 @@ def stacks_until(runtime: Path, *wanted: str) -> str:
     deadline = time.monotonic() + 30
     while True:
         done = stacks(runtime)
+        if "no running numarun job" in done.stderr and time.monotonic() < deadline:
+            time.sleep(0.3)  # a rank can say ready before its launcher's socket listens
+            continue
         assert done.returncode == 0, done.stderr
         if all(text in done.stdout for text in wanted) or time.monotonic() > deadline:
             return done.stdout
