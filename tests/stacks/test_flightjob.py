@@ -105,7 +105,9 @@ def test_a_summary_naming_another_nodes_ranks_is_left_out_there() -> None:
     document["flight"] = json.dumps(flight.node_summary([records[0], records[3]], {}))
     view = merged([two_nodes()[0], json.dumps(document).encode()])
     assert "node 1's flight summary names 1 rank(s) not its own: left out" in view.flight.notes
-    assert "rank 2 unknown (no record)" in view.flight.lines[0]
+    assert "rank 2 unknown (its node's flight summary named other ranks)" in \
+        view.flight.lines[0]  # fmt: skip
+    assert "rank 3 is one collective behind" in view.flight.lines[0]  # its own record, read
     # More ranks than its digest names: the whole summary is refused, in one line.
     document["flight"] = json.dumps(flight.node_summary(records, {}))
     view = merged([two_nodes()[0], json.dumps(document).encode()])
