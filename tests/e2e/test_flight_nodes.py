@@ -6,6 +6,7 @@ node keeps its own ranks' dumps where torch's analyzer reads them."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from collections.abc import Iterator
@@ -13,7 +14,17 @@ from pathlib import Path
 
 import pytest
 
-from rdzv_jobs import PROGRAMS, Job, finish, gone, read_ready, started_job
+from rdzv_jobs import (
+    PROGRAMS,
+    Job,
+    finish,
+    gone,
+    read_ready,
+    round_store,
+    stacks,
+    stacks_until,
+    started_job,
+)
 from torch_python import TORCH_PYTHON, require_torch
 
 require_torch()
@@ -26,23 +37,32 @@ def job(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Job]:
     yield from started_job(request, tmp_path)
 
 
-def run_two_nodes(
-    job: Job, case: str, logs: Path, *program: str, ready: int = 4, hang: bool = True
-) -> list[tuple[int, str, str]]:
+def start_two_nodes(
+    job: Job, case: str, logs: Path, *program: str, hang: bool = True
+) -> list[subprocess.Popen]:
     """Two launchers of 2 ranks each (node 0: ranks 0-1, node 1: ranks 2-3) running ``case``
-    (``program``: more of its arguments) to their end, with ``--hang-timeout 4`` unless not
-    ``hang``; each node's (exit status, stdout, stderr) once ``ready`` ranks said so and every
-    worker is gone."""
+    (``program``: more of its arguments), with ``--hang-timeout 4`` unless not ``hang``."""
     timeout = ("--hang-timeout", "4") if hang else ()
-    nodes = [
+    return [
         job.start(n, *job.flags(), *timeout, "--log-dir", str(logs / f"node{n}"),
                   PROGRAM, "--case", case, *program)
         for n in (0, 1)
     ]  # fmt: skip
-    pids = read_ready(nodes, ready)
+
+
+def finish_all(nodes: list[subprocess.Popen], pids: dict[int, int]) -> list[tuple[int, str, str]]:
+    """Each node's (exit status, stdout, stderr), once every worker (``pids``) is gone."""
     results = [finish(node) for node in nodes]
     assert gone(list(pids.values()))
     return results
+
+
+def run_two_nodes(
+    job: Job, case: str, logs: Path, *program: str, ready: int = 4, hang: bool = True
+) -> list[tuple[int, str, str]]:
+    """:func:`start_two_nodes` run to its end, once ``ready`` ranks said so."""
+    nodes = start_two_nodes(job, case, logs, *program, hang=hang)
+    return finish_all(nodes, read_ready(nodes, ready))
 
 
 @pytest.mark.slow
@@ -172,3 +192,70 @@ def test_a_job_without_a_process_group_gets_the_stacks_verdict_only(
         assert "Every rank with stacks is in the same place: ranks 0-3 (4)" in err, err[-4000:]
         assert "Flight recorder" not in err and "flight record" not in err
         assert "Traceback" not in err and "error" not in err.lower()
+
+
+def replies_of_the_last_request(store: object) -> dict[int, dict]:
+    """node -> its digest (decoded) in the replies of the job's last ``numarun stacks``."""
+    number = store.add("numarun/events", 0)  # type: ignore[attr-defined]
+    lines = store.get(f"numarun/replies/{number}").split(b"\n")  # type: ignore[attr-defined]
+    return {post["node"]: post for post in map(json.loads, filter(None, lines))}
+
+
+def stacks_after_a_forged_reply(job: Job, store: object, forged: dict) -> str:
+    """``numarun stacks`` for the whole job, asked of node 0, with ``forged`` (a digest)
+    appended to the replies of its request before it is asked: read first, as node 1's."""
+    number = store.add("numarun/events", 0) + 1  # type: ignore[attr-defined]
+    key = f"numarun/replies/{number}"
+    store.append(key, json.dumps(forged).encode() + b"\n")  # type: ignore[attr-defined]
+    done = stacks(job.runtime(0))
+    assert done.returncode == 0, done.stderr
+    replies = store.get(key).split(b"\n")  # type: ignore[attr-defined]
+    assert len([line for line in replies if line]) == 3, "the request took another number"
+    return done.stdout
+
+
+def stacks_part(text: str) -> list[str]:
+    """The classes of a ``numarun stacks`` answer (its flight-recorder part and notes cut)."""
+    kept = text.split("Flight recorder (", 1)[0].splitlines()
+    return [line for line in kept if not line.startswith("  left out: ")]
+
+
+@pytest.mark.slow
+def test_a_forged_flight_summary_costs_its_nodes_record_and_nothing_else(
+    job: Job, tmp_path: Path
+) -> None:
+    # Deterministic, no race with the nodes' own posts: a whole-job numarun stacks request k
+    # reads the digests appended to numarun/replies/<k> in order and keeps a node's first
+    # (docs/protocol.md); k is the event counter's next value (no other event is posted in
+    # this job), so the forged digest, node 1's honest one with another "flight" field, is
+    # there before the nodes answer. Rank 3 holds back until the test releases it.
+    release = tmp_path / "release"
+    nodes = start_two_nodes(job, "held", tmp_path / "logs", "--until", str(release), hang=False)
+    pids = read_ready(nodes, 4)
+    honest = stacks_until(job.runtime(0), "rank 3 is one collective behind")
+    assert (
+        "group 0 (default_pg): ranks 0-2 wait in all_reduce #4 ([4] float32); rank 3 is one "
+        "collective behind, its last, all_reduce #3 ([4] float32), completed"
+    ) in honest, honest
+    store = round_store(job)
+    posts = replies_of_the_last_request(store)
+    # Node 1's summary replaced by node 0's (it names ranks 0-1, not node 1's own).
+    text = stacks_after_a_forged_reply(job, store, dict(posts[1], flight=posts[0]["flight"]))
+    assert stacks_part(text) == stacks_part(honest), text
+    assert (
+        "group 0 (default_pg): ranks 0-1 wait in all_reduce #4 ([4] float32); ranks 2-3 "
+        "unknown (its node's flight summary named other ranks)"
+    ) in text, text
+    assert "left out: node 1's flight summary names 2 rank(s) not its own: left out" in text
+    # Garbage with a terminal escape: one line, nothing of it printed raw.
+    garbage = "\x1b[2J{not json"
+    text = stacks_after_a_forged_reply(job, store, dict(posts[1], flight=garbage))
+    assert stacks_part(text) == stacks_part(honest), text
+    assert "left out: node 1's flight summary: unreadable summary: JSONDecodeError" in text, text
+    assert "ranks 2-3 unknown (its node's flight summary was unreadable)" in text, text
+    assert "\x1b" not in text
+    # Training's outcome: rank 3 released, every rank ends, both launchers exit 0.
+    release.touch()
+    for code, _, err in finish_all(nodes, pids):
+        assert code == 0, err[-4000:]
+        assert "Traceback" not in err and "left out" not in err
