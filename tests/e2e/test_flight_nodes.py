@@ -81,7 +81,10 @@ def test_a_rank_that_skipped_a_collective_is_named_on_every_node(job: Job, tmp_p
         ) in err, err[-4000:]
         assert "Likely culprit (flight recorder: behind, or calling something else, where the " \
             "others wait):\n  rank 3 (on node " in err  # fmt: skip
-        assert "this node's dumps: " in err and "Traceback" not in err
+        # numarun's own report: a rank of the node that tears down last may print gloo's
+        # error (its peer on the other node ended first) before it.
+        report = err[err.index(" HUNG on "):]
+        assert "this node's dumps: " in report and "Traceback" not in report
     # Each node kept its own ranks' dumps; together torch's analyzer reads them.
     together = tmp_path / "together"
     together.mkdir()
@@ -174,7 +177,8 @@ def test_a_failure_on_one_node_names_the_collectives_of_the_other(
         "node):\n  group 1: rank 0 waits in all_reduce #1 ([4] float32); rank 1 is one "
         "collective behind, in none of its collectives yet\n"
     ) in err0, err0[-4000:]
-    assert "left out:" not in err0 and "Traceback" not in err0
+    report = err0[err0.index("numarun: attempt_0: stopped"):]
+    assert "left out:" not in report and "Traceback" not in report
     # Node 0 kept its own ranks' dumps at the notice.
     (kept,) = (logs / "node0").glob("*/attempt_0/flight_recorder")
     assert sorted(path.name for path in kept.iterdir()) == [
