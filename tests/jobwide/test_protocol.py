@@ -259,3 +259,22 @@ def test_an_asking_node_that_dies_leaves_the_others_free(make_job: Callable[...,
     view = ask_and_read(job, asker=1)  # the others answer the next request as usual
     assert view.rank_count == 16 and [n.index for n in others if n.supervisor.stopped] == []
     assert view.missing == [("did not answer within 2 s", [0])]
+
+
+def test_a_second_digest_of_a_node_is_dropped_without_crowding_out_another_nodes() -> None:
+    # A forged post appended before the nodes answer a request names node 1 again: the first of
+    # node 1's is kept; the honest second is dropped, one note, and counts nothing against the
+    # job's ranks, so node 0's, read after both, still fits (it did not: "names more ranks than
+    # the job has", and node 0 "did not answer").
+    def post(node: int, ranks: list[int]) -> bytes:
+        return codec.Digest(node, "h", 1, "answer", [("a" * 16, ranks, {})], []).encode()
+
+    round_ = type("Round", (), {"size": 2, "world": 4})()
+    posts = [post(1, [2, 3]), post(1, [2, 3]), post(0, [0, 1])]
+    digests, notes = protocol.read_digests(None, round_, posts, "an answer to 2", 4)
+    assert [digest.node for digest in digests] == [1, 0]
+    assert notes == ["an answer to 2: a second digest of node 1: ignored"]
+    # The bound on the ranks read stands: a digest of another node past it is refused.
+    digests, notes = protocol.read_digests(None, round_, [post(1, [0, 1, 2, 3]), post(0, [0])],
+                                           "an answer to 3", 4)  # fmt: skip
+    assert [digest.node for digest in digests] == [1] and len(notes) == 1

@@ -8,12 +8,14 @@ collectives show. ``--case``:
 * ``dtype``: the last rank calls ``all_reduce`` on an ``int64`` tensor where the others pass
   ``float64`` (same shape and bytes: gloo aborts on a size that differs, and does not check the
   dtype), then sleeps in its own code while the others wait in the next ``all_reduce``;
-* ``subgroup``: rank 0 calls ``all_reduce`` on the group of ranks 0 and 1 while the others
-  call it on the default group;
-* ``raise``: rank 0 waits in an ``all_reduce`` of the group of ranks 0 and 1, which rank 1
-  (asleep) never joins, when the last rank raises (its death closes no connection of that
-  group, so rank 0 stays where it is);
+* ``subgroup``: rank 0 calls ``all_reduce`` on the group of ranks 0 and 1 (``--pair``: other
+  ranks) while the others call it on the default group;
+* ``raise``: rank 0 waits in an ``all_reduce`` of the group of ranks 0 and 1 (``--pair``), which
+  the pair's other rank (asleep) never joins, when the last rank raises (its death closes no
+  connection of that group, so rank 0 stays where it is);
 * ``noinit``: ``torch.distributed`` imported, no process group: every rank sleeps;
+* ``held``: the last rank holds back until the file ``--until`` exists while the others wait in
+  the next ``all_reduce``; then it joins them and every rank ends (exit status 0);
 * ``idle``: every rank sleeps in its own code after its collectives (none in flight);
 * ``ddp``: two ranks training a DDP model; at step 3 rank 1 sleeps in its data loader while
   rank 0 waits inside ``loss.backward()``;
@@ -36,6 +38,8 @@ parser.add_argument("--case", required=True)
 parser.add_argument("--sleep", type=float, default=600.0)
 parser.add_argument("--backend", default="gloo", choices=("gloo", "nccl"))
 parser.add_argument("--skip-rank", type=int, default=-1)
+parser.add_argument("--until", default="", help="the file the held rank waits for")
+parser.add_argument("--pair", default="0,1", help="the subgroup's two ranks, rank 0 first")
 args = parser.parse_args()
 rank = int(os.environ["RANK"])
 last = int(os.environ["WORLD_SIZE"]) - 1
@@ -79,7 +83,8 @@ def main() -> None:
         ready()
         dist.destroy_process_group()
         return
-    pair = dist.new_group([0, 1]) if args.case in ("subgroup", "raise") else None
+    members = [int(member) for member in args.pair.split(",")]
+    pair = dist.new_group(members) if args.case in ("subgroup", "raise") else None
     if args.case == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
@@ -117,6 +122,10 @@ def main() -> None:
             dist.all_reduce(ones(2, torch.float64), group=pair)
         else:
             dist.all_reduce(ones(4))
+    elif args.case == "held":
+        while rank == last and not os.path.exists(args.until):
+            time.sleep(0.1)
+        dist.all_reduce(ones(4))
     elif args.case == "idle":
         if device != "cpu":
             torch.cuda.synchronize()

@@ -105,7 +105,9 @@ def test_a_summary_naming_another_nodes_ranks_is_left_out_there() -> None:
     document["flight"] = json.dumps(flight.node_summary([records[0], records[3]], {}))
     view = merged([two_nodes()[0], json.dumps(document).encode()])
     assert "node 1's flight summary names 1 rank(s) not its own: left out" in view.flight.notes
-    assert "rank 2 unknown (no record)" in view.flight.lines[0]
+    assert "rank 2 unknown (its node's flight summary named other ranks)" in \
+        view.flight.lines[0]  # fmt: skip
+    assert "rank 3 is one collective behind" in view.flight.lines[0]  # its own record, read
     # More ranks than its digest names: the whole summary is refused, in one line.
     document["flight"] = json.dumps(flight.node_summary(records, {}))
     view = merged([two_nodes()[0], json.dumps(document).encode()])
@@ -182,3 +184,17 @@ def test_a_forged_flight_verdict_in_a_merged_view_is_a_note_and_the_view_stands(
         back, _ = read_view(json.dumps(document).encode(), world=4, nodes=2)
         assert back.flight is None and back.rank_count == 4
         assert back.notes[-1].startswith("the flight recorder's verdict: ")
+
+
+def test_a_notice_merged_over_the_jobs_world_reads_groups_wider_than_its_ranks() -> None:
+    # Node 1's notice names rank 2 only (rank 3 failed: no dump); its group's members are 0-3.
+    # Merged with node 0's ranks over the job's 4 ranks, every summary is read; bounded by the
+    # ranks the two digests name (3), both were refused (what a stopped node printed).
+    posts = [node(0, [0, 1], [answer(0), answer(1)]), node(1, [2], [answer(2)])]
+    digests = [read_digest(post, below=4) for post in posts]
+    view = merge(digests, kind="notice", by="this node", size=2, world=4)
+    assert view.flight is not None and view.flight.notes == []
+    assert view.flight.lines[0].startswith("group 0 (default_pg): ranks 0-2 wait in all_reduce #4")
+    narrow = merge(digests, kind="notice", by="this node", size=2)
+    assert narrow.flight.notes == [f"node {number}'s flight summary: a group's members go beyond "
+                                   "rank 2" for number in (0, 1)]  # fmt: skip

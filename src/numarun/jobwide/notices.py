@@ -87,10 +87,13 @@ class JobNotices:
         def taken(dumps: list[Raw]) -> None:  # this node's ranks, before the teardown
             try:
                 stacks.note_notice(notice.text, notice.digest, notice.frames, dumps)
+                stacks.keep_flight(dumps)
             finally:
                 stop()
 
-        stacks.take_async(taken)
+        # With the flight recorders: where this node's ranks were in their collectives is
+        # the other half of the failure's "where the others were" (their dumps kept here).
+        stacks.take_async(taken, flight=True)
         return True
 
     def on_result(self, result: object) -> None:

@@ -171,10 +171,13 @@ def read_digests(
     watch: StoreWatch | None, round_: WatchedRound, posts: list[bytes], what: str, ranks: int
 ) -> tuple[list, list[str]]:
     """The digests among ``posts`` (each checked; one that is not, or that would bring the
-    ranks named past ``ranks`` in all, or names a node outside the round, left out and
-    named in the notes): decoding them costs memory in proportion to the job's ranks."""
+    ranks named past ``ranks`` in all, or names a node outside the round, or a node read
+    before (the first, as read, is kept), left out and named in the notes): decoding them
+    costs memory in proportion to the job's ranks (a second digest of a node is decoded
+    within what is left, then dropped: a forged one cannot crowd out another node's)."""
     digests, notes = [], []
     left = ranks
+    read: set[int] = set()
     for post in posts:
         try:
             digest = read_digest(post, below=round_.world, most=max(0, left))
@@ -186,6 +189,11 @@ def read_digests(
             if len(notes) < 16:
                 notes.append(f"{what}: a digest of node {digest.node}, not one of {round_.size}")
             continue
+        if digest.node in read:
+            if len(notes) < 16:
+                notes.append(f"{what}: a second digest of node {digest.node}: ignored")
+            continue
+        read.add(digest.node)
         left -= digest.rank_count
         digests.append(digest)
     if watch is not None and notes:

@@ -686,7 +686,9 @@ def _notice_stacks(attempt: _Attempt, node: ElasticNode | None) -> str:
         return ""
     from numarun.launch.summary import format_job_view
 
-    view = stacks.notice_view(node.round.group_rank, node.host)  # type: ignore[attr-defined]
+    workers = node.round.workers
+    world = workers[0].world_size if workers else None
+    view = stacks.notice_view(node.round.group_rank, node.host, world)  # type: ignore[attr-defined]
     if view is None or not view.classes:
         return ""
     return format_job_view("numarun: where every rank of the job was:", view, flight=True) + "\n"

@@ -12,8 +12,9 @@ large. The raw dumps stay on their node (its log directory's ``flight_recorder/`
 The node that merges the digests (the hang verdict's judge, a whole-job ``numarun stacks``)
 calls :func:`job_flight`: each summary read as untrusted (:func:`numarun.stacks.flight.
 read_summary`: at most the ranks its own digest names, group members below the job's rank
-count, members expanded bounded); a summary that cannot be read, or names ranks that are not
-its node's, is one note and its ranks have no record; then one
+count, members expanded bounded); a summary that cannot be read is one note and its ranks have
+no record; one that names ranks that are not its node's is one note, those ranks left out, and
+its node's ranks it does not name have no record (said so); then one
 :func:`numarun.stacks.flightverdict.merge` over every rank of the job. The result,
 :class:`JobFlight` (the verdict's lines, its culprits, its JSON), travels inside the merged
 view (:func:`numarun.stacks.merge.encode_view`), bounded by construction (:data:`LINES_KEPT`
@@ -53,6 +54,7 @@ CULPRIT_RUNS = 256  # runs of culprit ranks carried
 VERDICT_LIMIT = 32 * 1024  # characters of the verdict's JSON carried (else left out, said)
 TOO_LARGE = "its node's flight summary was over {} characters: see that node's dumps"
 NO_SUMMARY = "its node sent no flight summary"
+STRAYED = "its node's flight summary named other ranks"
 
 
 # --- one node ------------------------------------------------------------------------------------
@@ -211,9 +213,11 @@ def job_flight(
         own = set(ranks)
         kept = [record for record in found if record.rank in own]
         strays = len(found) - len(kept) + sum(1 for rank in problems if rank not in own)
-        if strays:
+        if strays:  # forged: the node's own ranks it does not name get no record, said so
             notes.append(f"node {node}'s flight summary names {strays} rank(s) not its own: "
                          "left out")  # fmt: skip
+            named = {record.rank for record in kept} | problems.keys()
+            without.update(dict.fromkeys((rank for rank in ranks if rank not in named), STRAYED))
         records.extend(kept)
         without.update({rank: reason for rank, reason in problems.items() if rank in own})
     if not sent:

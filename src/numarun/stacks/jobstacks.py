@@ -175,9 +175,11 @@ class JobStacks:
         if self.at_notice is None:
             self.at_notice = (notice, digest, frames, list(own))
 
-    def notice_view(self, node: int, host: str) -> JobView | None:
+    def notice_view(self, node: int, host: str, world: int | None = None) -> JobView | None:
         """Where every rank of the job was at another node's notice: its ranks and this
-        node's (``node``, ``host``) merged into classes; None without a notice."""
+        node's (``node``, ``host``) merged into classes, their flight summaries over the
+        job's ``world`` ranks (a group's members reach past the ranks the two digests name: the
+        failed rank's node sends no dump of it); None without a notice."""
         if self.at_notice is None:
             return None
         from numarun.stacks.digest import Classes, node_digest
@@ -187,7 +189,8 @@ class JobStacks:
         mine, posts = node_digest(own, node=node, host=host, pid=os.getpid(), state="notice",
                                   known=Classes())  # fmt: skip
         digests = [digest, mine] if digest is not None else [mine]
-        view = merge(digests, kind="notice", by="this node", size=len(digests))
+        view = merge(digests, kind="notice", by="this node", size=len(digests),
+                     world=world)  # fmt: skip
         view.add_posts({**frames, **posts})
         return view
 
