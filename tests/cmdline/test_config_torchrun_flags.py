@@ -95,6 +95,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "preload": ((), ("torch,json", "not-a-module")),
     "preload_required": (("--preload", "torch"), ("1", "x")),
     "preload_late": (("--preload", "torch"), ("1", "x")),
+    "log_line_prefix_template": ((), ("${rank}: ",)),
 }
 
 
@@ -337,3 +338,32 @@ def test_prefix_template_and_already_prefixed_lines(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[rank0]: plain", "[rank0]: from the excepthook"]
+
+
+def test_log_line_prefix_template_flag_and_hostname_as_torchrun_2_14_reads_them(
+    tmp_path: Path,
+) -> None:
+    # torchrun 2.14 added --log-line-prefix-template (over the variable) and ${hostname}: the
+    # same lines from numarun under any torch; beside torchrun where its parser has the flag.
+    from torch.distributed.run import get_args_parser
+
+    worker = tmp_path / "w.py"
+    worker.write_text("import os\nprint('line', os.environ['RANK'], flush=True)\n")
+    template = "${hostname}:${rank}: "
+    launchers = {"numarun": NUMARUN}
+    if "--log-line-prefix-template" in get_args_parser()._option_string_actions:
+        launchers["torchrun"] = TORCHRUN
+    consoles = {}
+    for name, launcher in launchers.items():
+        done = subprocess.run(
+            [*launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), "--tee", "1",
+             "--log-dir", str(tmp_path / name), "--log_line_prefix_template", template,
+             str(worker)],
+            capture_output=True, text=True, timeout=300,
+            env=_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[env${rank}]:"),
+        )  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr)
+        consoles[name] = sorted(line for line in done.stdout.splitlines() if "line" in line)
+    host = socket.gethostname()
+    assert consoles["numarun"] == [f"{host}:0: line 0", f"{host}:1: line 1"]
+    assert consoles.get("torchrun", consoles["numarun"]) == consoles["numarun"]
