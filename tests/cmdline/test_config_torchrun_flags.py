@@ -33,6 +33,7 @@ ALLREDUCE = str(PROGRAMS / "gloo_allreduce.py")
 CLEAN_ENV: dict[str, str] = {"PATH": os.environ.get("PATH", os.defpath)}
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
 NUMARUN = [sys.executable, "-m", "numarun"]
+TORCHRUN_2_14 = frozenset({"--log-line-prefix-template"})  # torchrun 2.14's flags numarun has
 
 
 def parse(*argv: str, **environ: str) -> launch_config.LaunchConfig:
@@ -95,6 +96,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "preload": ((), ("torch,json", "not-a-module")),
     "preload_required": (("--preload", "torch"), ("1", "x")),
     "preload_late": (("--preload", "torch"), ("1", "x")),
+    "log_line_prefix_template": ((), ("${rank}: ",)),
 }
 
 
@@ -142,9 +144,11 @@ def test_every_prefix_torchrun_accepts_means_the_same_flag_in_numarun() -> None:
     options = (*launch_options._OPTIONS, *launch_options._PARSER_ONLY)
     mine = {name: option for option in options for name in option.names}
     theirs = {name.replace("_", "-") for name in parser._option_string_actions}
+    # torchrun's flags of releases newer than the one tested here (numarun reads them anyway).
+    later = TORCHRUN_2_14 - theirs
     assert {
         name.replace("_", "-") for name in mine if name.startswith("--")
-    } - theirs == launch_options.NUMARUN_ONLY
+    } - theirs == launch_options.NUMARUN_ONLY | later
     checked = 0
     for full in parser._option_string_actions:
         if not full.startswith("--") or full not in mine:
@@ -154,6 +158,12 @@ def test_every_prefix_torchrun_accepts_means_the_same_flag_in_numarun() -> None:
             option_strings = [o for o in parser._option_string_actions if o.startswith(prefix)]
             if len(option_strings) != 1:
                 continue  # torchrun (argparse on Python 3.11) refuses it as ambiguous
+            if any(flag.startswith(prefix.replace("_", "-")) for flag in later):
+                # --log- is --log-dir for torchrun 2.13 and ambiguous from 2.14 on: numarun
+                # reads it as the newer torchrun does.
+                with pytest.raises(UsageError, match="ambiguous option"):
+                    launch_options._spell_out(prefix, mine)
+                continue
             spelled = launch_options._spell_out(prefix, mine)
             assert spelled in mine and mine[spelled] is mine[full], (prefix, spelled)
             checked += 1
@@ -337,3 +347,32 @@ def test_prefix_template_and_already_prefixed_lines(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["[rank0]: plain", "[rank0]: from the excepthook"]
+
+
+def test_log_line_prefix_template_flag_and_hostname_as_torchrun_2_14_reads_them(
+    tmp_path: Path,
+) -> None:
+    # torchrun 2.14 added --log-line-prefix-template (over the variable) and ${hostname}: the
+    # same lines from numarun under any torch; beside torchrun where its parser has the flag.
+    from torch.distributed.run import get_args_parser
+
+    worker = tmp_path / "w.py"
+    worker.write_text("import os\nprint('line', os.environ['RANK'], flush=True)\n")
+    template = "${hostname}:${rank}: "
+    launchers = {"numarun": NUMARUN}
+    if "--log-line-prefix-template" in get_args_parser()._option_string_actions:
+        launchers["torchrun"] = TORCHRUN
+    consoles = {}
+    for name, launcher in launchers.items():
+        done = subprocess.run(
+            [*launcher, "--nproc-per-node", "2", "--master-port", str(free_port()), "--tee", "1",
+             "--log-dir", str(tmp_path / name), "--log_line_prefix_template", template,
+             str(worker)],
+            capture_output=True, text=True, timeout=300,
+            env=_env(TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE="[env${rank}]:"),
+        )  # fmt: skip
+        assert done.returncode == 0, (name, done.stderr)
+        consoles[name] = sorted(line for line in done.stdout.splitlines() if "line" in line)
+    host = socket.gethostname()
+    assert consoles["numarun"] == [f"{host}:0: line 0", f"{host}:1: line 1"]
+    assert consoles.get("torchrun", consoles["numarun"]) == consoles["numarun"]

@@ -115,6 +115,21 @@ def test_prefix_template_like_torchrun() -> None:
     assert make_prefix(4, 0, environ={PREFIX_TEMPLATE_ENV: ""}) == b"[default0]:"
 
 
+def test_prefix_template_flag_over_the_environment_and_hostname_macro() -> None:
+    # torchrun 2.14: --log-line-prefix-template wins over the variable; ${hostname} is the
+    # short host name (socket.gethostname()); an empty flag leaves the variable in charge.
+    import socket
+
+    env = {PREFIX_TEMPLATE_ENV: "env ${rank}: "}
+    assert make_prefix(4, 0, template="${hostname}:${rank}: ", environ=env) == (
+        f"{socket.gethostname()}:4: ".encode()
+    )
+    assert make_prefix(4, 0, template="", environ=env) == b"env 4: "
+    assert make_prefix(4, 0, template="", environ={}) == b"[default0]:"
+    host_from_env = {PREFIX_TEMPLATE_ENV: "${hostname}|"}
+    assert make_prefix(1, 1, environ=host_from_env) == f"{socket.gethostname()}|".encode()
+
+
 def test_prefix_template_comes_from_os_environ_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(PREFIX_TEMPLATE_ENV, "<${local_rank}>")
     assert make_prefix(5, 2) == b"<2>"

@@ -3,7 +3,8 @@ collectives show. ``--case``:
 
 * ``skip``: the last rank (``--skip-rank``) skips one ``all_reduce`` of a ``[4]`` tensor in a
   loop, then every rank calls ``all_reduce`` on an ``[8]`` tensor: every stack is at the same
-  line (gloo hangs with 3 ranks or more; with 2 it aborts);
+  line (gloo hangs with 4 ranks, the tests' count; with 2, and in the runs here with 3, it
+  aborts at the size mismatch: torch 2.13.0 and 2.14.1 alike);
 * ``type``: rank 1 calls ``broadcast`` where the others call ``all_reduce``;
 * ``dtype``: the last rank calls ``all_reduce`` on an ``int64`` tensor where the others pass
   ``float64`` (same shape and bytes: gloo aborts on a size that differs, and does not check the

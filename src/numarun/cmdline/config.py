@@ -78,7 +78,7 @@ class LaunchConfig(Value):
         "duplicate_stdout_filters", "duplicate_stderr_filters", "virtual_local_rank",
         "event_log_handler", "hang_timeout", "rdzv_backend", "rdzv_endpoint", "rdzv_conf",
         "min_nodes", "max_nodes", "max_restarts", "monitor_interval", "local_addr", "warnings",
-        "quiet", "preload", "preload_required", "preload_late",
+        "quiet", "preload", "preload_required", "preload_late", "log_line_prefix_template",
     )  # fmt: skip
     __slots__ = _fields
     entrypoint: str
@@ -127,6 +127,7 @@ class LaunchConfig(Value):
     preload: tuple[str, ...]  # --preload: the modules each local rank's standby imports
     preload_required: bool  # --preload-required: a failed preload ends the job
     preload_late: bool  # --preload-late: the next standbys start with the workers
+    log_line_prefix_template: str | None  # --log-line-prefix-template (None: the environment's)
 
     def __init__(
         self,
@@ -176,6 +177,7 @@ class LaunchConfig(Value):
         preload: tuple[str, ...] = (),
         preload_required: bool = False,
         preload_late: bool = False,
+        log_line_prefix_template: str | None = None,
     ) -> None:
         fill_fields(self, locals())
 
@@ -285,6 +287,7 @@ def parse_args(
         preload=preload,
         preload_required=ns.preload_required,
         preload_late=ns.preload_late,
+        log_line_prefix_template=ns.log_line_prefix_template or None,
     )
 
 

@@ -198,8 +198,16 @@ _OPTIONS: tuple[_Option, ...] = (
     _Option(
         ("-t", "--tee"),
         "like --redirects, but also show the output on the console, each line prefixed "
-        "'[<role><local rank>]:' ($TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE overrides it)",
+        "'[<role><local rank>]:' (--log-line-prefix-template or "
+        "$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE overrides it)",
         metavar="SPEC",
+    ),
+    _Option(
+        _dual("--log-line-prefix-template"),
+        "the --tee prefix instead of '[<role><local rank>]:', as torchrun 2.14 reads it: "
+        "${role_name}, ${local_rank}, ${rank} and ${hostname} (the short host name) are "
+        "substituted, e.g. '${hostname}:${rank}: '; over $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE",
+        metavar="TEMPLATE",
     ),
     _Option(
         _dual("--local-ranks-filter"),

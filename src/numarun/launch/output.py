@@ -38,22 +38,26 @@ def make_prefix(
 ) -> bytes:
     """The console prefix for one rank's tee'd lines, as bytes.
 
-    ``template`` (or, when None, ``$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` from ``environ``,
-    default ``os.environ``) is expanded like torchrun does, with ``string.Template``'s
-    ``safe_substitute`` of ``${role_name}``, ``${rank}`` (global) and ``${local_rank}``; unknown
+    ``template`` (``--log-line-prefix-template``; when None or empty,
+    ``$TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` from ``environ``, default ``os.environ``, as
+    torchrun 2.14 prefers its flag to the variable) is expanded like torchrun does, with
+    ``string.Template``'s ``safe_substitute`` of ``${role_name}``, ``${rank}`` (global),
+    ``${local_rank}`` and ``${hostname}`` (``socket.gethostname()``, the short name torchrun
+    2.14 gives; in every torch release here, since numarun expands it itself); unknown
     ``$names`` stay as written, and the result is used as is (no space added). Without a
     template (unset or empty) the prefix is torchrun's ``[<role_name><local_rank>]:``
     (``[default0]:``, no space). Text that is not valid UTF-8 (surrogate escapes from the
     environment) is encoded back to its original bytes.
     """
-    if template is None:
+    if not template:
         template = (os.environ if environ is None else environ).get(PREFIX_TEMPLATE_ENV) or None
     if not template:
         return f"[{role_name}{local_rank}]:".encode("utf-8", "surrogateescape")
+    import socket
     import string
 
     text = string.Template(template).safe_substitute(
-        role_name=role_name, rank=rank, local_rank=local_rank
+        role_name=role_name, rank=rank, local_rank=local_rank, hostname=socket.gethostname()
     )
     return text.encode("utf-8", "surrogateescape")
 

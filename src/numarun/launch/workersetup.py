@@ -314,7 +314,10 @@ def worker_sinks(
 
     if rank is None:
         rank = config.global_rank(local_rank)
-    prefix = output.make_prefix(rank, local_rank, role_name=config.role, environ=base)
+    prefix = output.make_prefix(
+        rank, local_rank, role_name=config.role,
+        template=config.log_line_prefix_template, environ=base,
+    )  # fmt: skip
     try:
         rank_dir = attempt_dir.make(str(local_rank))
     except FileExistsError:

@@ -14,7 +14,8 @@ Kept dumps (:func:`save_dumps`): each answer with a dump is written, byte for by
 sent it (torch's pickle; for gloo with ``pg_config`` filled by the rank's helper), to
 ``<directory>/comm_lib_trace_rank_<rank>``, torch's own file name, 0600, replacing the previous
 set (files of that name only), so ``python -m torch.distributed.flight_recorder.fr_trace
-<directory>`` reads them (with ``--allow-incomplete-ranks`` when a rank gave none). Errors
+<directory>`` reads them; the command shown adds ``--allow-incomplete-ranks`` when a rank of the
+job gave none (a rank that died: torch's analyzer otherwise stops on an AssertionError). Errors
 (a full disk) are said in one line, never raised.
 """
 
@@ -42,10 +43,14 @@ _NOTHING = ("torch.distributed not imported", "no process group")
 class FlightReport:
     """The ranks' flight recorders read and merged (module docstring). ``world``: every rank
     of the job this node knows (the default group's members where a dump does not say).
-    ``saved``: where :meth:`save` kept the dumps; ``save_problem``: why it could not."""
+    ``saved``: where :meth:`save` kept the dumps; ``save_problem``: why it could not;
+    ``incomplete``: a rank asked for or in ``world`` gave no dump."""
 
     def __init__(self, answers: Sequence[FlightAnswer], world: Iterable[int] = ()) -> None:
         self.answers = [answer for answer in answers if answer is not None]
+        world = list(world)
+        dumped = {answer.rank for answer in self.answers if answer.status == "ok"}
+        self.incomplete = bool(({answer.rank for answer in self.answers} | set(world)) - dumped)
         self.saved: str | None = None
         self.save_problem: str | None = None
         records = []
@@ -101,7 +106,8 @@ class FlightReport:
         """Where the dumps were kept and how to read them, or why they were not."""
         if self.saved is not None:
             where = printable(self.saved)
-            return [f"dumps: {where}/{DUMP_PREFIX}<rank> (read with: {ANALYZER} {where})"]
+            command = f"{ANALYZER} --allow-incomplete-ranks" if self.incomplete else ANALYZER
+            return [f"dumps: {where}/{DUMP_PREFIX}<rank> (read with: {command} {where})"]
         if self.save_problem is not None:
             return [f"dumps not kept: {printable(self.save_problem)}"]
         return []
