@@ -85,6 +85,7 @@ def test_a_rank_that_skipped_a_collective_is_named_on_every_node(job: Job, tmp_p
         # error (its peer on the other node ended first) before it.
         report = err[err.index(" HUNG on "):]
         assert "this node's dumps: " in report and "Traceback" not in report
+        assert "--allow-incomplete-ranks" in report  # one node's dumps are not every rank's
     # Each node kept its own ranks' dumps; together torch's analyzer reads them.
     together = tmp_path / "together"
     together.mkdir()

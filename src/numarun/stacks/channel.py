@@ -587,7 +587,8 @@ def _flight_lines(flight: dict | None) -> list[str]:
     if isinstance(saved, str):
         from numarun.stacks.flightreport import ANALYZER
 
-        shown.append(f"dumps: {saved} (read with: {ANALYZER} {saved})")
+        command = f"{ANALYZER} --allow-incomplete-ranks" if flight.get("incomplete") else ANALYZER
+        shown.append(f"dumps: {saved} (read with: {command} {saved})")
     return ["Flight recorder (each rank's collectives, as torch recorded them):",
             *(f"  {printable(line)}" for line in shown)]  # fmt: skip
 

@@ -132,6 +132,7 @@ class FlightReport:
             "ranks": {str(a.rank): {"status": a.status, "reason": a.reason, "bytes": len(a.data)}
                       for a in self.answers},
             "saved": self.saved,
+            "incomplete": self.incomplete,
         }  # fmt: skip
 
 
