@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -137,9 +137,17 @@ def stacks(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def stacks_until(runtime: Path, *wanted: str) -> str:
+    return ask_until(lambda: stacks(runtime), wanted)
+
+
+def ask_until(
+    ask: Callable[[], subprocess.CompletedProcess[str]], wanted: tuple[str, ...]
+) -> str:
+    """``ask()`` (a ``numarun stacks``) until its output holds every ``wanted`` string (the
+    ranks reach their places a moment after they say ready), for at most 30 s."""
     deadline = time.monotonic() + 30
     while True:
-        done = stacks(runtime)
+        done = ask()
         if "no running numarun job" in done.stderr and time.monotonic() < deadline:
             time.sleep(0.3)  # a rank can say ready before its launcher's socket listens
             continue

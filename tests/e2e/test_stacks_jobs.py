@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from numarun.stacks import channel as jobs
+from rdzv_jobs import ask_until
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 GLOO = str(PROGRAMS / "gloo_stuck_rank.py")
@@ -109,18 +110,8 @@ def stacks(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def stacks_until(runtime: Path, *wanted: str, args: tuple[str, ...] = ()) -> str:
-    """``numarun stacks`` until its output holds every ``wanted`` string (the ranks reach
-    their places a moment after they say ready)."""
-    deadline = time.monotonic() + 30
-    while True:
-        done = stacks(runtime, *args)
-        if "no running numarun job" in done.stderr and time.monotonic() < deadline:
-            time.sleep(0.3)  # a rank can say ready before its launcher's socket listens
-            continue
-        assert done.returncode == 0, done.stderr
-        if all(text in done.stdout for text in wanted) or time.monotonic() > deadline:
-            return done.stdout
-        time.sleep(0.3)
+    """``numarun stacks`` until its output holds every ``wanted`` string."""
+    return ask_until(lambda: stacks(runtime, *args), wanted)
 
 
 def alive(pid: int) -> bool:

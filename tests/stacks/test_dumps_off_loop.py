@@ -141,6 +141,19 @@ def test_dumps_are_taken_from_the_loops_timers_never_waiting_on_it(
     assert supervisor.longest < 0.5, supervisor.longest
 
 
+class MarkingJob:
+    """The whole job's side of a node's hang watch, noting what the watch told it."""
+
+    def __init__(self, marks: list[str]) -> None:
+        self.marks = marks
+
+    def still(self, dumps_: list, idle: float) -> None:
+        self.marks.append("still")
+
+    def moving(self) -> None:
+        self.marks.append("moving")
+
+
 def test_a_rank_that_does_not_answer_is_unknown_and_its_node_never_still(
     ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
 ) -> None:
@@ -148,15 +161,7 @@ def test_a_rank_that_does_not_answer_is_unknown_and_its_node_never_still(
     # moving", so a starved rank on a loaded machine could turn a busy job into a hang.
     dumps, supervisor = ranks("park", "block")
     marks: list[str] = []
-
-    class Job:
-        def still(self, dumps_: list, idle: float) -> None:
-            marks.append("still")
-
-        def moving(self) -> None:
-            marks.append("moving")
-
-    hang = HangWatch(dumps, 0.6, output_watched=False, job=Job())
+    hang = HangWatch(dumps, 0.6, output_watched=False, job=MarkingJob(marks))
     hang.attach(supervisor)  # type: ignore[arg-type]
     for _ in range(8):  # ticks by hand, well past the timeout
         hang.tick()
@@ -176,15 +181,7 @@ def test_a_rank_with_no_python_frame_is_unknown_not_still(
     exiting = b"Current thread 0x00007f3f01481b80 (most recent call first):\n  <no Python frame>\n"
     dumps.read = lambda local_rank: exiting  # type: ignore[method-assign]
     marks: list[str] = []
-
-    class Job:
-        def still(self, dumps_: list, idle: float) -> None:
-            marks.append("still")
-
-        def moving(self) -> None:
-            marks.append("moving")
-
-    hang = HangWatch(dumps, 0.6, output_watched=False, job=Job())
+    hang = HangWatch(dumps, 0.6, output_watched=False, job=MarkingJob(marks))
     hang.attach(supervisor)  # type: ignore[arg-type]
     for _ in range(8):  # ticks by hand, well past the timeout
         hang.tick()

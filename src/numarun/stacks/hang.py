@@ -188,13 +188,7 @@ class HangWatch:
         except Exception as error:
             self._broken = True
             self._declaring = False
-            text = str(error).strip().split("\n", 1)[0] or type(error).__name__
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(
-                    f"numarun: warning: the hang watch failed ({type(error).__name__}: "
-                    f"{text[:200]}); no hang will be declared, the training goes on\n"
-                )
-                sys.stderr.flush()
+            _warn("the hang watch", error, "no hang will be declared")
 
     def _tick(self) -> None:
         if self._declaring:
@@ -294,14 +288,8 @@ class HangWatch:
         except Exception as error:
             if not self._job_failed:
                 self._job_failed = True
-                text = str(error).strip().split("\n", 1)[0] or type(error).__name__
-                with contextlib.suppress(OSError, ValueError):
-                    sys.stderr.write(
-                        f"numarun: warning: the whole job's hang watch failed "
-                        f"({type(error).__name__}: {text}); a hang over every node cannot be "
-                        "declared, the training goes on\n"
-                    )
-                    sys.stderr.flush()
+                _warn("the whole job's hang watch", error, "a hang over every node cannot be "
+                      "declared")  # fmt: skip
 
     def idle(self) -> float:
         """Seconds since this node's ranks last made progress."""
@@ -388,3 +376,11 @@ class HangWatch:
         )
 
 
+def _warn(what: str, error: Exception, consequence: str) -> None:
+    """One line on stderr: ``what`` failed with ``error`` (its first line, bounded), the
+    ``consequence``, and that the training goes on."""
+    text = str(error).strip().split("\n", 1)[0][:200] or type(error).__name__
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(f"numarun: warning: {what} failed ({type(error).__name__}: {text}); "
+                         f"{consequence}, the training goes on\n")  # fmt: skip
+        sys.stderr.flush()
