@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 
 def processes_with_env(entry: str) -> list[int]:
@@ -28,3 +29,15 @@ def processes_with_env(entry: str) -> list[int]:
 def processes_with_run_id(run_id: str) -> list[int]:
     """A job's workers: the live processes carrying ``TORCHELASTIC_RUN_ID=run_id``."""
     return processes_with_env(f"TORCHELASTIC_RUN_ID={run_id}")
+
+
+def nothing_left(run_id: str, limit: float = 10.0) -> bool:
+    """No process of the job (workers and standbys carry TORCHELASTIC_RUN_ID) is left within
+    ``limit`` seconds; the teardown ends them before the launcher exits, but give the kernel a
+    moment to reap."""
+    deadline = time.monotonic() + limit
+    while processes_with_run_id(run_id):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True

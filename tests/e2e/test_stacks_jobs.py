@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import shutil
 import signal
 import socket
@@ -24,6 +23,7 @@ import pytest
 
 from numarun.stacks import channel as jobs
 from rdzv_jobs import ask_until
+from rdzv_jobs import read_ready as read_ready_of
 
 PROGRAMS = Path(__file__).resolve().parents[1] / "programs"
 GLOO = str(PROGRAMS / "gloo_stuck_rank.py")
@@ -75,28 +75,9 @@ def job_socket(runtime: Path, limit: float = 60.0) -> Path:
 
 
 def read_ready(proc: subprocess.Popen[str], count: int, limit: float = 90.0) -> dict[int, int]:
-    """rank -> pid from the workers' ``ready <rank> <pid>`` lines (read from the raw fd, so
-    that nothing waits unseen in a file object's buffer; later output stays in the pipe)."""
-    assert proc.stdout is not None
-    fd = proc.stdout.fileno()
-    ready: dict[int, int] = {}
-    pending = b""
-    deadline = time.monotonic() + limit
-    while len(ready) < count:
-        left = deadline - time.monotonic()
-        readable, _, _ = select.select([fd], [], [], max(0.0, left))
-        if not readable:
-            raise AssertionError(f"only {sorted(ready)} ready after {limit} s")
-        chunk = os.read(fd, 1)  # byte by byte: never read past the last ready line
-        if not chunk:
-            raise AssertionError(f"launcher ended: {proc.wait()} {proc.stderr.read()}")
-        pending += chunk
-        if chunk == b"\n":
-            line, pending = pending.decode(), b""
-            if line.startswith("ready "):
-                _, rank, pid = line.split()
-                ready[int(rank)] = int(pid)
-    return ready
+    """rank -> pid from the workers' ``ready <rank> <pid>`` lines (later output stays in the
+    pipe)."""
+    return read_ready_of([proc], count, limit)
 
 
 def stacks(runtime: Path, *args: str) -> subprocess.CompletedProcess[str]:

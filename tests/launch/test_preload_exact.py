@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from job_processes import processes_with_run_id
+from job_processes import nothing_left
 
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 NUMARUN = [sys.executable, "-m", "numarun"]
@@ -48,15 +48,6 @@ def _run(*argv: str, cwd: Path, paths: tuple[Path, ...] = (), **env: str) -> (
         [*NUMARUN, *argv], capture_output=True, text=True, env=_env(*paths, **env), cwd=cwd,
         timeout=LIMIT,
     )  # fmt: skip
-
-
-def _nothing_left(run_id: str) -> bool:
-    deadline = time.monotonic() + 10.0
-    while processes_with_run_id(run_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def _private(path: Path) -> Path:
@@ -164,14 +155,14 @@ def test_a_hang_inside_a_preloaded_import_is_declared_naming_it(tmp_path: Path) 
     finally:
         proc.terminate()
         proc.communicate(timeout=LIMIT)
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
     assert os.listdir(runtime) == []
     done = _run("--hang-timeout", "3", *flags, cwd=tmp_path, paths=(tmp_path,),
                 NUMARUN_RUNTIME_DIR=str(runtime))  # fmt: skip
     assert done.returncode == 124, done.stderr
     assert "rank 0: in waits_for_a_server_that_never_answers (" in done.stderr
     assert "never reached" not in done.stdout
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
     assert os.listdir(runtime) == []  # no socket, no dump files, the standbys' included
 
 
@@ -238,7 +229,7 @@ def test_cuda_initialised_by_a_preloaded_thread_after_its_import_is_caught_at_th
         "imports of torch (by a thread one of them started), found at its hand-over (a standby "
         "must never hold a GPU; that rank started cold); the job runs cold"
     ], done.stderr
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 # --- the hand-over's environment and a preloaded thread's getenv ---------------------------------
@@ -311,7 +302,7 @@ def test_the_hand_over_reaches_a_preloaded_thread_that_calls_getenv_without_raci
          "old_array_intact": True, "swapped": True}
         for rank in ("0", "1")
     ]  # fmt: skip
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 # --- mistakes ------------------------------------------------------------------------------------
@@ -334,7 +325,7 @@ def test_a_module_name_that_is_not_there_is_a_did_you_mean_and_the_job_runs_cold
         "import from (did you mean 'wm_trainer_utils'?); the job runs cold"
     ) in done.stderr.splitlines()
     assert "preload: wm_trainer_utlis (cold: " in done.stderr
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
     required = _run("--rdzv-id", run_id, "--preload-required", "--preload",
                     "wm_trainer_utlis", "train.py", cwd=tmp_path)  # fmt: skip
     assert (required.returncode, required.stdout) == (2, "")
@@ -363,5 +354,5 @@ def test_preload_required_makes_a_failed_import_an_error_and_leaves_nothing(
         "numarun: error: --preload-required: local rank 0 could not import 'wm_broken' "
         "(ImportError: no \\x1b[31mGPU\\x1b[0m here)"
     ], done.stderr
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
     assert os.listdir(runtime) == []

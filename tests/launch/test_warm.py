@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from job_processes import processes_with_run_id
+from job_processes import nothing_left, processes_with_run_id
 from numarun.cmdline.config import parse_args
 from numarun.errors import UsageError
 from numarun.placement.workerenv import free_port
@@ -63,17 +63,6 @@ def _wait_for(condition: Callable[[], bool], what: str, limit: float = LIMIT) ->
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.05)
-
-
-def _nothing_left(run_id: str) -> bool:
-    """No process of the job (workers and standbys carry TORCHELASTIC_RUN_ID) is left; the
-    teardown ends them before the launcher exits, but give the kernel a moment to reap."""
-    deadline = time.monotonic() + 10.0
-    while processes_with_run_id(run_id):
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 # --- the flag ------------------------------------------------------------------------------------
@@ -163,7 +152,7 @@ def test_a_warm_workers_view_equals_a_cold_workers(tmp_path: Path, form: str) ->
         assert ("preload: light_preload_module (on standbys)" in done.stderr) == (mode == "warm")
         views[mode] = _views(out, logs)
         out.rename(tmp_path / f"out-{mode}")
-        assert _nothing_left(run_id)
+        assert nothing_left(run_id)
     cold, warm = views["cold"], views["warm"]
     assert sorted(cold) == sorted(warm) == [
         "view.0.0.json", "view.0.1.json", "view.1.0.json", "view.1.1.json",
@@ -233,7 +222,7 @@ def test_every_attempt_of_a_restarting_job_runs_on_standbys_and_none_is_wasted(
         assert worker["light"] and worker["pid"] in imported
         assert imported[worker["pid"]] < worker["start"]
     assert sorted(imported) == sorted(worker["pid"] for worker in workers)
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 def test_a_module_that_cannot_be_imported_is_one_warning_and_the_job_runs_cold(
@@ -264,7 +253,7 @@ def test_a_module_that_cannot_be_imported_is_one_warning_and_the_job_runs_cold(
     # Cold: the attempts' workers did not import the module that did import either.
     views = [json.loads(path.read_text()) for path in out.glob("view.*.json")]
     assert len(views) == 4 and not any(view["light"] for view in views)
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 def test_a_preload_that_initialises_cuda_is_refused_and_the_job_runs_cold(
@@ -295,7 +284,7 @@ def test_a_preload_that_initialises_cuda_is_refused_and_the_job_runs_cold(
         "numarun: warning: --preload: importing 'torch' initialised CUDA in local rank 0's "
         "standby (a standby only imports, it must never hold a GPU); the job runs cold"
     ]
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 # --- teardown ------------------------------------------------------------------------------------
@@ -376,7 +365,7 @@ def test_standbys_waiting_beside_running_workers_are_no_ranks_and_leave_nothing(
         else:
             proc.kill()
             proc.communicate(timeout=LIMIT)
-        assert _nothing_left(run_id)
+        assert nothing_left(run_id)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -411,7 +400,7 @@ def test_sigterm_while_standbys_wait_for_the_rendezvous_leaves_nothing(
         _, err = proc.communicate(timeout=LIMIT)
         assert proc.returncode == 128 + signal.SIGTERM, err
         assert "no worker was running" in err
-        assert _nothing_left(run_id)
+        assert nothing_left(run_id)
         assert not list(tmp_path.glob("view.*"))
     finally:
         if proc.poll() is None:
@@ -545,7 +534,7 @@ def test_a_group_re_formed_with_another_local_world_size_starts_cold_and_says_so
         "numarun: attempt_0.1: cold start: the local world size changed from 2 to 3, which "
         "standbys are born with"
     ) in done.stderr
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 # --- torch ---------------------------------------------------------------------------------------
@@ -570,7 +559,7 @@ def test_torch_preloaded_workers_start_past_import_torch_without_cuda(tmp_path: 
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["attempt 0 True False", "attempt 1 True False"]
     assert "preload: torch (on standbys)" in done.stderr
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 STAMP = textwrap.dedent(
@@ -631,7 +620,7 @@ def test_a_failure_a_second_into_the_first_attempt_restarts_on_waiting_standbys(
     # past its imports before the failure: nothing was imported after it.
     assert stamps[f"wm_born.{pid}"] < stamps[first]
     assert stamps[f"wm_ready.{pid}"] < stamps["failed"] < stamps[second]
-    assert _nothing_left(run_id)
+    assert nothing_left(run_id)
 
 
 # --- numarun.spawn -------------------------------------------------------------------------------

@@ -141,6 +141,19 @@ def test_dumps_are_taken_from_the_loops_timers_never_waiting_on_it(
     assert supervisor.longest < 0.5, supervisor.longest
 
 
+def ticked_past_timeout(
+    dumps: RankDumps, supervisor: LoopSupervisor, job: MarkingJob | None = None
+) -> HangWatch:
+    """A hang watch of 0.6 s over ``dumps``, ticked by hand 8 times 0.15 s apart (well past
+    its timeout)."""
+    hang = HangWatch(dumps, 0.6, output_watched=False, job=job)
+    hang.attach(supervisor)  # type: ignore[arg-type]
+    for _ in range(8):
+        hang.tick()
+        time.sleep(0.15)
+    return hang
+
+
 class MarkingJob:
     """The whole job's side of a node's hang watch, noting what the watch told it."""
 
@@ -161,11 +174,7 @@ def test_a_rank_that_does_not_answer_is_unknown_and_its_node_never_still(
     # moving", so a starved rank on a loaded machine could turn a busy job into a hang.
     dumps, supervisor = ranks("park", "block")
     marks: list[str] = []
-    hang = HangWatch(dumps, 0.6, output_watched=False, job=MarkingJob(marks))
-    hang.attach(supervisor)  # type: ignore[arg-type]
-    for _ in range(8):  # ticks by hand, well past the timeout
-        hang.tick()
-        time.sleep(0.15)
+    hang = ticked_past_timeout(dumps, supervisor, MarkingJob(marks))
     assert _signal_state(supervisor.procs[1].pid) == (True, True)  # caught, still pending
     assert marks == [] and hang.report is None
     assert [item.problem for item in hang.last_raw()][1] == PENDING
@@ -181,11 +190,7 @@ def test_a_rank_with_no_python_frame_is_unknown_not_still(
     exiting = b"Current thread 0x00007f3f01481b80 (most recent call first):\n  <no Python frame>\n"
     dumps.read = lambda local_rank: exiting  # type: ignore[method-assign]
     marks: list[str] = []
-    hang = HangWatch(dumps, 0.6, output_watched=False, job=MarkingJob(marks))
-    hang.attach(supervisor)  # type: ignore[arg-type]
-    for _ in range(8):  # ticks by hand, well past the timeout
-        hang.tick()
-        time.sleep(0.15)
+    hang = ticked_past_timeout(dumps, supervisor, MarkingJob(marks))
     assert marks == [] and hang.report is None
 
 
@@ -201,11 +206,7 @@ def test_a_hang_watch_whose_own_code_fails_is_one_line_and_the_run_goes_on(
         raise KeyError("a bug")
 
     dumps.read = broken  # type: ignore[method-assign]
-    hang = HangWatch(dumps, 0.3, output_watched=False)
-    hang.attach(supervisor)  # type: ignore[arg-type]
-    for _ in range(6):
-        hang.tick()
-        time.sleep(0.1)
+    hang = ticked_past_timeout(dumps, supervisor)
     err = capsys.readouterr().err
     assert err.count("numarun: warning: the hang watch failed (KeyError") == 1, err
     assert "the training goes on" in err

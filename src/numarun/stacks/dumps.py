@@ -58,7 +58,7 @@ import time
 
 from numarun.errors import UsageError, suppress
 from numarun.process import forkexec
-from numarun.stacks.rankhelper import FlightAnswer, RankHelpers, reason_text
+from numarun.stacks.rankhelper import FlightAnswer, RankHelpers, read_proc, reason_text
 from numarun.worker.dumphandler import HELPER_FUNCTION, STACKS_FILE_ENV, STACKS_SIGNAL
 
 TYPE_CHECKING = False
@@ -105,16 +105,9 @@ def _signal_state(pid: int, tid: int | None = None) -> tuple[bool, bool] | None:
     ``tid`` from that thread's ``/proc/<pid>/task/<tid>/status`` (pending: for the process or
     for the thread); None when the process (or the thread) is gone, or a zombie."""
     path = f"/proc/{pid}/status" if tid is None else f"/proc/{pid}/task/{tid}/status"
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
+    data = read_proc(path, 16384)
+    if data is None:
         return None
-    try:
-        data = os.read(fd, 16384)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
     caught = pending = False
     for field in (b"\nShdPnd:", b"\nSigPnd:"):
         start = data.find(field)

@@ -268,19 +268,27 @@ def _read(fd: int) -> bytes:
         return b""
 
 
-def thread_state(pid: int, tid: int) -> str | None:
-    """Thread ``tid`` of ``pid``'s state letter (``R``, ``S``, ``D``, ...) from ``/proc``; None
-    when it is gone."""
+def read_proc(path: str, size: int) -> bytes | None:
+    """At most ``size`` bytes of a ``/proc`` file in one read (its contents as of that read);
+    None when it cannot be opened or read (the process or thread is gone)."""
     try:
-        fd = os.open(f"/proc/{pid}/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        data = os.read(fd, 4096)
+        return os.read(fd, size)
     except OSError:
         return None
     finally:
         os.close(fd)
+
+
+def thread_state(pid: int, tid: int) -> str | None:
+    """Thread ``tid`` of ``pid``'s state letter (``R``, ``S``, ``D``, ...) from ``/proc``; None
+    when it is gone."""
+    data = read_proc(f"/proc/{pid}/task/{tid}/stat", 4096)
+    if data is None:
+        return None
     after = data.rpartition(b")")[2].split()
     return after[0].decode("ascii", "replace") if after else None
 
