@@ -510,8 +510,8 @@ def _job_flight_lines(view: Any, mine: Any, heading: str) -> list[str]:
     lines = [f"Flight recorder ({heading}, as torch recorded them on every node):",
              *(f"  {line}" for line in found.shown_lines())]  # fmt: skip
     if mine is not None:
-        mine.incomplete = True  # one node's directory never holds every rank's dump
-        lines.extend(f"  this node's {line}" for line in mine.where_lines())
+        # One node's directory never holds every rank's dump.
+        lines.extend(f"  this node's {line}" for line in mine.where_lines(partial=True))
     lines.append("  (each node keeps its own ranks' dumps in its log directory's attempt's "
                  "flight_recorder/; copied into one directory, torch's analyzer reads them all)")
     if found.culprits:

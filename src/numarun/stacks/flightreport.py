@@ -102,11 +102,13 @@ class FlightReport:
         return [f"{_ranks(ranks)}: no flight record ({printable(reason)})"
                 for reason, ranks in reasons.items()]  # fmt: skip
 
-    def where_lines(self) -> list[str]:
-        """Where the dumps were kept and how to read them, or why they were not."""
+    def where_lines(self, *, partial: bool = False) -> list[str]:
+        """Where the dumps were kept and how to read them, or why they were not. ``partial``:
+        the job has ranks beyond these (another node's), so the command allows missing ones."""
         if self.saved is not None:
             where = printable(self.saved)
-            command = f"{ANALYZER} --allow-incomplete-ranks" if self.incomplete else ANALYZER
+            allow = self.incomplete or partial
+            command = f"{ANALYZER} --allow-incomplete-ranks" if allow else ANALYZER
             return [f"dumps: {where}/{DUMP_PREFIX}<rank> (read with: {command} {where})"]
         if self.save_problem is not None:
             return [f"dumps not kept: {printable(self.save_problem)}"]
