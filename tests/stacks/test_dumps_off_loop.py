@@ -141,6 +141,27 @@ def test_dumps_are_taken_from_the_loops_timers_never_waiting_on_it(
     assert supervisor.longest < 0.5, supervisor.longest
 
 
+def test_a_dump_takers_own_failure_is_one_line_never_the_loops(
+    ranks: Callable[..., tuple[RankDumps, LoopSupervisor]],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # What acts on the dumps (a hang verdict's, a whole-job answer's) runs from the loop's
+    # timers: a bug in it used to leave through the supervisor's loop, ending the run.
+    dumps, supervisor = ranks("park")
+    called: list[int] = []
+
+    def broken(taken: list) -> None:
+        called.append(len(taken))
+        raise KeyError("a bug")
+
+    dumps.take_async(broken)
+    assert supervisor.run_until(lambda: bool(called), 30.0)  # the loop went on past it
+    err = capsys.readouterr().err
+    assert called == [1]
+    assert "numarun: warning: acting on the ranks' dumps failed (KeyError: 'a bug')" in err, err
+    assert err.count("\n") == 1 and "the training goes on" in err
+
+
 def ticked_past_timeout(
     dumps: RankDumps, supervisor: LoopSupervisor, job: MarkingJob | None = None
 ) -> HangWatch:

@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import time
 
 from numarun.errors import UsageError, suppress
@@ -206,6 +207,15 @@ def remove_files(directory: str) -> None:
     with suppress(OSError):
         os.rmdir(directory)
 
+
+def warn_failed(what: str, error: Exception, consequence: str) -> None:
+    """One line on stderr: ``what`` failed with ``error`` (its first line, bounded), the
+    ``consequence``, and that the training goes on (diagnostics never end it)."""
+    text = str(error).strip().split("\n", 1)[0][:200] or type(error).__name__
+    with suppress(OSError, ValueError):
+        sys.stderr.write(f"numarun: warning: {what} failed ({type(error).__name__}: {text}); "
+                         f"{consequence}, the training goes on\n")  # fmt: skip
+        sys.stderr.flush()
 
 class _Collection:
     """One taking of dumps in progress: which ranks are still awaited, what was read, since
@@ -589,7 +599,8 @@ class RankDumps:
         :class:`Raw` per rank, the problem of those that have none. ``flight``: each rank's
         flight recorder too (:attr:`Raw.flight`), within the same ``limit``; ``stacks``
         False: only that (no signal, :attr:`Raw.text` empty). Never waits; without a
-        running supervisor ``done`` may never be called."""
+        running supervisor ``done`` may never be called. What ``done`` raises is one warning
+        line (:func:`warn_failed`), never the loop's: it is a diagnostic."""
         wanted = self.local_ranks if local_ranks is None else sorted(local_ranks)
         collection = _Collection(self, wanted, limit, stacks=stacks, flight=flight)
         delay = [_POLL]
@@ -600,7 +611,10 @@ class RankDumps:
             except Exception:  # the files went with the run (or a dump no check foresaw):
                 finished = True  # what was read, the others' problem said in their Raw
             if finished:
-                done(collection.raw())
+                try:
+                    done(collection.raw())
+                except Exception as error:  # a diagnostic's own bug: never the run's end
+                    warn_failed("acting on the ranks' dumps", error, "that diagnostic is lost")
                 return
             assert self._supervisor is not None
             self._supervisor.call_later(delay[0], step)

@@ -40,7 +40,6 @@ of them moves again; the launcher calls :meth:`HangWatch.declare_job` with the j
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 
@@ -55,6 +54,7 @@ from numarun.stacks.dumps import (
     RankDumps,
     Raw,
     normalized,
+    warn_failed,
 )
 
 TYPE_CHECKING = False
@@ -188,7 +188,7 @@ class HangWatch:
         except Exception as error:
             self._broken = True
             self._declaring = False
-            _warn("the hang watch", error, "no hang will be declared")
+            warn_failed("the hang watch", error, "no hang will be declared")
 
     def _tick(self) -> None:
         if self._declaring:
@@ -288,7 +288,7 @@ class HangWatch:
         except Exception as error:
             if not self._job_failed:
                 self._job_failed = True
-                _warn("the whole job's hang watch", error, "a hang over every node cannot be "
+                warn_failed("the whole job's hang watch", error, "a hang over every node cannot be "
                       "declared")  # fmt: skip
 
     def idle(self) -> float:
@@ -374,13 +374,3 @@ class HangWatch:
         self._supervisor.request_stop(
             f"{HANG_REASON}no rank made progress for {idle:.1f} s (--hang-timeout {self.timeout:g})"
         )
-
-
-def _warn(what: str, error: Exception, consequence: str) -> None:
-    """One line on stderr: ``what`` failed with ``error`` (its first line, bounded), the
-    ``consequence``, and that the training goes on."""
-    text = str(error).strip().split("\n", 1)[0][:200] or type(error).__name__
-    with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(f"numarun: warning: {what} failed ({type(error).__name__}: {text}); "
-                         f"{consequence}, the training goes on\n")  # fmt: skip
-        sys.stderr.flush()
