@@ -30,9 +30,15 @@ writes the dump to ``<dump file>.sig``, as numarun did before the helper existed
 without a helper (it could not start) registers the handler on the dump file itself and is
 signalled as a process.
 
-The helper's native thread id is the first line it writes to its answer file (``<dump
-file>.fr``), before the handler is registered, so the launcher knows the rank has a helper as
-soon as it sees the handler installed. A flight-recorder request is answered there, replacing
+The helper's native thread id is the first line of its answer file (``<dump file>.fr``),
+written before the handler is registered, so the launcher knows the rank has a helper as soon
+as it sees the handler installed. :func:`arm` writes that line itself, the id read from
+``/proc/self/task`` (the one thread there that was not before the helper's start), and does
+not wait for the helper to run: a wait for a new thread's first turn cost each rank a
+scheduler round while all ranks start at once on few cores (issue 32 item 13). Only where
+``/proc`` cannot tell (no such directory, another thread started meanwhile) does it wait for
+the helper's own word, at most :data:`_READY_WAIT` seconds. A request the launcher sends before
+the helper first runs waits in the FIFO. A flight-recorder request is answered there, replacing
 what was there: one header line ``numarun-fr <request> <tid> <status> <length>`` and
 ``length`` bytes: ``ok`` and torch's flight recorder dump (its pickle, as ``_dump_fr_trace``
 returns it, without stack traces: their first symbolisation costs a rank seconds); ``none``
@@ -78,7 +84,7 @@ STACKS_MAGIC = b"numarun-stacks"  # the helper's stack dumps start with it and t
 HELPER_FUNCTION = "_numarun_stacks_helper"  # how the helper's frames are recognised in a dump
 FLIGHT_LIMIT = 16 * 1024 * 1024  # bytes of one dump the helper sends; more: said, not sent
 _HIGH_FD = 1000  # where the files' fds move to, when free and allowed
-_READY_WAIT = 5.0  # seconds arm() waits for the helper's first line
+_READY_WAIT = 5.0  # seconds arm() waits for the helper's id where /proc cannot tell it
 _STOP_WAIT = 1.0  # seconds the interpreter's exit waits for the helper to end
 _running: "list[tuple[int, _thread.LockType, int]]" = []  # the helper started, if any
 
@@ -118,9 +124,10 @@ def arm(path: "str | None" = None) -> "tuple[str, int] | None":
 
 
 def _start_helper(path: str, stacks: int) -> "int | None":
-    """Open the helper's files and start it; returns the fd the signal handler is to write
-    to (``<dump file>.sig``) once the helper wrote its thread id (at most :data:`_READY_WAIT`
-    seconds), or None when it cannot start (the handler then writes to the dump file)."""
+    """Open the helper's files, start it and write its thread id to its answer file (module
+    docstring: without waiting for it to run, where ``/proc`` tells the id); returns the fd the
+    signal handler is to write to (``<dump file>.sig``), or None when the helper cannot start
+    or its id cannot be written (the handler then writes to the dump file)."""
     opened = []
     # The FIFO read-write: opening it so never waits for a writer, and read never sees EOF.
     files = ((ANSWER_SUFFIX, os.O_WRONLY), (SIGNAL_SUFFIX, os.O_WRONLY | os.O_APPEND),
@@ -133,21 +140,48 @@ def _start_helper(path: str, stacks: int) -> "int | None":
             os.close(fd)
         return None
     answers, signalled, requests = opened
-    ready = _thread.allocate_lock()
-    ready.acquire()
+    stopped = _thread.allocate_lock()  # held until the helper ends (what _stop_helper waits for)
+    stopped.acquire()
+    said = _thread.allocate_lock()  # released once the helper put its id in `ids`
+    said.acquire()
+    ids: list[int] = []
+    before = _threads()
     try:
-        _thread.start_new_thread(_numarun_stacks_helper, (requests, answers, stacks, ready))
+        _thread.start_new_thread(
+            _numarun_stacks_helper, (requests, answers, stacks, stopped, said, ids)
+        )
     except RuntimeError:  # no thread can start (a process or memory limit)
         for fd in opened:
             os.close(fd)
         return None
-    ready.acquire(True, _READY_WAIT)
     import atexit  # built in: nothing to load
 
-    helper = (requests, ready, os.getpid())
+    helper = (requests, stopped, os.getpid())
     _running.append(helper)
     atexit.register(_stop_running, helper)
+    new = _threads() - before if before is not None else set()
+    if len(new) == 1:
+        tid = new.pop()
+    else:  # /proc cannot tell: the helper's own word
+        said.acquire(True, _READY_WAIT)
+        tid = ids[0] if ids else 0
+    try:
+        if tid <= 0:
+            raise OSError("the helper's thread id is unknown")
+        _answer(answers, b"0", tid, b"ready", b"")
+    except OSError:  # the launcher's file went: signalled as a whole process, as before
+        _stop_running(helper)
+        os.close(signalled)
+        return None
     return signalled
+
+
+def _threads() -> "set[int] | None":
+    """The native ids of this process's threads now (``/proc/self/task``); None when unread."""
+    try:
+        return {int(name) for name in os.listdir("/proc/self/task")}
+    except (OSError, ValueError):
+        return None
 
 
 def _stop_running(helper: "tuple[int, _thread.LockType, int]") -> None:
@@ -172,25 +206,24 @@ def _stop_helper(requests: int, stopped: "_thread.LockType", pid: int) -> None:
 
 
 def _numarun_stacks_helper(
-    requests: int, answers: int, stacks: int, ready: "_thread.LockType"
+    requests: int,
+    answers: int,
+    stacks: int,
+    stopped: "_thread.LockType",
+    said: "_thread.LockType",
+    ids: "list[int]",
 ) -> None:
-    """The helper thread: says its thread id, then serves each request line (the last one
-    read, when several came at once) until its FIFO fails. Its function's name marks its
-    frames in a dump (:data:`HELPER_FUNCTION`)."""
+    """The helper thread: puts its thread id in ``ids`` (for :func:`arm`, where ``/proc`` could
+    not tell it), then serves each request line (the last one read, when several came at once)
+    until told to stop or its FIFO fails, and releases ``stopped``. Its function's name marks
+    its frames in a dump (:data:`HELPER_FUNCTION`)."""
     tid = _thread.get_native_id()
-    try:
-        _answer(answers, b"0", tid, b"ready", b"")
-    except OSError:  # the launcher's file went: signalled as a whole process, as before
-        return
-    finally:
-        ready.release()
+    ids.append(tid)
+    said.release()
     try:
         _serve(requests, answers, stacks, tid)
     finally:
-        try:  # noqa: SIM105  (contextlib costs a worker's start-up milliseconds)
-            ready.release()  # what _stop_helper waits for
-        except RuntimeError:  # arm() gave up waiting for the first line: not held
-            pass
+        stopped.release()  # what _stop_helper waits for
 
 
 def _serve(requests: int, answers: int, stacks: int, tid: int) -> None:
