@@ -82,3 +82,30 @@ def test_arm_does_not_wait_for_the_helper_to_run(tmp_path: Path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n") == ["True True True", "True True 2", "answered", ""]
+
+
+def test_arm_waits_for_the_helpers_word_where_proc_cannot_tell(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from numarun.stacks.rankhelper import make_helper_files
+
+    base = str(tmp_path / "rank0")
+    Path(base).touch()
+    make_helper_files(base)
+    program = (
+        "import os, sys\n"
+        "from numarun.worker import dumphandler\n"
+        "dumphandler._threads = lambda: None  # /proc unreadable\n"
+        "armed = dumphandler.arm(sys.argv[1])\n"
+        "header = open(sys.argv[1] + '.fr', 'rb').readline().split()\n"
+        "tasks = [int(n) for n in os.listdir('/proc/self/task')]\n"
+        "print(armed is not None, int(header[2]) in tasks, int(header[2]) != os.getpid())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != STACKS_FILE_ENV}
+    done = subprocess.run(
+        [sys.executable, "-c", program, base], capture_output=True, text=True, timeout=240,
+        env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "True True True\n"
