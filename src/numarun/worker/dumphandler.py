@@ -217,10 +217,10 @@ def _numarun_stacks_helper(
     not tell it), then serves each request line (the last one read, when several came at once)
     until told to stop or its FIFO fails, and releases ``stopped``. Its function's name marks
     its frames in a dump (:data:`HELPER_FUNCTION`)."""
-    tid = _thread.get_native_id()
-    ids.append(tid)
-    said.release()
     try:
+        tid = _thread.get_native_id()
+        ids.append(tid)
+        said.release()
         _serve(requests, answers, stacks, tid)
     finally:
         stopped.release()  # what _stop_helper waits for
