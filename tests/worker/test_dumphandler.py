@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 from numarun.worker.dumphandler import STACKS_FILE_ENV, STACKS_SIGNAL
@@ -67,9 +69,6 @@ while time.monotonic() < deadline:
 
 
 def test_arm_does_not_wait_for_the_helper_to_run(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     from numarun.stacks.rankhelper import make_helper_files
 
     base = str(tmp_path / "rank0")
@@ -85,9 +84,6 @@ def test_arm_does_not_wait_for_the_helper_to_run(tmp_path: Path) -> None:
 
 
 def test_arm_waits_for_the_helpers_word_where_proc_cannot_tell(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
     from numarun.stacks.rankhelper import make_helper_files
 
     base = str(tmp_path / "rank0")
