@@ -171,6 +171,10 @@ class JobNotices:
         if round_ is None:
             reply({"error": "the job is between attempts; ask again"})
             return
+        off = round_.view_off()
+        if off is not None:
+            reply({"error": f"whole-job diagnostics unavailable this round: {off}"})
+            return
         token = os.urandom(6).hex()
         self._asks[token] = reply
         me, after, watch = round_.me, round_.seen, self._watch

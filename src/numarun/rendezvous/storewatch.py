@@ -95,7 +95,7 @@ class WatchedRound:
 
     def __init__(
         self, store: Any, handler: Any, me: int, size: int, on_result: Callable[[Result], None],
-        *, world: int = 1 << 22, host: str = "", pid: int = 0,
+        *, world: int = 1 << 22, host: str = "", pid: int = 0, own_diag: bool = False,
     ) -> None:  # fmt: skip
         self.store = store
         self.handler = handler
@@ -120,6 +120,33 @@ class WatchedRound:
         self.trouble: tuple[str, BaseException] | None = None  # said once a look succeeded
         self.timers: list[tuple[float, int, Callable[[WatchedRound], None]]] = []
         self.job: Any = None
+        # --diagnostics-store own (numarun.rendezvous.diagstore): the whole-job view's keys
+        # (events, notices, requests, hang marks, frames) on a store of their own, connected by
+        # the numarun-connect thread; ``conn`` and ``poster`` are its connections then, and the
+        # rendezvous's health (heartbeats, the exit barrier) goes through ``health``.
+        self.own_diag = own_diag
+        self.diag_store: Any = None if own_diag else store  # where the view's keys are
+        self.diag_why: str | None = "its store is not connected yet" if own_diag else None
+        self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
+        self._torch_conn: Conn | None = None
+
+    def view_off(self) -> str | None:
+        """Why the whole-job view is off on this node now (its store not connected, or never
+        this round), or None when it is on."""
+        return self.diag_why if self.own_diag and self.conn is None else None
+
+    def health_conn(self) -> Conn | None:
+        """The connection for the rendezvous's own health keys (the neighbour's beat, the exit
+        barrier's): the round's connection where the view shares the rendezvous store; with a
+        diagnostics store of its own, the heartbeat's own connection to the rendezvous store
+        once made, torch's connection until then."""
+        if not self.own_diag:
+            return self.conn
+        if self.health is not None:
+            return self.health
+        if self._torch_conn is None:
+            self._torch_conn = Conn(self.store, clone=False)
+        return self._torch_conn
 
 
 class StoreWatch:
@@ -255,11 +282,18 @@ class StoreWatch:
         posted (:meth:`unavailable`; nothing when ``what`` is empty): a store that is gone, or
         that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
+        if round_.own_diag and round_.poster is None:  # the view is off: never the rendezvous's
+            if what:
+                self.view_unavailable(round_)
+            return
+
         def run() -> None:
             after = None
             with round_.post_lock:
                 conn = round_.poster
                 fresh = conn is None
+                if fresh and round_.own_diag:  # its store let go meanwhile: nothing posted
+                    return
                 try:
                     if conn is None:
                         conn = Conn(round_.store, clone=False)
@@ -346,6 +380,9 @@ class StoreWatch:
             while round_.local:
                 conn.delete(round_.local.pop())
             conn.close()
+        if round_.own_diag:
+            round_.diag_why = "the round's watch ended"
+            round_.health = None
 
     def _watch(self, round_: WatchedRound) -> None:
         """The round's watch. Only what the look raises leaves it (the rendezvous's own
@@ -353,12 +390,16 @@ class StoreWatch:
         that fails (the event wait, an event read, the counter) is one line, said once a look
         succeeded (the rendezvous is fine: only numarun's keys are unavailable), and the
         events wait until the next look."""
-        round_.conn = conn = Conn(round_.store)
-        if conn.own:
-            round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
+        if round_.own_diag:  # connected by a thread of its own; the view off until then
+            threading.Thread(target=self._connecting, args=(round_,), name="numarun-connect",
+                             daemon=True).start()  # fmt: skip
+        else:
+            round_.conn = conn = Conn(round_.store)
+            if conn.own:
+                round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
         next_look = next_beat = time.monotonic()
         beat = self._beat
-        if beat is not None and round_.poster is not None:
+        if beat is not None and (round_.poster is not None or round_.own_diag):
             # A thread of its own beats on the posting connection: no wake-up of this one
             # (a timed-out store wait costs this thread ten times a beat).
             threading.Thread(target=self._beating, args=(round_, *beat), name="numarun-beat",
@@ -368,13 +409,13 @@ class StoreWatch:
             self._run_work(round_)
             now = time.monotonic()
             if beat is not None and now >= next_beat:
-                self.tolerant(round_, "this node's heartbeat", beat[1], round_, conn)
+                self.tolerant(round_, "this node's heartbeat", beat[1], round_, round_.conn)
                 next_beat = time.monotonic() + beat[0]
             wake = min(next_look, next_beat) if beat is not None else next_look
             if now >= next_look:
                 results = list(self._look(round_))
                 round_.events_down = False
-                if not round_.stopping:
+                if not round_.stopping and round_.conn is not None:
                     # Events are also read before a look's results are reported: a node that
                     # posts its failure and then closes the rendezvous (its last restart
                     # failed) is read as its notice, not as a bare "closed" (torch 2.4's
@@ -386,10 +427,47 @@ class StoreWatch:
                 next_look = time.monotonic() + self.interval
                 continue
             until = min(wake, self._next_due(round_))
-            if round_.stopping or round_.events_down or not conn.own:
+            conn = round_.conn
+            if conn is None or round_.stopping or round_.events_down or not conn.own:
                 self._sleep(round_, until)
                 continue
             self._numarun_calls(round_, self._wait_event, round_, until - now)
+
+    def _connecting(self, round_: WatchedRound) -> None:
+        """The ``numarun-connect`` thread of a round whose view has a store of its own
+        (:func:`numarun.rendezvous.diagstore.connect_round`); the connections are handed to
+        this thread through :meth:`queue`, the one line said when there are none."""
+        from numarun.rendezvous import diagstore
+
+        made = diagstore.connect_round(round_.store, active=lambda: round_.active)
+
+        def take(current: WatchedRound) -> None:
+            if current is not round_ or not round_.active:
+                return  # the round is over: its connections go with this closure
+            round_.health = made.health
+            if made.events is None:
+                round_.diag_why = made.why
+                self.view_unavailable(round_)
+                return
+            round_.diag_store, round_.poster = made.store, made.posts
+            round_.diag_why = None
+            round_.conn = made.events
+
+        self.queue(take)
+
+    def view_unavailable(self, round_: WatchedRound) -> None:
+        """One line, once per round: the whole-job view is off on this node, and why."""
+        from numarun.rendezvous.diagstore import UNAVAILABLE
+
+        why = round_.view_off() or round_.diag_why or "its store is not connected"
+        if "diagstore" in round_.noted:
+            return
+        round_.noted.add("diagstore")
+        from numarun.stacks.digest import printable
+
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(UNAVAILABLE.format(printable(why)) + "\n")
+            sys.stderr.flush()
 
     def _wait_event(self, round_: WatchedRound, seconds: float) -> None:
         conn = round_.conn
@@ -449,11 +527,16 @@ class StoreWatch:
             with self._cond:
                 if not round_.active:
                     return
-            with round_.post_lock:
-                conn = round_.poster
-                if conn is None or not round_.active:
-                    return
-                self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+            if round_.own_diag:  # the rendezvous store, never the diagnostics store's turns
+                conn = round_.health_conn()
+                if conn is not None:
+                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+            else:
+                with round_.post_lock:
+                    conn = round_.poster
+                    if conn is None or not round_.active:
+                        return
+                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
             deadline = time.monotonic() + interval
             with self._cond:  # woken early by anything that notifies: waits on to the beat
                 while round_.active and (left := deadline - time.monotonic()) > 0:
@@ -650,7 +733,8 @@ def _last_event(conn: Conn, after: int) -> int:
 def post_notice(round_: WatchedRound, body: bytes) -> None:
     """Post this node's ``stop`` notice (``body``: its line) on the round's connection, for the
     other nodes to read; deleted once the next round formed."""
-    assert round_.conn is not None
+    if round_.conn is None:  # the view's store is not connected: no notice (the view is off)
+        return
     key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
     if key is not None:
         round_.shared.append(key)

@@ -173,6 +173,10 @@ class ElasticNode:
         self._posted: list[tuple[Any, str]] = []
         self._ended: list[WatchedRound] = []
         self._barrier: ExitBarrier | None = None  # while this node waits in it
+        # --diagnostics-store own: the whole-job view's store, hosted by group rank 0 of each
+        # round (numarun.rendezvous.diagstore), closed once the next round formed or at the end.
+        self.own_diag = getattr(config, "diagnostics_store", "rendezvous") == "own"
+        self._diag_server: Any = None
         self.ended_elsewhere: str | None = None  # why the job ended on another node (finish)
         self.watched_round: WatchedRound | None = None  # the round the thread watches now
         self._last_round: WatchedRound | None = None
@@ -237,9 +241,12 @@ class ElasticNode:
 
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-            if last_watched is not None:  # its thread may sleep in the old round's store
+            if last_watched is not None and last_watched.diag_store is not None:
+                # Its thread may sleep in the old round's store (the view's: with a store of
+                # its own, that store is served until the next round formed).
                 with contextlib.suppress(Exception):
-                    conn = Conn(last_watched.store, clone=False)
+                    # (a store of its own: a connection of its own, the thread's is busy)
+                    conn = Conn(last_watched.diag_store, clone=last_watched.own_diag)
                     storewatch.wake(conn, last_watched.me)
                     conn.close()
             lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
@@ -258,6 +265,7 @@ class ElasticNode:
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
             register(info.store, info.rank)
+            self._host_diagnostics(info)
             return info, store_info, workers
 
         self.waiting.begin(JOINING)
@@ -296,6 +304,30 @@ class ElasticNode:
         self.heartbeats.watch_neighbour(info.rank, info.world_size, self._round_started)
         return self.round
 
+    def _host_diagnostics(self, info: Any) -> None:
+        """In the joining thread, once a round formed: the previous round's diagnostics store
+        closed (every node has left that round), and, on group rank 0 with
+        ``--diagnostics-store own``, this round's hosted and its address published. What
+        fails is one line: the others then find no address and say so; training goes on."""
+        previous, self._diag_server = self._diag_server, None
+        if previous is not None:
+            previous.close()
+        if not self.own_diag or info.rank != 0:
+            return
+        from numarun.rendezvous.diagstore import UNAVAILABLE, DiagServer
+
+        try:
+            server = DiagServer(self.config.rdzv_endpoint)
+            server.publish(info.store)
+        except Exception as error:
+            cause = root_cause(error)
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.write(UNAVAILABLE.format(
+                    f"its store could not be hosted here ({type(cause).__name__}: "
+                    f"{first_line(cause)})") + "\n")  # fmt: skip
+            return
+        self._diag_server = server
+
     def _failure_text(self, error: BaseException) -> str:
         name = type(error).__name__
         cause = root_cause(error)
@@ -329,7 +361,7 @@ class ElasticNode:
         round_ = WatchedRound(
             self._store, self._handler, self.round.group_rank, self.round.group_world_size,
             self._on_result, world=workers[0].world_size if workers else 1 << 22,
-            host=self.host,
+            host=self.host, own_diag=self.own_diag,
         )  # fmt: skip
         self.watched_round = round_
         self.watch.begin(supervisor, round_)
@@ -518,7 +550,8 @@ class ElasticNode:
         round_ = self.watched_round or self._last_round
         if round_ is None:  # not watched yet: the round's store all the same
             round_ = WatchedRound(self._store, self._handler, self.round.group_rank,
-                                  self.round.group_world_size, lambda result: None)  # fmt: skip
+                                  self.round.group_world_size, lambda result: None,
+                                  own_diag=self.own_diag)  # fmt: skip
         store, me, watch = self._store, self.round.group_rank, self.watch
         diagnostics = self.diagnostics
 
@@ -534,7 +567,7 @@ class ElasticNode:
                     except Exception as error:
                         noted(f"this node's notice goes without its ranks ({first_line(error)})")
                 key = post_event(conn, f"stop {me}", body, after=round_.seen, note=noted)
-                if key is not None:
+                if key is not None and not round_.own_diag:  # its own store goes with the round
                     self._posted.append((store, key))
             finally:
                 posted.set()
@@ -552,7 +585,8 @@ class ElasticNode:
         """Delete what this node posted for the others in rounds every node has left (store
         calls: not from the loop)."""
         for ended in self._ended:
-            self._posted += [(ended.store, key) for key in ended.shared]
+            if not ended.own_diag:  # a store of its own goes with its round: nothing to delete
+                self._posted += [(ended.store, key) for key in ended.shared]
             ended.shared = []
         self._ended.clear()
         while self._posted:
@@ -625,6 +659,9 @@ class ElasticNode:
         if self._posted or self._ended:
             with contextlib.suppress(Exception):
                 run_blocking(self._delete_posted, limit=0.5)
+        server, self._diag_server = self._diag_server, None
+        if server is not None:  # the last: the others' watch of the round has ended too
+            server.close()
 
 
 def _because(notice: str | None) -> str:
