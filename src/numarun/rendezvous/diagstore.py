@@ -35,10 +35,12 @@ it; a forged address can at most deny the diagnostics (docs/security.md).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import random
 import re
 import socket
+import sys
 import time
 from datetime import timedelta
 
@@ -48,6 +50,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
     from typing import Any
+
+    StoreWatch = WatchedRound = Any  # storewatch's, which imports this module
 
 ADDRESS_KEY = "numarun/diagstore"
 ADDRESS_LIMIT = 300
@@ -271,3 +275,60 @@ def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
     if made.why is not None:
         made.events = made.posts = made.store = None
     return made
+
+
+def connecting(watch: StoreWatch, round_: WatchedRound) -> None:
+    """The ``numarun-connect`` thread of a round whose view has a store of its own
+    (:func:`connect_round`); the connections are handed to the round's store thread through
+    :meth:`StoreWatch.queue`, the one line said when there are none."""
+    made = connect_round(round_.store, active=lambda: round_.active)
+
+    def take(current: WatchedRound) -> None:
+        if current is not round_ or not round_.active:
+            return  # the round is over: its connections go with this closure
+        round_.health = made.health
+        if made.events is None:
+            round_.diag_why = made.why
+            say_unavailable(round_)
+            return
+        round_.diag_store, round_.poster = made.store, made.posts
+        round_.diag_why = None
+        round_.conn = made.events
+
+    watch.queue(take)
+
+
+def say_unavailable(round_: WatchedRound) -> None:
+    """One line, once per round: the whole-job view is off on this node, and why."""
+    if "diagstore" in round_.noted:
+        return
+    round_.noted.add("diagstore")
+    from numarun.stacks.digest import printable
+
+    why = round_.view_off() or round_.diag_why or "its store is not connected"
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(UNAVAILABLE.format(printable(why)) + "\n")
+        sys.stderr.flush()
+
+
+def host_round(previous: DiagServer | None, info: Any, own: bool,
+               endpoint: str) -> DiagServer | None:  # fmt: skip
+    """In the joining thread, once a round formed (``info``: torch's result, its ``rank`` and
+    ``store``): ``previous`` (the last round's server) closed, every node having left that
+    round; on group rank 0 with ``own``, this round's hosted and its address published (the
+    server returned). What fails is one line: the others then find no address and say so;
+    training goes on."""
+    if previous is not None:
+        previous.close()
+    if not own or info.rank != 0:
+        return None
+    try:
+        server = DiagServer(endpoint)
+        server.publish(info.store)
+    except Exception as error:
+        cause = root_cause(error)
+        with contextlib.suppress(OSError, ValueError):
+            sys.stderr.write(UNAVAILABLE.format(f"its store could not be hosted here ("
+                             f"{type(cause).__name__}: {first_line(cause)})") + "\n")  # fmt: skip
+        return None
+    return server

@@ -63,6 +63,7 @@ import threading
 import time
 
 from numarun.process import forkexec
+from numarun.rendezvous import diagstore
 from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line
 from numarun.rendezvous.storeresults import Lost
 
@@ -284,7 +285,7 @@ class StoreWatch:
 
         if round_.own_diag and round_.poster is None:  # the view is off: never the rendezvous's
             if what:
-                self.view_unavailable(round_)
+                diagstore.say_unavailable(round_)
             return
 
         def run() -> None:
@@ -391,8 +392,8 @@ class StoreWatch:
         succeeded (the rendezvous is fine: only numarun's keys are unavailable), and the
         events wait until the next look."""
         if round_.own_diag:  # connected by a thread of its own; the view off until then
-            threading.Thread(target=self._connecting, args=(round_,), name="numarun-connect",
-                             daemon=True).start()  # fmt: skip
+            threading.Thread(target=diagstore.connecting, args=(self, round_),
+                             name="numarun-connect", daemon=True).start()  # fmt: skip
         else:
             round_.conn = conn = Conn(round_.store)
             if conn.own:
@@ -432,42 +433,6 @@ class StoreWatch:
                 self._sleep(round_, until)
                 continue
             self._numarun_calls(round_, self._wait_event, round_, until - now)
-
-    def _connecting(self, round_: WatchedRound) -> None:
-        """The ``numarun-connect`` thread of a round whose view has a store of its own
-        (:func:`numarun.rendezvous.diagstore.connect_round`); the connections are handed to
-        this thread through :meth:`queue`, the one line said when there are none."""
-        from numarun.rendezvous import diagstore
-
-        made = diagstore.connect_round(round_.store, active=lambda: round_.active)
-
-        def take(current: WatchedRound) -> None:
-            if current is not round_ or not round_.active:
-                return  # the round is over: its connections go with this closure
-            round_.health = made.health
-            if made.events is None:
-                round_.diag_why = made.why
-                self.view_unavailable(round_)
-                return
-            round_.diag_store, round_.poster = made.store, made.posts
-            round_.diag_why = None
-            round_.conn = made.events
-
-        self.queue(take)
-
-    def view_unavailable(self, round_: WatchedRound) -> None:
-        """One line, once per round: the whole-job view is off on this node, and why."""
-        from numarun.rendezvous.diagstore import UNAVAILABLE
-
-        why = round_.view_off() or round_.diag_why or "its store is not connected"
-        if "diagstore" in round_.noted:
-            return
-        round_.noted.add("diagstore")
-        from numarun.stacks.digest import printable
-
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(UNAVAILABLE.format(printable(why)) + "\n")
-            sys.stderr.flush()
 
     def _wait_event(self, round_: WatchedRound, seconds: float) -> None:
         conn = round_.conn

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from numarun.errors import NumarunError, UsageError
-from numarun.rendezvous import storewatch, torchcompat
+from numarun.rendezvous import diagstore, storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
 from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
 from numarun.rendezvous.round import Round, WorkerPlace
@@ -173,8 +173,7 @@ class ElasticNode:
         self._posted: list[tuple[Any, str]] = []
         self._ended: list[WatchedRound] = []
         self._barrier: ExitBarrier | None = None  # while this node waits in it
-        # --diagnostics-store own: the whole-job view's store, hosted by group rank 0 of each
-        # round (numarun.rendezvous.diagstore), closed once the next round formed or at the end.
+        # --diagnostics-store own: the view's store, hosted by group rank 0 (diagstore.host_round)
         self.own_diag = getattr(config, "diagnostics_store", "rendezvous") == "own"
         self._diag_server: Any = None
         self.ended_elsewhere: str | None = None  # why the job ended on another node (finish)
@@ -225,7 +224,7 @@ class ElasticNode:
         except (ValueError, TypeError) as error:
             raise UsageError(f"{self.where}: {first_line(error)}") from None
         except Exception as error:
-            raise RendezvousFailed(self._failure_text(error)) from None
+            raise RendezvousFailed(_failure_text(self, error)) from None
         waiting.handler = self._handler
 
     def next_round(self) -> Round:
@@ -281,7 +280,7 @@ class ElasticNode:
                     f"numarun: {self.where} closed while this node waited as a spare "
                     "(every place was taken); nothing to run"
                 ) from None
-            raise RendezvousFailed(self._failure_text(error)) from None
+            raise RendezvousFailed(_failure_text(self, error)) from None
         self.waiting.end()
         self._store = info.store
         master_addr, master_port, shared = store_info
@@ -305,50 +304,9 @@ class ElasticNode:
         return self.round
 
     def _host_diagnostics(self, info: Any) -> None:
-        """In the joining thread, once a round formed: the previous round's diagnostics store
-        closed (every node has left that round), and, on group rank 0 with
-        ``--diagnostics-store own``, this round's hosted and its address published. What
-        fails is one line: the others then find no address and say so; training goes on."""
-        previous, self._diag_server = self._diag_server, None
-        if previous is not None:
-            previous.close()
-        if not self.own_diag or info.rank != 0:
-            return
-        from numarun.rendezvous.diagstore import UNAVAILABLE, DiagServer
-
-        try:
-            server = DiagServer(self.config.rdzv_endpoint)
-            server.publish(info.store)
-        except Exception as error:
-            cause = root_cause(error)
-            with contextlib.suppress(OSError, ValueError):
-                sys.stderr.write(UNAVAILABLE.format(
-                    f"its store could not be hosted here ({type(cause).__name__}: "
-                    f"{first_line(cause)})") + "\n")  # fmt: skip
-            return
-        self._diag_server = server
-
-    def _failure_text(self, error: BaseException) -> str:
-        name = type(error).__name__
-        cause = root_cause(error)
-        conf = dict(self.config.rdzv_conf)
-        if name == "RendezvousTimeoutError":
-            join = conf.get("join_timeout", "600")
-            return (
-                f"{self.where} did not complete within join_timeout={join} s: fewer than "
-                f"{self.config.min_nodes} node(s) joined"
-            )
-        if name == "RendezvousClosedError":
-            return f"{self.where} was closed by another node" + _because(self.last_notice)
-        if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
-            if self.last_notice:
-                # The node that posted it ended, and its store with it (it hosted it).
-                return (
-                    f"{self.where} went away after another node ended"
-                    f"{_because(self.last_notice)}: {first_line(cause)}"
-                )
-            return f"cannot reach the {self.where}: {first_line(cause)}"
-        return f"{self.where}: {name}: {first_line(cause)}"
+        """Once a round formed: :func:`numarun.rendezvous.diagstore.host_round`."""
+        self._diag_server = diagstore.host_round(self._diag_server, info, self.own_diag,
+                                                 self.config.rdzv_endpoint)  # fmt: skip
 
     # --- while workers run ---------------------------------------------------------------------
 
@@ -662,6 +620,30 @@ class ElasticNode:
         server, self._diag_server = self._diag_server, None
         if server is not None:  # the last: the others' watch of the round has ended too
             server.close()
+
+
+def _failure_text(node: ElasticNode, error: BaseException) -> str:
+    """Why the rendezvous could not form or went away, in one line."""
+    name = type(error).__name__
+    cause = root_cause(error)
+    conf = dict(node.config.rdzv_conf)
+    if name == "RendezvousTimeoutError":
+        join = conf.get("join_timeout", "600")
+        return (
+            f"{node.where} did not complete within join_timeout={join} s: fewer than "
+            f"{node.config.min_nodes} node(s) joined"
+        )
+    if name == "RendezvousClosedError":
+        return f"{node.where} was closed by another node" + _because(node.last_notice)
+    if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
+        if node.last_notice:
+            # The node that posted it ended, and its store with it (it hosted it).
+            return (
+                f"{node.where} went away after another node ended"
+                f"{_because(node.last_notice)}: {first_line(cause)}"
+            )
+        return f"cannot reach the {node.where}: {first_line(cause)}"
+    return f"{node.where}: {name}: {first_line(cause)}"
 
 
 def _because(notice: str | None) -> str:
