@@ -133,7 +133,7 @@ def test_a_connect_storm_all_connect(rendezvous: object) -> None:
         thread.join(LIMIT * 2)
     assert len(results) == count
     assert [made.why for made in results if made.why] == []
-    for index, made in enumerate(results):
+    for made in results:
         made.posts.add("numarun/count", 1)  # type: ignore[union-attr]
     assert results[0].events.count("numarun/count") == count  # type: ignore[union-attr]
     server.close()

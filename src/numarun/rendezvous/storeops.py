@@ -82,14 +82,8 @@ class Conn:
     def own_connection(cls, store: Any) -> Conn:
         """A :class:`Conn` on ``store``, a connection numarun made itself (the diagnostics
         store's client): used as is, as a clone would be; :meth:`reconnect` clones it."""
-        conn = cls.__new__(cls)
-        conn.base = store
-        conn.store = store
+        conn = cls(store, clone=False)
         conn.own = True
-        try:
-            conn.extended = bool(store.has_extended_api())
-        except Exception:
-            conn.extended = False
         return conn
 
     def _connect(self, clone: bool = True) -> None:
