@@ -720,7 +720,7 @@ class StandIn:
         round_ = self.node.watched_round
         if round_ is not None and round_.own_diag and round_.conn is None:
             # Its connect thread gave up: as connected as it will be this round.
-            return round_.diag_why not in (None, "its store is not connected yet")
+            return round_.diag_why not in (None, product.diagstore.PENDING)
         return round_ is not None and round_.conn is not None and (
             round_.poster is not None or not round_.conn.own
         )

@@ -186,12 +186,16 @@ def test_the_view_is_off_until_connected_and_never_on_the_rendezvous_store(
     round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
     called: list[Conn] = []
     watch.post(round_, called.append, "this node's stacks request")
+    assert called == []
+    assert round_.view_off() == diagstore.PENDING
+    assert capsys.readouterr().err == ""  # still connecting: dropped unsaid
+    round_.diag_why = "its store at 127.0.0.1:9 refused the connection"  # the connect gave up
+    watch.post(round_, called.append, "this node's stacks request")
     watch.post(round_, called.append, "this node's hang mark (still)")
     assert called == []
-    assert round_.view_off() == "its store is not connected yet"
     err = capsys.readouterr().err.splitlines()
-    assert err == ["numarun: whole-job diagnostics unavailable this round: its store is not "
-                   "connected yet; training goes on"]  # fmt: skip
+    assert err == ["numarun: whole-job diagnostics unavailable this round: its store at "
+                   "127.0.0.1:9 refused the connection; training goes on"]  # fmt: skip
     # The rendezvous's health goes on: torch's connection until the heartbeat's own is made.
     health = round_.health_conn()
     assert health is not None and not health.own

@@ -215,6 +215,8 @@ def missing_nodes(
     assert conn is not None
     missing = [node for node in range(round_.size) if node not in answered]
     checked = missing[:_MISSING_CHECKED]
+    if round_.own_diag:  # the beats are the rendezvous store's (its health connection)
+        conn = round_.health_conn() or conn
     beats = conn.get_many([ALIVE_KEY.format(node) for node in checked], 0.0)  # a few requests
     torchrun = [node for node, beat in zip(checked, beats, strict=True)
                 if not (as_count(beat) or 0) > 0]  # fmt: skip

@@ -69,6 +69,7 @@ PROBE_TIMEOUT = 5.0  # seconds one TCP connection attempt may take (a full backl
 OWN_STORE = "own"
 RENDEZVOUS_STORE = "rendezvous"
 CHOICES = (OWN_STORE, RENDEZVOUS_STORE)
+PENDING = "its store is not connected yet"  # why the view is off while a node connects
 UNAVAILABLE = "numarun: whole-job diagnostics unavailable this round: {}; training goes on"
 
 _HOST_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9])?")

@@ -127,7 +127,7 @@ class WatchedRound:
         # rendezvous's health (heartbeats, the exit barrier) goes through ``health``.
         self.own_diag = own_diag
         self.diag_store: Any = None if own_diag else store  # where the view's keys are
-        self.diag_why: str | None = "its store is not connected yet" if own_diag else None
+        self.diag_why: str | None = diagstore.PENDING if own_diag else None
         self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
         self._torch_conn: Conn | None = None
 
@@ -284,7 +284,9 @@ class StoreWatch:
         that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
         if round_.own_diag and round_.poster is None:  # the view is off: never the rendezvous's
-            if what:
+            # Said once the connect thread gave up (or now, when it has): while it is still
+            # connecting (a second or two at a round's start) the post is dropped unsaid.
+            if what and round_.diag_why != diagstore.PENDING:
                 diagstore.say_unavailable(round_)
             return
 
