@@ -32,10 +32,10 @@ from rdzv_jobs import (
     gone,
     numarun_lines,
     read_ready,
-    round_store,
     stacks,
     stacks_until,
     started_job,
+    view_store,
     with_signal,
 )
 from torch_python import TORCH_PYTHON, require_torch, torch_release
@@ -470,7 +470,7 @@ def test_every_forgery_of_the_stores_content_is_named_and_survived(job: Job) -> 
     flags = [*job.flags(), "--monitor-interval", "0.5"]
     nodes = [job.start(n, *flags, UNEVEN, "parked", "3") for n in (0, 1)]
     pids = read_ready(nodes, 4)
-    store = round_store(job)
+    store = view_store(job)  # the view's own store (anyone who reaches its port can write)
     view = (b'{"v": 2, "kind": "hang", "by": "evil", "size": 2, "answered": [[0, 2, 1]],'
             b' "missing": [], "notes": [], "idle": 1, "classes": []}')  # fmt: skip
     count = store.add("numarun/events", 1)

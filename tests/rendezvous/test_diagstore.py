@@ -115,6 +115,26 @@ def test_the_server_is_served_until_the_next_round_formed(rendezvous: object) ->
         diagstore.connect(hostname, port, spread=0.0, window=LIMIT)
 
 
+def test_posts_made_while_connecting_are_posted_once_connected(rendezvous: object) -> None:
+    server = host(rendezvous)
+    watch = StoreWatch(0.2, lambda round_: [])
+    round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
+    posted = threading.Event()
+    watch.post(round_, lambda conn: (conn.set("numarun/early", b"1"), posted.set()), "a post")
+    assert not posted.is_set()
+    diagstore.connecting(watch, round_)  # its connections handed over through the queue
+    with watch.lock:
+        work = list(watch._work)
+        watch._work.clear()
+    for queued in work:
+        queued(round_)
+    assert posted.wait(LIMIT)
+    assert round_.conn is not None and round_.conn.get_now("numarun/early") == b"1"
+    assert not rendezvous.check(["numarun/early"])  # type: ignore[attr-defined]
+    watch.close()
+    server.close()
+
+
 def test_a_connect_storm_all_connect(rendezvous: object) -> None:
     server = host(rendezvous)
     count = 48
@@ -188,11 +208,13 @@ def test_the_view_is_off_until_connected_and_never_on_the_rendezvous_store(
     watch.post(round_, called.append, "this node's stacks request")
     assert called == []
     assert round_.view_off() == diagstore.PENDING
-    assert capsys.readouterr().err == ""  # still connecting: dropped unsaid
+    assert capsys.readouterr().err == ""  # still connecting: the post waits for it
+    assert len(round_.deferred) == 1
     round_.diag_why = "its store at 127.0.0.1:9 refused the connection"  # the connect gave up
+    round_.deferred.clear()
     watch.post(round_, called.append, "this node's stacks request")
     watch.post(round_, called.append, "this node's hang mark (still)")
-    assert called == []
+    assert called == [] and round_.deferred == []
     err = capsys.readouterr().err.splitlines()
     assert err == ["numarun: whole-job diagnostics unavailable this round: its store at "
                    "127.0.0.1:9 refused the connection; training goes on"]  # fmt: skip

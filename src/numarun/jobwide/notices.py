@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from numarun.jobwide import hangverdict, protocol
 from numarun.jobwide.results import Ask, Hang, Merged
+from numarun.rendezvous.diagstore import PENDING
 from numarun.rendezvous.storeops import first_line
 from numarun.rendezvous.storewatch import StoreWatch, post_event
 
@@ -172,7 +173,7 @@ class JobNotices:
             reply({"error": "the job is between attempts; ask again"})
             return
         off = round_.view_off()
-        if off is not None:
+        if off is not None and off != PENDING:  # while it connects, the request waits for it
             reply({"error": f"whole-job diagnostics unavailable this round: {off}"})
             return
         token = os.urandom(6).hex()

@@ -288,13 +288,19 @@ def connecting(watch: StoreWatch, round_: WatchedRound) -> None:
         if current is not round_ or not round_.active:
             return  # the round is over: its connections go with this closure
         round_.health = made.health
+        with watch.lock:  # StoreWatch.post defers a post under it while this node connects
+            deferred, round_.deferred = round_.deferred, []
+            if made.events is None:
+                round_.diag_why = made.why
+            else:
+                round_.diag_store, round_.poster = made.store, made.posts
+                round_.diag_why = None
+                round_.conn = made.events
         if made.events is None:
-            round_.diag_why = made.why
             say_unavailable(round_)
             return
-        round_.diag_store, round_.poster = made.store, made.posts
-        round_.diag_why = None
-        round_.conn = made.events
+        for calls, what in deferred:  # the posts made while it connected, in order
+            watch.post(round_, calls, what)
 
     watch.queue(take)
 

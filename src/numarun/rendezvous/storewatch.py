@@ -130,6 +130,7 @@ class WatchedRound:
         self.diag_why: str | None = diagstore.PENDING if own_diag else None
         self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
         self._torch_conn: Conn | None = None
+        self.deferred: list[tuple[Callable[[Conn], object], str]] = []  # posts while connecting
 
     def view_off(self) -> str | None:
         """Why the whole-job view is off on this node now (its store not connected, or never
@@ -263,6 +264,11 @@ class StoreWatch:
             self._cond.notify_all()
 
     @property
+    def lock(self) -> threading.Condition:
+        """The thread's condition (a connecting round's posts are deferred under it)."""
+        return self._cond
+
+    @property
     def attached(self) -> bool:
         """Whether a supervisor's loop reads the results (not detached: see :meth:`detach`)."""
         return self._supervisor is not None
@@ -283,12 +289,15 @@ class StoreWatch:
         posted (:meth:`unavailable`; nothing when ``what`` is empty): a store that is gone, or
         that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
-        if round_.own_diag and round_.poster is None:  # the view is off: never the rendezvous's
-            # Said once the connect thread gave up (or now, when it has): while it is still
-            # connecting (a second or two at a round's start) the post is dropped unsaid.
-            if what and round_.diag_why != diagstore.PENDING:
-                diagstore.say_unavailable(round_)
-            return
+        with self._cond:  # the view's store not connected: never the rendezvous's instead
+            if round_.own_diag and round_.poster is None:
+                # While it connects (a second or two at a round's start) the post waits for
+                # it (diagstore.connecting posts it then); once it gave up: one line.
+                if round_.diag_why == diagstore.PENDING and len(round_.deferred) < 64:
+                    round_.deferred.append((calls, what))
+                elif what:
+                    diagstore.say_unavailable(round_)
+                return
 
         def run() -> None:
             after = None
