@@ -702,14 +702,19 @@ class StandIn:
         conn.add(product.NODES_KEY, 1)
         conn.close()
         # Node 0 hosts the round's diagnostics store (--diagnostics-store own), by the
-        # launcher's own code: the previous round's closed, this one's address published.
+        # launcher's own code. The previous round's is closed at begin(), once every process
+        # let its round go (a real round forms only once every node left the last one).
         from types import SimpleNamespace
 
+        self.old_server, self.node._diag_server = self.node._diag_server, None
         self.node._host_diagnostics(SimpleNamespace(rank=self.index, store=self.node._store))
 
     def begin(self) -> None:
         """Hand the round to the store thread (it connects twice: the connect storm when every
         node of a process does so at once) and start the hang watch's timer."""
+        old, self.old_server = getattr(self, "old_server", None), None
+        if old is not None:
+            old.close()
         self.node.begin_watch(self.supervisor)  # type: ignore[arg-type]
         self.view.attach(self.stacks)
         self.stacks.attach(self.supervisor)  # type: ignore[arg-type]

@@ -26,7 +26,7 @@ like any value read from the store: an event counted but not set within :data:`H
 poster died between its two calls) is skipped, so a hole costs at most a look interval and that;
 one that is not a number is named and set back to the last event there, one that jumped is named
 and the events after the jump are read, one that went back is named and followed
-(:meth:`StoreWatch._check_count`). Once the round is over for this node (the first ``stop``
+(:func:`_check_count`). Once the round is over for this node (the first ``stop``
 notice read, or its own posted: :attr:`WatchedRound.stopping`) no event is read any more. An
 event key is never deleted while another node may not have read it: its poster deletes it once
 the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
@@ -178,6 +178,7 @@ class StoreWatch:
         self._on_event = on_event
         self._beat = beat  # (seconds, call): this node's heartbeat, on its own cadence
         self._cond = threading.Condition()
+        self.lock = self._cond  # under it a connecting round's posts are deferred (diagstore)
         self._round: WatchedRound | None = None
         self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
         self._work: collections.deque[Callable[[WatchedRound], None]] = collections.deque()
@@ -262,11 +263,6 @@ class StoreWatch:
         with self._cond:
             heapq.heappush(round_.timers, (time.monotonic() + delay, id(work), work))
             self._cond.notify_all()
-
-    @property
-    def lock(self) -> threading.Condition:
-        """The thread's condition (a connecting round's posts are deferred under it)."""
-        return self._cond
 
     @property
     def attached(self) -> bool:
@@ -411,6 +407,9 @@ class StoreWatch:
                 round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
         next_look = next_beat = time.monotonic()
         beat = self._beat
+        if round_.own_diag:  # the look (torch's handler: its lock, its store) apart
+            threading.Thread(target=self._looking, args=(round_,), name="numarun-look",
+                             daemon=True).start()  # fmt: skip
         if beat is not None and (round_.poster is not None or round_.own_diag):
             # A thread of its own beats on the posting connection: no wake-up of this one
             # (a timed-out store wait costs this thread ten times a beat).
@@ -424,6 +423,11 @@ class StoreWatch:
                 self.tolerant(round_, "this node's heartbeat", beat[1], round_, round_.conn)
                 next_beat = time.monotonic() + beat[0]
             wake = min(next_look, next_beat) if beat is not None else next_look
+            if now >= next_look and round_.own_diag:  # the look is numarun-look's
+                if not round_.stopping and round_.conn is not None:
+                    self._numarun_calls(round_, self._events_at_look, round_, False)
+                next_look = time.monotonic() + self.interval
+                continue
             if now >= next_look:
                 results = list(self._look(round_))
                 round_.events_down = False
@@ -445,6 +449,27 @@ class StoreWatch:
                 continue
             self._numarun_calls(round_, self._wait_event, round_, until - now)
 
+    def _looking(self, round_: WatchedRound) -> None:
+        """With the view's store apart, the look in a thread of its own (``numarun-look``):
+        torch's handler holds its lock for seconds under load, and the events go on meanwhile.
+        What the look raises is :class:`Lost`, as in the watch."""
+        deadline = time.monotonic()
+        while True:
+            with self._cond:
+                while round_.active and (left := deadline - time.monotonic()) > 0:
+                    self._cond.wait(left)
+                if not round_.active:
+                    return
+            try:
+                results = list(self._look(round_))
+            except Exception as error:  # the store is gone for the rendezvous
+                self._report(round_, Lost(error))
+                return
+            for result in results:
+                self._report(round_, result)
+            self._say_trouble(round_)
+            deadline = time.monotonic() + self.interval
+
     def _wait_event(self, round_: WatchedRound, seconds: float) -> None:
         conn = round_.conn
         assert conn is not None
@@ -461,7 +486,7 @@ class StoreWatch:
             self._take_events(round_)
         # Every look: an event whose poster died between its two calls (a hole) costs at most
         # a look interval and HOLE_GRACE; a counter moved by another client is named.
-        self._check_count(round_)
+        _check_count(self, round_)
 
     def _numarun_calls(self, round_: WatchedRound, call: Callable[..., None],
                        *args: object) -> None:  # fmt: skip
@@ -586,43 +611,6 @@ class StoreWatch:
             round_.read.pop(next(iter(round_.read)))
         self._event(round_, round_.seen, value)
 
-    def _check_count(self, round_: WatchedRound) -> None:
-        """The event counter against what this node read: a hole (an event counted, never
-        set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
-        counter that is not a number, or that another client moved (by more than a few
-        events, or back), named, and the events posted since read (module docstring)."""
-        conn = round_.conn
-        assert conn is not None
-        try:
-            count = conn.count(EVENTS_KEY)
-        except Forged as forged:
-            self.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
-            return
-        seen = round_.seen
-        if count == seen:
-            return
-        # Events posted after holes are holes, however many: at a thousand nodes a failure
-        # cascade posts hundreds of notices while a few posters are between their two calls.
-        if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
-            if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
-                return  # its poster was between its two calls: read by the next wait
-            last = min(count, seen + _PROBES)
-            for number in range(seen + 2, last + 1):
-                if conn.has(EVENT_KEY.format(number)):
-                    round_.seen = number - 1
-                    return
-            round_.seen = last  # holes, all of them: the next look goes on from there
-            return
-        low = count
-        while count - low < _SCAN:
-            value = conn.get_now(EVENT_KEY.format(low))
-            if value is None or round_.read.get(low) == hash(value):
-                break  # before the events posted since the counter moved
-            low -= 1
-        self.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
-                  f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
-        round_.seen = low
-
     def _event(self, round_: WatchedRound, number: int, value: bytes) -> None:
         if self._on_event is not None:
             self.guarded(round_, f"event {number}", self._on_event, round_, number, value)
@@ -661,6 +649,44 @@ class StoreWatch:
     def report(self, round_: WatchedRound, result: Result) -> None:
         """``result`` for the loop (or, detached, for :meth:`take_delivered`)."""
         self._report(round_, result)
+
+
+def _check_count(watch: StoreWatch, round_: WatchedRound) -> None:
+    """The event counter against what this node read: a hole (an event counted, never
+    set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
+    counter that is not a number, or that another client moved (by more than a few
+    events, or back), named, and the events posted since read (module docstring)."""
+    conn = round_.conn
+    assert conn is not None
+    try:
+        count = conn.count(EVENTS_KEY)
+    except Forged as forged:
+        watch.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
+        return
+    seen = round_.seen
+    if count == seen:
+        return
+    # Events posted after holes are holes, however many: at a thousand nodes a failure
+    # cascade posts hundreds of notices while a few posters are between their two calls.
+    if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
+        if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
+            return  # its poster was between its two calls: read by the next wait
+        last = min(count, seen + _PROBES)
+        for number in range(seen + 2, last + 1):
+            if conn.has(EVENT_KEY.format(number)):
+                round_.seen = number - 1
+                return
+        round_.seen = last  # holes, all of them: the next look goes on from there
+        return
+    low = count
+    while count - low < _SCAN:
+        value = conn.get_now(EVENT_KEY.format(low))
+        if value is None or round_.read.get(low) == hash(value):
+            break  # before the events posted since the counter moved
+        low -= 1
+    watch.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
+              f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
+    round_.seen = low
 
 
 def _posted_soon_after(conn: Conn, seen: int) -> bool:
