@@ -134,7 +134,9 @@ def test_a_rank_computing_silently_on_one_node_while_the_other_waits_is_no_hang(
 
 def test_a_torchrun_node_is_named_as_such_and_the_job_goes_on(job: Job, tmp_path: Path) -> None:
     flag = tmp_path / "go"
-    ours = job.start(0, *job.flags(), JW, "flag", str(flag))
+    # A job that mixes launchers keeps the view on the rendezvous store (docs/rendezvous.md:
+    # a torchrun node that gets group rank 0 hosts no diagnostics store of numarun's).
+    ours = job.start(0, *job.flags(), "--diagnostics-store", "rendezvous", JW, "flag", str(flag))
     theirs = job.start(1, *job.flags(), JW, "flag", str(flag), launcher=TORCHRUN)
     try:
         read_ready([ours, theirs], 4)
