@@ -47,6 +47,13 @@ numarun's own (made by the store thread when the round's watch begins, one post 
 connecting to the store is slow when many connections are made at once (torch's client waits 5 s
 before it tries again), so numarun connects twice per node and round, never per post.
 
+With a diagnostics store of its own (``--diagnostics-store own``,
+:mod:`numarun.rendezvous.diagstore`) the round's connections are made by a ``numarun-connect``
+thread (the view is off until then; posts wait for it), the events are on that store, and the
+look runs in a thread of its own, ``numarun-look``: torch's handler waits for its own lock,
+which its keep-alive's retries on a saturated rendezvous store hold for seconds, and the events
+go on meanwhile. The heartbeats stay on the rendezvous store, on a connection of their own.
+
 Degraded mode: a torch that cannot clone a store: calls go through torch's connection (every
 counter read before it is added to) and the thread sleeps on a local condition, reading events at
 each look. A store without torch's extended API (etcd's): digests are keys of their own.
