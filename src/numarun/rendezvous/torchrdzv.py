@@ -510,6 +510,7 @@ class ElasticNode:
             round_ = WatchedRound(self._store, self._handler, self.round.group_rank,
                                   self.round.group_world_size, lambda result: None,
                                   own_diag=self.own_diag)  # fmt: skip
+            round_.diag_why = "this node's round is not watched yet"
         store, me, watch = self._store, self.round.group_rank, self.watch
         diagnostics = self.diagnostics
 
@@ -532,6 +533,8 @@ class ElasticNode:
 
         round_.stopping = True  # this node's attempt is over: no other notice is read
         watch.post(round_, send, "this node's notice")
+        if round_.own_diag and round_.poster is None and round_.diag_why != diagstore.PENDING:
+            posted.set()  # the view is off this round (or not watched yet): nothing to wait for
         return posted
 
     def announce_and_linger(self, message: str) -> None:
