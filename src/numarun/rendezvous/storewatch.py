@@ -293,14 +293,16 @@ class StoreWatch:
         that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
         with self._cond:  # the view's store not connected: never the rendezvous's instead
-            if round_.own_diag and round_.poster is None:
-                # While it connects (a second or two at a round's start) the post waits for
-                # it (diagstore.connecting posts it then); once it gave up: one line.
-                if round_.diag_why == diagstore.PENDING and len(round_.deferred) < 64:
-                    round_.deferred.append((calls, what))
-                elif what:
-                    diagstore.say_unavailable(round_)
+            # While it connects (a second or two at a round's start) the post waits for it
+            # (diagstore.connecting posts it then); once it gave up: one line.
+            off = round_.own_diag and round_.poster is None
+            if off and round_.diag_why == diagstore.PENDING and len(round_.deferred) < 64:
+                round_.deferred.append((calls, what))
                 return
+        if off:
+            if what:
+                diagstore.say_unavailable(round_)
+            return
 
         def run() -> None:
             after = None
