@@ -203,7 +203,7 @@ class JobNotices:
         self._timers.pop(token, None)
         reply = self._asks.pop(token, None)
         if reply is not None:
-            reply({"error": f"no merged answer came back through the rendezvous store within "
+            reply({"error": f"no merged answer came back through the store within "
                             f"{ASK_LIMIT:g} s (see the launcher's warnings)"})
 
 
