@@ -91,6 +91,7 @@ NODES_KEY = "numarun/nodes"
 _SCAN = 64  # event numbers looked at around a jump
 _PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
 HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
+EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
 
 
@@ -417,7 +418,7 @@ class StoreWatch:
         next_look = next_beat = time.monotonic()
         beat = self._beat
         if round_.own_diag:  # the look (torch's handler: its lock, its store) apart
-            threading.Thread(target=self._looking, args=(round_,), name="numarun-look",
+            threading.Thread(target=_look_apart, args=(self, round_), name="numarun-look",
                              daemon=True).start()  # fmt: skip
         if beat is not None and (round_.poster is not None or round_.own_diag):
             # A thread of its own beats on the posting connection: no wake-up of this one
@@ -457,27 +458,6 @@ class StoreWatch:
                 self._sleep(round_, until)
                 continue
             self._numarun_calls(round_, self._wait_event, round_, until - now)
-
-    def _looking(self, round_: WatchedRound) -> None:
-        """With the view's store apart, the look in a thread of its own (``numarun-look``):
-        torch's handler holds its lock for seconds under load, and the events go on meanwhile.
-        What the look raises is :class:`Lost`, as in the watch."""
-        deadline = time.monotonic()
-        while True:
-            with self._cond:
-                while round_.active and (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)
-                if not round_.active:
-                    return
-            try:
-                results = list(self._look(round_))
-            except Exception as error:  # the store is gone for the rendezvous
-                self._report(round_, Lost(error))
-                return
-            for result in results:
-                self._report(round_, result)
-            self._say_trouble(round_)
-            deadline = time.monotonic() + self.interval
 
     def _wait_event(self, round_: WatchedRound, seconds: float) -> None:
         conn = round_.conn
@@ -660,6 +640,57 @@ class StoreWatch:
         self._report(round_, result)
 
 
+def _look_apart(watch: StoreWatch, round_: WatchedRound) -> None:
+    """With the view's store apart, the look in a thread of its own (``numarun-look``):
+    torch's handler holds its lock for seconds under load, and the events go on meanwhile.
+    What the look raises is :class:`Lost`, as in the watch."""
+    deadline = time.monotonic()
+    while True:
+        with watch._cond:
+            while round_.active and (left := deadline - time.monotonic()) > 0:
+                watch._cond.wait(left)
+            if not round_.active:
+                return
+        try:
+            results = list(watch._look(round_))
+        except Exception as error:  # the store is gone for the rendezvous
+            watch._report(round_, Lost(error))
+            return
+        if results and round_.conn is not None and not round_.stopping:
+            _report_after_events(watch, round_, results)
+        else:
+            for result in results:
+                watch._report(round_, result)
+        watch._say_trouble(round_)
+        deadline = time.monotonic() + watch.interval
+
+
+def _report_after_events(watch: StoreWatch, round_: WatchedRound, results: list[Result]) -> None:
+    """A look's results reported after the store thread read the events posted so far
+    (woken at once by a wake-up post): a node that posts its failure and then closes the
+    rendezvous is read as its notice, not as a bare "closed", as in the watch's own look.
+    Bounded: when the store thread has not taken them within :data:`EVENTS_FIRST` seconds
+    (the view's store frozen), this thread reports them itself."""
+    taken = threading.Lock()  # whoever holds it reports the results, once
+    reported = threading.Event()
+
+    def in_store_thread(watched: WatchedRound) -> None:
+        if not taken.acquire(blocking=False):
+            return
+        try:
+            watch._numarun_calls(watched, watch._events_at_look, watched, True)
+        finally:
+            for result in results:
+                watch._report(watched, result)
+            reported.set()
+
+    watch.queue(in_store_thread)
+    watch.post(round_, lambda conn: wake(conn, round_.me), "")
+    if not reported.wait(EVENTS_FIRST) and taken.acquire(blocking=False):
+        for result in results:
+            watch._report(round_, result)
+
+
 def _check_count(watch: StoreWatch, round_: WatchedRound) -> None:
     """The event counter against what this node read: a hole (an event counted, never
     set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
@@ -765,4 +796,3 @@ def read_count(conn: Conn, key: str, low: int, high: int) -> int | None:
     """A counter within ``[low, high]``, or None (absent, not a number, out of range)."""
     value = as_count(conn.get_now(key))
     return value if value is not None and low <= value <= high else None
-
