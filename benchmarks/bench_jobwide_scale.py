@@ -3,6 +3,7 @@
     python benchmarks/bench_jobwide_scale.py --nodes 1024 --ranks-per-node 8 [--json]
         [--pattern block|strided] [--interval 2] [--hang-timeout 10] [--faults all|none|a,b]
         [--torch traffic|off] [--per-process 64] [--limit 120] [--no-view-8192]
+        [--diagnostics-store own|rendezvous]
 
 Each stand-in (``benchmarks/jobwide_standins.py``, which says what is real and what stands in,
 each stand-in's cost measured by ``benchmarks/jobwide_costs.py``) is an :class:`ElasticNode`
@@ -140,6 +141,7 @@ class Bench:
         self.results: dict = {"nodes": args.nodes, "ranks_per_node": args.ranks_per_node,
                               "pattern": args.pattern, "interval_s": args.interval,
                               "hang_timeout_s": args.hang_timeout, "torch": args.torch,
+                              "diagnostics_store": args.diagnostics_store,
                               "cores": os.cpu_count()}  # fmt: skip
         self.temp = tempfile.TemporaryDirectory()
         # torch's client looks up the name of the address it connects to at each connection;
@@ -543,7 +545,8 @@ def run(args: argparse.Namespace) -> dict:
     options = {"ranks": args.ranks_per_node, "interval": args.interval,
                "hang_timeout": args.hang_timeout, "pattern": args.pattern,
                "keep_alive": args.keep_alive, "torch": args.torch == "traffic",
-               "latencies": _latencies(args)}  # fmt: skip
+               "latencies": _latencies(args),
+               "diagnostics_store": args.diagnostics_store}  # fmt: skip
     results = bench.results
     started = time.monotonic()
     results["load_average_start"] = os.getloadavg()
@@ -630,6 +633,10 @@ def main() -> None:
     parser.add_argument("--out", default="",
                         help="also write the results so far to this file after each stage")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--diagnostics-store", choices=("own", "rendezvous"), default="own",
+                        help="the whole-job view's keys on a store of their own, hosted by "
+                        "node 0's stand-in (the launcher's default), or on the rendezvous "
+                        "store with torch's traffic")
     args = parser.parse_args()
     if args.ranks_per_node != 8:
         parser.error("the synthetic job has 8 ranks per node")

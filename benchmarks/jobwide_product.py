@@ -14,6 +14,7 @@ from numarun.jobwide.notices import JobNotices  # noqa: F401
 from numarun.jobwide.protocol import CLAIM_KEY, COMPLETE_KEY, FRAMES_KEY  # noqa: F401
 from numarun.process.loop import Loop  # noqa: F401
 from numarun.process.spec import WorkerExit  # noqa: F401
+from numarun.rendezvous import diagstore  # noqa: F401
 from numarun.rendezvous.round import Round as NodeRound  # noqa: F401
 from numarun.rendezvous.round import WorkerPlace  # noqa: F401
 from numarun.rendezvous.storeops import Conn  # noqa: F401

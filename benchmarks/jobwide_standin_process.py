@@ -68,6 +68,7 @@ class StandInProcess:
         self.clients: dict[int, Any] = {}
         self.round = 0
         self.began: dict[str, float] = {}
+        js.count_diagnostics(self.tally)  # the diagnostics store's calls are numarun's too
 
     # --- building ---------------------------------------------------------------------------------
 
@@ -88,6 +89,7 @@ class StandInProcess:
             pattern=options["pattern"], keep_alive=options["keep_alive"], torch=torch,
             ticks=True, latency=js.latency_sampler(options.get("latencies"), index),
             hostname=f"gpu-node{index:05d}.cluster.internal",
+            diagnostics_store=options.get("diagnostics_store", "rendezvous"),
         )  # fmt: skip
         if torch is not None:
             torch.start()

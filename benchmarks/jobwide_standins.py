@@ -207,6 +207,28 @@ def connect(port: int, tally: Tally, timeout: float = 60.0) -> CountingStore:
     return CountingStore(dist.PrefixStore(PREFIX, client(port, timeout)), tally)
 
 
+def count_diagnostics(tally: Tally) -> None:
+    """From now on, in this process, the diagnostics stores' connections
+    (``--diagnostics-store own``: :mod:`numarun.rendezvous.diagstore`) are counted in ``tally``
+    too and share their node's :class:`Fate` (that of the node's rendezvous store they were
+    made for): a dead node's calls block on either store. Idempotent."""
+    real = product.diagstore.connect_round
+    if getattr(real, "counted", False):
+        return
+
+    def connect_round(rendezvous_store: Any, **kwargs: Any) -> Any:
+        made = real(rendezvous_store, **kwargs)
+        if made.store is not None:
+            fate = getattr(rendezvous_store, "fate", None)
+            made.store = CountingStore(made.store, tally, fate)
+            made.events = product.Conn.own_connection(made.store)
+            made.posts = product.Conn(made.store)
+        return made
+
+    connect_round.counted = True  # type: ignore[attr-defined]
+    product.diagstore.connect_round = connect_round
+
+
 class LoopHost:
     """One real supervisor loop for the stand-ins of a process; each callback is timed: the
     longest CPU time (``time.thread_time``) of the loop's thread spent in one, which is what a
@@ -596,6 +618,7 @@ class StandIn:
         interval: float = 2.0, hang_timeout: float = 30.0, pattern: str = "block",
         hostname: str | None = None, keep_alive: int = 60, torch: TorchTraffic | None = None,
         ticks: bool = False, latency: Callable[[], float] | None = None,
+        diagnostics_store: str = "rendezvous",
     ) -> None:  # fmt: skip
         self.host = host
         self.index = index
@@ -609,7 +632,8 @@ class StandIn:
             "--nnodes", str(nodes), "--nproc-per-node", str(ranks), "--rdzv-backend", "c10d",
             "--rdzv-endpoint", "127.0.0.1:1", "--rdzv-id", RUN_ID, "--monitor-interval",
             str(interval), "--hang-timeout", str(hang_timeout),
-            "--rdzv-conf", f"keep_alive_interval={keep_alive}", "train.py",
+            "--rdzv-conf", f"keep_alive_interval={keep_alive}",
+            "--diagnostics-store", diagnostics_store, "train.py",
         ])  # fmt: skip
         node = product.ElasticNode(config)
         node.host = hostname or f"node{index:04d}"
@@ -677,10 +701,20 @@ class StandIn:
         conn.add(product.ALIVE_KEY.format(self.index), 1)
         conn.add(product.NODES_KEY, 1)
         conn.close()
+        # Node 0 hosts the round's diagnostics store (--diagnostics-store own), by the
+        # launcher's own code. The previous round's is closed at begin(), once every process
+        # let its round go (a real round forms only once every node left the last one).
+        from types import SimpleNamespace
+
+        self.old_server, self.node._diag_server = self.node._diag_server, None
+        self.node._host_diagnostics(SimpleNamespace(rank=self.index, store=self.node._store))
 
     def begin(self) -> None:
         """Hand the round to the store thread (it connects twice: the connect storm when every
         node of a process does so at once) and start the hang watch's timer."""
+        old, self.old_server = getattr(self, "old_server", None), None
+        if old is not None:
+            old.close()
         self.node.begin_watch(self.supervisor)  # type: ignore[arg-type]
         self.view.attach(self.stacks)
         self.stacks.attach(self.supervisor)  # type: ignore[arg-type]
@@ -689,6 +723,9 @@ class StandIn:
     def connected(self) -> bool:
         """Whether the round's store thread has its connections."""
         round_ = self.node.watched_round
+        if round_ is not None and round_.own_diag and round_.conn is None:
+            # Its connect thread gave up: as connected as it will be this round.
+            return round_.diag_why not in (None, product.diagstore.PENDING)
         return round_ is not None and round_.conn is not None and (
             round_.poster is not None or not round_.conn.own
         )
@@ -766,3 +803,6 @@ class StandIn:
         self.node.unwatch()
         self.node.watch.close(self.node.watched_round or self.node._last_round, limit=0.1)
         self.stacks.close()
+        server, self.node._diag_server = self.node._diag_server, None
+        if server is not None:
+            server.close()

@@ -206,3 +206,24 @@ def round_store(job: Job) -> object:
     raise AssertionError("no numarun keys in the store")
 
 
+
+
+def view_store(job: Job) -> object:
+    """The store the job's whole-job view uses this round, as anyone who can reach its port
+    sees it: its own (``--diagnostics-store own``, the default: the address its node 0
+    published in the rendezvous store), else the round's rendezvous store."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    store = round_store(job)
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:
+        if store.check(["numarun/diagstore"]):  # type: ignore[attr-defined]
+            host, _, port = bytes(store.get("numarun/diagstore")).decode().rpartition(":")  # type: ignore[attr-defined]
+            return dist.TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                                 timeout=timedelta(seconds=30))  # fmt: skip
+        if store.check(["numarun/events"]):  # type: ignore[attr-defined]
+            return store
+        time.sleep(0.2)
+    raise AssertionError("no store of the whole-job view found")

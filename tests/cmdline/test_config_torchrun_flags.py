@@ -97,6 +97,7 @@ SAMPLES: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "preload_required": (("--preload", "torch"), ("1", "x")),
     "preload_late": (("--preload", "torch"), ("1", "x")),
     "log_line_prefix_template": ((), ("${rank}: ",)),
+    "diagnostics_store": (("--rdzv-backend", "c10d"), ("rendezvous", "own", "nope")),
 }
 
 

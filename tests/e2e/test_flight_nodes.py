@@ -20,10 +20,10 @@ from rdzv_jobs import (
     finish,
     gone,
     read_ready,
-    round_store,
     stacks,
     stacks_until,
     started_job,
+    view_store,
 )
 from torch_python import TORCH_PYTHON, require_torch
 
@@ -242,7 +242,7 @@ def test_a_forged_flight_summary_costs_its_nodes_record_and_nothing_else(
         "group 0 (default_pg): ranks 0-2 wait in all_reduce #4 ([4] float32); rank 3 is one "
         "collective behind, its last, all_reduce #3 ([4] float32), completed"
     ) in honest, honest
-    store = round_store(job)
+    store = view_store(job)  # the whole-job view's store (its own, by default)
     posts = replies_of_the_last_request(store)
     # Node 1's summary replaced by node 0's (it names ranks 0-1, not node 1's own).
     text = stacks_after_a_forged_reply(job, store, dict(posts[1], flight=posts[0]["flight"]))

@@ -32,10 +32,10 @@ from rdzv_jobs import (
     gone,
     numarun_lines,
     read_ready,
-    round_store,
     stacks,
     stacks_until,
     started_job,
+    view_store,
     with_signal,
 )
 from torch_python import TORCH_PYTHON, require_torch, torch_release
@@ -134,7 +134,9 @@ def test_a_rank_computing_silently_on_one_node_while_the_other_waits_is_no_hang(
 
 def test_a_torchrun_node_is_named_as_such_and_the_job_goes_on(job: Job, tmp_path: Path) -> None:
     flag = tmp_path / "go"
-    ours = job.start(0, *job.flags(), JW, "flag", str(flag))
+    # A job that mixes launchers keeps the view on the rendezvous store (docs/rendezvous.md:
+    # a torchrun node that gets group rank 0 hosts no diagnostics store of numarun's).
+    ours = job.start(0, *job.flags(), "--diagnostics-store", "rendezvous", JW, "flag", str(flag))
     theirs = job.start(1, *job.flags(), JW, "flag", str(flag), launcher=TORCHRUN)
     try:
         read_ready([ours, theirs], 4)
@@ -470,7 +472,7 @@ def test_every_forgery_of_the_stores_content_is_named_and_survived(job: Job) -> 
     flags = [*job.flags(), "--monitor-interval", "0.5"]
     nodes = [job.start(n, *flags, UNEVEN, "parked", "3") for n in (0, 1)]
     pids = read_ready(nodes, 4)
-    store = round_store(job)
+    store = view_store(job)  # the view's own store (anyone who reaches its port can write)
     view = (b'{"v": 2, "kind": "hang", "by": "evil", "size": 2, "answered": [[0, 2, 1]],'
             b' "missing": [], "notes": [], "idle": 1, "classes": []}')  # fmt: skip
     count = store.add("numarun/events", 1)

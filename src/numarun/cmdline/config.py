@@ -78,6 +78,7 @@ class LaunchConfig(Value):
         "duplicate_stdout_filters", "duplicate_stderr_filters", "virtual_local_rank",
         "event_log_handler", "hang_timeout", "rdzv_backend", "rdzv_endpoint", "rdzv_conf",
         "min_nodes", "max_nodes", "max_restarts", "monitor_interval", "local_addr", "warnings",
+        "diagnostics_store",
         "quiet", "preload", "preload_required", "preload_late", "log_line_prefix_template",
     )  # fmt: skip
     __slots__ = _fields
@@ -128,6 +129,7 @@ class LaunchConfig(Value):
     preload_required: bool  # --preload-required: a failed preload ends the job
     preload_late: bool  # --preload-late: the next standbys start with the workers
     log_line_prefix_template: str | None  # --log-line-prefix-template (None: the environment's)
+    diagnostics_store: str  # --diagnostics-store: "own" or "rendezvous" (the whole-job view's keys)
 
     def __init__(
         self,
@@ -178,6 +180,7 @@ class LaunchConfig(Value):
         preload_required: bool = False,
         preload_late: bool = False,
         log_line_prefix_template: str | None = None,
+        diagnostics_store: str = "rendezvous",
     ) -> None:
         fill_fields(self, locals())
 
@@ -288,6 +291,7 @@ def parse_args(
         preload_required=ns.preload_required,
         preload_late=ns.preload_late,
         log_line_prefix_template=ns.log_line_prefix_template or None,
+        diagnostics_store=_diagnostics_store(ns.diagnostics_store, nodes.backend),
     )
 
 
@@ -337,6 +341,27 @@ def _event_log_handler(ns: argparse.Namespace) -> str:
             "(--logs-specs default); log plugins are not loaded"
         )
     return event_log_handler
+
+
+DIAGNOSTICS_STORES = ("own", "rendezvous")
+_NO_TCPSTORE = ("etcd", "etcd-v2")  # rendezvous backends without a TCPStore to host one beside
+
+
+def _diagnostics_store(text: str | None, backend: str) -> str:
+    """``--diagnostics-store``: ``own`` (a TCPStore of the whole-job view's own, hosted by each
+    round's node 0: :mod:`numarun.rendezvous.diagstore`) or ``rendezvous`` (the rendezvous's
+    store, as before). Default: ``own`` under a torch backend with a TCPStore, ``rendezvous``
+    with etcd (and on the static path, which has no whole-job view)."""
+    default = "rendezvous" if backend in (*_NO_TCPSTORE, "static") else "own"
+    if text is None:
+        return default
+    value = text.strip()
+    if value not in DIAGNOSTICS_STORES:
+        raise UsageError(unknown_choice("--diagnostics-store", value, DIAGNOSTICS_STORES))
+    if value == "own" and backend in _NO_TCPSTORE:
+        raise UsageError(f"--diagnostics-store own needs a TCPStore, which --rdzv-backend "
+                         f"{backend} has not; use --diagnostics-store rendezvous")  # fmt: skip
+    return value
 
 
 def _run_id(text: str | None, backend: str) -> str:

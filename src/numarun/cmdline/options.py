@@ -151,6 +151,14 @@ _OPTIONS: tuple[_Option, ...] = (
         metavar="SECONDS",
     ),
     _Option(
+        _dual("--diagnostics-store"),
+        "where a torch rendezvous's whole-job diagnostics (numarun stacks, hang verdicts, "
+        "failure notices) keep their keys: own (default with c10d: a store hosted by the "
+        "round's node 0, away from the rendezvous's traffic) or rendezvous (the rendezvous's "
+        "store; the default with etcd)",
+        metavar="own|rendezvous",
+    ),
+    _Option(
         _dual("--local-addr"),
         "this node's address in a torch rendezvous (and MASTER_ADDR when it gets group rank "
         "0); default: its fully qualified host name, as torchrun",
@@ -477,7 +485,7 @@ _PARSER_ONLY = (
 NUMARUN_ONLY = frozenset({
     "--rank-cpus", "--mem-binding", "--binding-fallback", "--grace-period", "--hang-timeout",
     "--dry-run", "--sysfs-root", "--cpus-allowed", "--quiet", "--version", "--preload",
-    "--preload-required", "--preload-late",
+    "--preload-required", "--preload-late", "--diagnostics-store",
 })  # fmt: skip
 
 # Options that a training script hardly ever has itself: after the entry point they are the
@@ -487,7 +495,7 @@ _LAUNCHER_ONLY = (
     "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf", "--standalone",
     "--max-restarts", "--monitor-interval", "--numa-binding", "--mem-binding", "--rank-cpus",
     "--binding-fallback", "--hang-timeout", "--preload", "--preload-required",
-    "--preload-late", "--redirects", "--tee", "--local-ranks-filter",
+    "--preload-late", "--redirects", "--tee", "--local-ranks-filter", "--diagnostics-store",
     "--no-python", "--nproc_per_node", "--node_rank", "--master_addr", "--master_port",
     "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
     "--monitor_interval", "--numa_binding", "--mem_binding", "--rank_cpus",

@@ -128,7 +128,7 @@ def _still(watch: StoreWatch, round_: WatchedRound, conn: Conn, dumps: list[Raw]
         return None
 
     def judging() -> None:
-        own = Conn(round_.store)
+        own = Conn(round_.diag_store)  # the view's store (a store of its own, or the rendezvous's)
         try:
             judge(watch, round_, own, count)
         finally:

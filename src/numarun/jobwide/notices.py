@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 from numarun.jobwide import hangverdict, protocol
 from numarun.jobwide.results import Ask, Hang, Merged
+from numarun.rendezvous.diagstore import PENDING
 from numarun.rendezvous.storeops import first_line
 from numarun.rendezvous.storewatch import StoreWatch, post_event
 
@@ -171,6 +172,10 @@ class JobNotices:
         if round_ is None:
             reply({"error": "the job is between attempts; ask again"})
             return
+        off = round_.view_off()
+        if off is not None and off != PENDING:  # while it connects, the request waits for it
+            reply({"error": f"whole-job diagnostics unavailable this round: {off}"})
+            return
         token = os.urandom(6).hex()
         self._asks[token] = reply
         me, after, watch = round_.me, round_.seen, self._watch
@@ -198,7 +203,7 @@ class JobNotices:
         self._timers.pop(token, None)
         reply = self._asks.pop(token, None)
         if reply is not None:
-            reply({"error": f"no merged answer came back through the rendezvous store within "
+            reply({"error": f"no merged answer came back through the store within "
                             f"{ASK_LIMIT:g} s (see the launcher's warnings)"})
 
 

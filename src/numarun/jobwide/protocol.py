@@ -99,7 +99,11 @@ def state(round_: WatchedRound) -> JobRound:
 def nodes(watch: StoreWatch, round_: WatchedRound, conn: Conn) -> int:
     """How many numarun nodes the round has, read now (``numarun/nodes``, within 1 and the
     group's size; else named, and the group's size). Never cached: a node of the round may
-    register after another read it."""
+    register after another read it. With a diagnostics store of its own (``round_.own_diag``):
+    the round's size, as the rendezvous's result gives it (``numarun/nodes`` is on the
+    rendezvous store, which the view does not load: docs/protocol.md)."""
+    if round_.own_diag:
+        return round_.size
     try:
         count = conn.count(NODES_KEY)
     except Forged as forged:
@@ -211,6 +215,8 @@ def missing_nodes(
     assert conn is not None
     missing = [node for node in range(round_.size) if node not in answered]
     checked = missing[:_MISSING_CHECKED]
+    if round_.own_diag:  # the beats are the rendezvous store's (its health connection)
+        conn = round_.health_conn() or conn
     beats = conn.get_many([ALIVE_KEY.format(node) for node in checked], 0.0)  # a few requests
     torchrun = [node for node, beat in zip(checked, beats, strict=True)
                 if not (as_count(beat) or 0) > 0]  # fmt: skip

@@ -10,6 +10,7 @@ view (``numarun.jobwide``) plugs into it and never decides.
 - ``torchcompat``: torch's names that torch does not promise, checked before use.
 - ``round``: ``Round``, ``WorkerPlace``: what a round gives this node's workers.
 - ``storeops``: ``Conn``, numarun's own connection per round; ``Forged``; ``run_blocking``.
+- ``diagstore``: the whole-job view's store of its own per round (``--diagnostics-store own``).
 - ``storewatch``: ``StoreWatch``, the ``numarun-store`` thread; ``WatchedRound``; the round's
   numbered events (``post_event``).
 - ``storeresults``: ``Change``, ``Lost``, ``Notice``: what the thread reports to the loop.

@@ -97,8 +97,9 @@ class ExitBarrier:
         beat stopped), or None; never once every node arrived in the barrier (the closer, or
         the silent one, then finished well)."""
         is_closed = self.apart and closed()
-        assert round_.conn is not None
-        if not (is_closed or silent is not None) or barrier_passed(round_.conn):
+        conn = round_.health_conn()  # torch's barrier keys: the rendezvous store's
+        assert conn is not None
+        if not (is_closed or silent is not None) or barrier_passed(conn):
             return None
         return "closed" if is_closed else silent
 

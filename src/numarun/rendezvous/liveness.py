@@ -139,8 +139,9 @@ class Heartbeats:
         if self._watched is None:
             return None
         now = time.monotonic()
-        assert round_.conn is not None
-        beat = read_count(round_.conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
+        conn = round_.health_conn()  # the rendezvous store's, whichever store the view uses
+        assert conn is not None
+        beat = read_count(conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
         if beat is None:  # not a number: not the neighbour's, and no sign it is gone
             beat = self._watched_beat + 1
         if beat != self._watched_beat:

@@ -78,6 +78,14 @@ class Conn:
         self.extended = False
         self._connect(clone)
 
+    @classmethod
+    def own_connection(cls, store: Any) -> Conn:
+        """A :class:`Conn` on ``store``, a connection numarun made itself (the diagnostics
+        store's client): used as is, as a clone would be; :meth:`reconnect` clones it."""
+        conn = cls(store, clone=False)
+        conn.own = True
+        return conn
+
     def _connect(self, clone: bool = True) -> None:
         store = None
         if clone and hasattr(self.base, "clone"):

@@ -26,7 +26,7 @@ like any value read from the store: an event counted but not set within :data:`H
 poster died between its two calls) is skipped, so a hole costs at most a look interval and that;
 one that is not a number is named and set back to the last event there, one that jumped is named
 and the events after the jump are read, one that went back is named and followed
-(:meth:`StoreWatch._check_count`). Once the round is over for this node (the first ``stop``
+(:func:`_check_count`). Once the round is over for this node (the first ``stop``
 notice read, or its own posted: :attr:`WatchedRound.stopping`) no event is read any more. An
 event key is never deleted while another node may not have read it: its poster deletes it once
 the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
@@ -47,6 +47,13 @@ numarun's own (made by the store thread when the round's watch begins, one post 
 connecting to the store is slow when many connections are made at once (torch's client waits 5 s
 before it tries again), so numarun connects twice per node and round, never per post.
 
+With a diagnostics store of its own (``--diagnostics-store own``,
+:mod:`numarun.rendezvous.diagstore`) the round's connections are made by a ``numarun-connect``
+thread (the view is off until then; posts wait for it), the events are on that store, and the
+look runs in a thread of its own, ``numarun-look``: torch's handler waits for its own lock,
+which its keep-alive's retries on a saturated rendezvous store hold for seconds, and the events
+go on meanwhile. The heartbeats stay on the rendezvous store, on a connection of their own.
+
 Degraded mode: a torch that cannot clone a store: calls go through torch's connection (every
 counter read before it is added to) and the thread sleeps on a local condition, reading events at
 each look. A store without torch's extended API (etcd's): digests are keys of their own.
@@ -63,6 +70,7 @@ import threading
 import time
 
 from numarun.process import forkexec
+from numarun.rendezvous import diagstore
 from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line
 from numarun.rendezvous.storeresults import Lost
 
@@ -83,6 +91,7 @@ NODES_KEY = "numarun/nodes"
 _SCAN = 64  # event numbers looked at around a jump
 _PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
 HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
+EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
 
 
@@ -95,7 +104,7 @@ class WatchedRound:
 
     def __init__(
         self, store: Any, handler: Any, me: int, size: int, on_result: Callable[[Result], None],
-        *, world: int = 1 << 22, host: str = "", pid: int = 0,
+        *, world: int = 1 << 22, host: str = "", pid: int = 0, own_diag: bool = False,
     ) -> None:  # fmt: skip
         self.store = store
         self.handler = handler
@@ -120,6 +129,34 @@ class WatchedRound:
         self.trouble: tuple[str, BaseException] | None = None  # said once a look succeeded
         self.timers: list[tuple[float, int, Callable[[WatchedRound], None]]] = []
         self.job: Any = None
+        # --diagnostics-store own (numarun.rendezvous.diagstore): the whole-job view's keys
+        # (events, notices, requests, hang marks, frames) on a store of their own, connected by
+        # the numarun-connect thread; ``conn`` and ``poster`` are its connections then, and the
+        # rendezvous's health (heartbeats, the exit barrier) goes through ``health``.
+        self.own_diag = own_diag
+        self.diag_store: Any = None if own_diag else store  # where the view's keys are
+        self.diag_why: str | None = diagstore.PENDING if own_diag else None
+        self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
+        self._torch_conn: Conn | None = None
+        self.deferred: list[tuple[Callable[[Conn], object], str]] = []  # posts while connecting
+
+    def view_off(self) -> str | None:
+        """Why the whole-job view is off on this node now (its store not connected, or never
+        this round), or None when it is on."""
+        return self.diag_why if self.own_diag and self.conn is None else None
+
+    def health_conn(self) -> Conn | None:
+        """The connection for the rendezvous's own health keys (the neighbour's beat, the exit
+        barrier's): the round's connection where the view shares the rendezvous store; with a
+        diagnostics store of its own, the heartbeat's own connection to the rendezvous store
+        once made, torch's connection until then."""
+        if not self.own_diag:
+            return self.conn
+        if self.health is not None:
+            return self.health
+        if self._torch_conn is None:
+            self._torch_conn = Conn(self.store, clone=False)
+        return self._torch_conn
 
 
 class StoreWatch:
@@ -149,6 +186,7 @@ class StoreWatch:
         self._on_event = on_event
         self._beat = beat  # (seconds, call): this node's heartbeat, on its own cadence
         self._cond = threading.Condition()
+        self.lock = self._cond  # under it a connecting round's posts are deferred (diagstore)
         self._round: WatchedRound | None = None
         self._results: collections.deque[tuple[WatchedRound, Result]] = collections.deque()
         self._work: collections.deque[Callable[[WatchedRound], None]] = collections.deque()
@@ -255,11 +293,25 @@ class StoreWatch:
         posted (:meth:`unavailable`; nothing when ``what`` is empty): a store that is gone, or
         that refuses numarun's keys, is the rendezvous's to judge (its look), never a post's."""
 
+        with self._cond:  # the view's store not connected: never the rendezvous's instead
+            # While it connects (a second or two at a round's start) the post waits for it
+            # (diagstore.connecting posts it then); once it gave up: one line.
+            off = round_.own_diag and round_.poster is None
+            if off and round_.diag_why == diagstore.PENDING and len(round_.deferred) < 64:
+                round_.deferred.append((calls, what))
+                return
+        if off:
+            if what:
+                diagstore.say_unavailable(round_)
+            return
+
         def run() -> None:
             after = None
             with round_.post_lock:
                 conn = round_.poster
                 fresh = conn is None
+                if fresh and round_.own_diag:  # its store let go meanwhile: nothing posted
+                    return
                 try:
                     if conn is None:
                         conn = Conn(round_.store, clone=False)
@@ -346,6 +398,9 @@ class StoreWatch:
             while round_.local:
                 conn.delete(round_.local.pop())
             conn.close()
+        if round_.own_diag:
+            round_.diag_why = "the round's watch ended"
+            round_.health = None
 
     def _watch(self, round_: WatchedRound) -> None:
         """The round's watch. Only what the look raises leaves it (the rendezvous's own
@@ -353,12 +408,19 @@ class StoreWatch:
         that fails (the event wait, an event read, the counter) is one line, said once a look
         succeeded (the rendezvous is fine: only numarun's keys are unavailable), and the
         events wait until the next look."""
-        round_.conn = conn = Conn(round_.store)
-        if conn.own:
-            round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
+        if round_.own_diag:  # connected by a thread of its own; the view off until then
+            threading.Thread(target=diagstore.connecting, args=(self, round_),
+                             name="numarun-connect", daemon=True).start()  # fmt: skip
+        else:
+            round_.conn = conn = Conn(round_.store)
+            if conn.own:
+                round_.poster = Conn(round_.store)  # a clone's failure: torch's connection
         next_look = next_beat = time.monotonic()
         beat = self._beat
-        if beat is not None and round_.poster is not None:
+        if round_.own_diag:  # the look (torch's handler: its lock, its store) apart
+            threading.Thread(target=_look_apart, args=(self, round_), name="numarun-look",
+                             daemon=True).start()  # fmt: skip
+        if beat is not None and (round_.poster is not None or round_.own_diag):
             # A thread of its own beats on the posting connection: no wake-up of this one
             # (a timed-out store wait costs this thread ten times a beat).
             threading.Thread(target=self._beating, args=(round_, *beat), name="numarun-beat",
@@ -368,13 +430,18 @@ class StoreWatch:
             self._run_work(round_)
             now = time.monotonic()
             if beat is not None and now >= next_beat:
-                self.tolerant(round_, "this node's heartbeat", beat[1], round_, conn)
+                self.tolerant(round_, "this node's heartbeat", beat[1], round_, round_.conn)
                 next_beat = time.monotonic() + beat[0]
             wake = min(next_look, next_beat) if beat is not None else next_look
+            if now >= next_look and round_.own_diag:  # the look is numarun-look's
+                if not round_.stopping and round_.conn is not None:
+                    self._numarun_calls(round_, self._events_at_look, round_, False)
+                next_look = time.monotonic() + self.interval
+                continue
             if now >= next_look:
                 results = list(self._look(round_))
                 round_.events_down = False
-                if not round_.stopping:
+                if not round_.stopping and round_.conn is not None:
                     # Events are also read before a look's results are reported: a node that
                     # posts its failure and then closes the rendezvous (its last restart
                     # failed) is read as its notice, not as a bare "closed" (torch 2.4's
@@ -386,7 +453,8 @@ class StoreWatch:
                 next_look = time.monotonic() + self.interval
                 continue
             until = min(wake, self._next_due(round_))
-            if round_.stopping or round_.events_down or not conn.own:
+            conn = round_.conn
+            if conn is None or round_.stopping or round_.events_down or not conn.own:
                 self._sleep(round_, until)
                 continue
             self._numarun_calls(round_, self._wait_event, round_, until - now)
@@ -407,7 +475,7 @@ class StoreWatch:
             self._take_events(round_)
         # Every look: an event whose poster died between its two calls (a hole) costs at most
         # a look interval and HOLE_GRACE; a counter moved by another client is named.
-        self._check_count(round_)
+        _check_count(self, round_)
 
     def _numarun_calls(self, round_: WatchedRound, call: Callable[..., None],
                        *args: object) -> None:  # fmt: skip
@@ -449,11 +517,16 @@ class StoreWatch:
             with self._cond:
                 if not round_.active:
                     return
-            with round_.post_lock:
-                conn = round_.poster
-                if conn is None or not round_.active:
-                    return
-                self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+            if round_.own_diag:  # the rendezvous store, never the diagnostics store's turns
+                conn = round_.health_conn()
+                if conn is not None:
+                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+            else:
+                with round_.post_lock:
+                    conn = round_.poster
+                    if conn is None or not round_.active:
+                        return
+                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
             deadline = time.monotonic() + interval
             with self._cond:  # woken early by anything that notifies: waits on to the beat
                 while round_.active and (left := deadline - time.monotonic()) > 0:
@@ -527,43 +600,6 @@ class StoreWatch:
             round_.read.pop(next(iter(round_.read)))
         self._event(round_, round_.seen, value)
 
-    def _check_count(self, round_: WatchedRound) -> None:
-        """The event counter against what this node read: a hole (an event counted, never
-        set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
-        counter that is not a number, or that another client moved (by more than a few
-        events, or back), named, and the events posted since read (module docstring)."""
-        conn = round_.conn
-        assert conn is not None
-        try:
-            count = conn.count(EVENTS_KEY)
-        except Forged as forged:
-            self.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
-            return
-        seen = round_.seen
-        if count == seen:
-            return
-        # Events posted after holes are holes, however many: at a thousand nodes a failure
-        # cascade posts hundreds of notices while a few posters are between their two calls.
-        if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
-            if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
-                return  # its poster was between its two calls: read by the next wait
-            last = min(count, seen + _PROBES)
-            for number in range(seen + 2, last + 1):
-                if conn.has(EVENT_KEY.format(number)):
-                    round_.seen = number - 1
-                    return
-            round_.seen = last  # holes, all of them: the next look goes on from there
-            return
-        low = count
-        while count - low < _SCAN:
-            value = conn.get_now(EVENT_KEY.format(low))
-            if value is None or round_.read.get(low) == hash(value):
-                break  # before the events posted since the counter moved
-            low -= 1
-        self.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
-                  f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
-        round_.seen = low
-
     def _event(self, round_: WatchedRound, number: int, value: bytes) -> None:
         if self._on_event is not None:
             self.guarded(round_, f"event {number}", self._on_event, round_, number, value)
@@ -602,6 +638,95 @@ class StoreWatch:
     def report(self, round_: WatchedRound, result: Result) -> None:
         """``result`` for the loop (or, detached, for :meth:`take_delivered`)."""
         self._report(round_, result)
+
+
+def _look_apart(watch: StoreWatch, round_: WatchedRound) -> None:
+    """With the view's store apart, the look in a thread of its own (``numarun-look``):
+    torch's handler holds its lock for seconds under load, and the events go on meanwhile.
+    What the look raises is :class:`Lost`, as in the watch."""
+    deadline = time.monotonic()
+    while True:
+        with watch._cond:
+            while round_.active and (left := deadline - time.monotonic()) > 0:
+                watch._cond.wait(left)
+            if not round_.active:
+                return
+        try:
+            results = list(watch._look(round_))
+        except Exception as error:  # the store is gone for the rendezvous
+            watch._report(round_, Lost(error))
+            return
+        if results and round_.conn is not None and not round_.stopping:
+            _report_after_events(watch, round_, results)
+        else:
+            for result in results:
+                watch._report(round_, result)
+        watch._say_trouble(round_)
+        deadline = time.monotonic() + watch.interval
+
+
+def _report_after_events(watch: StoreWatch, round_: WatchedRound, results: list[Result]) -> None:
+    """A look's results reported after the store thread read the events posted so far
+    (woken at once by a wake-up post): a node that posts its failure and then closes the
+    rendezvous is read as its notice, not as a bare "closed", as in the watch's own look.
+    Bounded: when the store thread has not taken them within :data:`EVENTS_FIRST` seconds
+    (the view's store frozen), this thread reports them itself."""
+    taken = threading.Lock()  # whoever holds it reports the results, once
+    reported = threading.Event()
+
+    def in_store_thread(watched: WatchedRound) -> None:
+        if not taken.acquire(blocking=False):
+            return
+        try:
+            watch._numarun_calls(watched, watch._events_at_look, watched, True)
+        finally:
+            for result in results:
+                watch._report(watched, result)
+            reported.set()
+
+    watch.queue(in_store_thread)
+    watch.post(round_, lambda conn: wake(conn, round_.me), "")
+    if not reported.wait(EVENTS_FIRST) and taken.acquire(blocking=False):
+        for result in results:
+            watch._report(round_, result)
+
+
+def _check_count(watch: StoreWatch, round_: WatchedRound) -> None:
+    """The event counter against what this node read: a hole (an event counted, never
+    set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
+    counter that is not a number, or that another client moved (by more than a few
+    events, or back), named, and the events posted since read (module docstring)."""
+    conn = round_.conn
+    assert conn is not None
+    try:
+        count = conn.count(EVENTS_KEY)
+    except Forged as forged:
+        watch.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
+        return
+    seen = round_.seen
+    if count == seen:
+        return
+    # Events posted after holes are holes, however many: at a thousand nodes a failure
+    # cascade posts hundreds of notices while a few posters are between their two calls.
+    if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
+        if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
+            return  # its poster was between its two calls: read by the next wait
+        last = min(count, seen + _PROBES)
+        for number in range(seen + 2, last + 1):
+            if conn.has(EVENT_KEY.format(number)):
+                round_.seen = number - 1
+                return
+        round_.seen = last  # holes, all of them: the next look goes on from there
+        return
+    low = count
+    while count - low < _SCAN:
+        value = conn.get_now(EVENT_KEY.format(low))
+        if value is None or round_.read.get(low) == hash(value):
+            break  # before the events posted since the counter moved
+        low -= 1
+    watch.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
+              f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
+    round_.seen = low
 
 
 def _posted_soon_after(conn: Conn, seen: int) -> bool:
@@ -650,7 +775,8 @@ def _last_event(conn: Conn, after: int) -> int:
 def post_notice(round_: WatchedRound, body: bytes) -> None:
     """Post this node's ``stop`` notice (``body``: its line) on the round's connection, for the
     other nodes to read; deleted once the next round formed."""
-    assert round_.conn is not None
+    if round_.conn is None:  # the view's store is not connected: no notice (the view is off)
+        return
     key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
     if key is not None:
         round_.shared.append(key)
@@ -670,4 +796,3 @@ def read_count(conn: Conn, key: str, low: int, high: int) -> int | None:
     """A counter within ``[low, high]``, or None (absent, not a number, out of range)."""
     value = as_count(conn.get_now(key))
     return value if value is not None and low <= value <= high else None
-

@@ -47,7 +47,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from numarun.errors import NumarunError, UsageError
-from numarun.rendezvous import storewatch, torchcompat
+from numarun.rendezvous import diagstore, storewatch, torchcompat
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
 from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
 from numarun.rendezvous.round import Round, WorkerPlace
@@ -173,6 +173,9 @@ class ElasticNode:
         self._posted: list[tuple[Any, str]] = []
         self._ended: list[WatchedRound] = []
         self._barrier: ExitBarrier | None = None  # while this node waits in it
+        # --diagnostics-store own: the view's store, hosted by group rank 0 (diagstore.host_round)
+        self.own_diag = getattr(config, "diagnostics_store", "rendezvous") == "own"
+        self._diag_server: Any = None
         self.ended_elsewhere: str | None = None  # why the job ended on another node (finish)
         self.watched_round: WatchedRound | None = None  # the round the thread watches now
         self._last_round: WatchedRound | None = None
@@ -221,7 +224,7 @@ class ElasticNode:
         except (ValueError, TypeError) as error:
             raise UsageError(f"{self.where}: {first_line(error)}") from None
         except Exception as error:
-            raise RendezvousFailed(self._failure_text(error)) from None
+            raise RendezvousFailed(_failure_text(self, error)) from None
         waiting.handler = self._handler
 
     def next_round(self) -> Round:
@@ -237,9 +240,12 @@ class ElasticNode:
 
             from torch.distributed.elastic.agent.server.api import SimpleElasticAgent
 
-            if last_watched is not None:  # its thread may sleep in the old round's store
+            if last_watched is not None and last_watched.diag_store is not None:
+                # Its thread may sleep in the old round's store (the view's: with a store of
+                # its own, that store is served until the next round formed).
                 with contextlib.suppress(Exception):
-                    conn = Conn(last_watched.store, clone=False)
+                    # (a store of its own: a connection of its own, the thread's is busy)
+                    conn = Conn(last_watched.diag_store, clone=last_watched.own_diag)
                     storewatch.wake(conn, last_watched.me)
                     conn.close()
             lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
@@ -258,6 +264,7 @@ class ElasticNode:
             spec = SimpleNamespace(role=config.role, local_world_size=config.nproc_per_node)
             workers = torchcompat.assign_ranks(SimpleElasticAgent, info, spec)
             register(info.store, info.rank)
+            self._host_diagnostics(info)
             return info, store_info, workers
 
         self.waiting.begin(JOINING)
@@ -273,7 +280,7 @@ class ElasticNode:
                     f"numarun: {self.where} closed while this node waited as a spare "
                     "(every place was taken); nothing to run"
                 ) from None
-            raise RendezvousFailed(self._failure_text(error)) from None
+            raise RendezvousFailed(_failure_text(self, error)) from None
         self.waiting.end()
         self._store = info.store
         master_addr, master_port, shared = store_info
@@ -296,27 +303,10 @@ class ElasticNode:
         self.heartbeats.watch_neighbour(info.rank, info.world_size, self._round_started)
         return self.round
 
-    def _failure_text(self, error: BaseException) -> str:
-        name = type(error).__name__
-        cause = root_cause(error)
-        conf = dict(self.config.rdzv_conf)
-        if name == "RendezvousTimeoutError":
-            join = conf.get("join_timeout", "600")
-            return (
-                f"{self.where} did not complete within join_timeout={join} s: fewer than "
-                f"{self.config.min_nodes} node(s) joined"
-            )
-        if name == "RendezvousClosedError":
-            return f"{self.where} was closed by another node" + _because(self.last_notice)
-        if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
-            if self.last_notice:
-                # The node that posted it ended, and its store with it (it hosted it).
-                return (
-                    f"{self.where} went away after another node ended"
-                    f"{_because(self.last_notice)}: {first_line(cause)}"
-                )
-            return f"cannot reach the {self.where}: {first_line(cause)}"
-        return f"{self.where}: {name}: {first_line(cause)}"
+    def _host_diagnostics(self, info: Any) -> None:
+        """Once a round formed: :func:`numarun.rendezvous.diagstore.host_round`."""
+        self._diag_server = diagstore.host_round(self._diag_server, info, self.own_diag,
+                                                 self.config.rdzv_endpoint)  # fmt: skip
 
     # --- while workers run ---------------------------------------------------------------------
 
@@ -329,7 +319,7 @@ class ElasticNode:
         round_ = WatchedRound(
             self._store, self._handler, self.round.group_rank, self.round.group_world_size,
             self._on_result, world=workers[0].world_size if workers else 1 << 22,
-            host=self.host,
+            host=self.host, own_diag=self.own_diag,
         )  # fmt: skip
         self.watched_round = round_
         self.watch.begin(supervisor, round_)
@@ -518,7 +508,9 @@ class ElasticNode:
         round_ = self.watched_round or self._last_round
         if round_ is None:  # not watched yet: the round's store all the same
             round_ = WatchedRound(self._store, self._handler, self.round.group_rank,
-                                  self.round.group_world_size, lambda result: None)  # fmt: skip
+                                  self.round.group_world_size, lambda result: None,
+                                  own_diag=self.own_diag)  # fmt: skip
+            round_.diag_why = "this node's round is not watched yet"
         store, me, watch = self._store, self.round.group_rank, self.watch
         diagnostics = self.diagnostics
 
@@ -534,13 +526,15 @@ class ElasticNode:
                     except Exception as error:
                         noted(f"this node's notice goes without its ranks ({first_line(error)})")
                 key = post_event(conn, f"stop {me}", body, after=round_.seen, note=noted)
-                if key is not None:
+                if key is not None and not round_.own_diag:  # its own store goes with the round
                     self._posted.append((store, key))
             finally:
                 posted.set()
 
         round_.stopping = True  # this node's attempt is over: no other notice is read
         watch.post(round_, send, "this node's notice")
+        if round_.own_diag and round_.poster is None and round_.diag_why != diagstore.PENDING:
+            posted.set()  # the view is off this round (or not watched yet): nothing to wait for
         return posted
 
     def announce_and_linger(self, message: str) -> None:
@@ -552,7 +546,8 @@ class ElasticNode:
         """Delete what this node posted for the others in rounds every node has left (store
         calls: not from the loop)."""
         for ended in self._ended:
-            self._posted += [(ended.store, key) for key in ended.shared]
+            if not ended.own_diag:  # a store of its own goes with its round: nothing to delete
+                self._posted += [(ended.store, key) for key in ended.shared]
             ended.shared = []
         self._ended.clear()
         while self._posted:
@@ -625,6 +620,33 @@ class ElasticNode:
         if self._posted or self._ended:
             with contextlib.suppress(Exception):
                 run_blocking(self._delete_posted, limit=0.5)
+        server, self._diag_server = self._diag_server, None
+        if server is not None:  # the last: the others' watch of the round has ended too
+            server.close()
+
+
+def _failure_text(node: ElasticNode, error: BaseException) -> str:
+    """Why the rendezvous could not form or went away, in one line."""
+    name = type(error).__name__
+    cause = root_cause(error)
+    conf = dict(node.config.rdzv_conf)
+    if name == "RendezvousTimeoutError":
+        join = conf.get("join_timeout", "600")
+        return (
+            f"{node.where} did not complete within join_timeout={join} s: fewer than "
+            f"{node.config.min_nodes} node(s) joined"
+        )
+    if name == "RendezvousClosedError":
+        return f"{node.where} was closed by another node" + _because(node.last_notice)
+    if name == "RendezvousConnectionError" or "Network" in type(cause).__name__:
+        if node.last_notice:
+            # The node that posted it ended, and its store with it (it hosted it).
+            return (
+                f"{node.where} went away after another node ended"
+                f"{_because(node.last_notice)}: {first_line(cause)}"
+            )
+        return f"cannot reach the {node.where}: {first_line(cause)}"
+    return f"{node.where}: {name}: {first_line(cause)}"
 
 
 def _because(notice: str | None) -> str:

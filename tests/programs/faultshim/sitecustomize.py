@@ -15,6 +15,8 @@ them, is untouched.
 * ``kill-judge``: the launcher SIGKILLs itself the moment its still count says every node is
   still, before it judges (the merging node dies after its count completed).
 * ``late-register=SECONDS``: the node says it is a numarun node SECONDS after the round formed.
+* ``diag-refused``: the node that hosts the round's diagnostics store publishes the address of a
+  port nobody listens on (``--diagnostics-store own``): every node's connection is refused.
 """
 
 from __future__ import annotations
@@ -143,7 +145,22 @@ def _patch_torchrdzv(module: object) -> None:
     storeops.Conn.add = add
 
 
+def _patch_diagstore(module: object) -> None:
+    if "diag-refused" not in _FAULTS:
+        return
+    import socket
+
+    def publish(self: object, store: object) -> None:
+        with socket.socket() as sock:  # bound, then closed: refused
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        store.set(module.ADDRESS_KEY, f"127.0.0.1:{port}".encode())  # type: ignore[attr-defined]
+
+    module.DiagServer.publish = publish  # type: ignore[attr-defined]
+
+
 _PATCHES = {
+    "numarun.rendezvous.diagstore": _patch_diagstore,
     "numarun.rendezvous.storeops": _patch_storeops,
     "numarun.rendezvous.torchrdzv": _patch_torchrdzv,
     "numarun.jobwide.notices": _patch_notices,

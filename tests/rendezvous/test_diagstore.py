@@ -1,0 +1,224 @@
+"""The diagnostics store of its own (``numarun.rendezvous.diagstore``), on real TCPStores on
+loopback: the address published and read, checked as untrusted, a refused connection final, a
+bounded wait for an address that never comes, the server closed at the next round, a connect
+storm, and the whole-job view off (never on the rendezvous store) until it is connected."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from datetime import timedelta
+from types import SimpleNamespace
+
+import pytest
+
+dist = pytest.importorskip("torch.distributed")
+
+from numarun.rendezvous import diagstore  # noqa: E402
+from numarun.rendezvous.storeops import Conn  # noqa: E402
+from numarun.rendezvous.storewatch import StoreWatch, WatchedRound  # noqa: E402
+
+LIMIT = 60.0  # seconds anything here may take on a loaded machine (it takes milliseconds)
+PREFIX = "torch.rendezvous.test.0/"
+
+
+@pytest.fixture
+def rendezvous() -> object:
+    """A rendezvous store as torch's handler gives it: a TCPStore under the round's prefix."""
+    server = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                           timeout=timedelta(seconds=LIMIT))  # fmt: skip
+    client = dist.TCPStore("127.0.0.1", server.port, is_master=False, wait_for_workers=False,
+                           timeout=timedelta(seconds=LIMIT))  # fmt: skip
+    yield dist.PrefixStore(PREFIX, client)
+    del server  # served until the test is over
+
+
+def closed_port() -> int:
+    """A loopback port nobody listens on (bound, then closed: refused)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def host(rendezvous: object) -> diagstore.DiagServer:
+    server = diagstore.host_round(None, SimpleNamespace(rank=0, store=rendezvous), True,
+                                  "127.0.0.1:29400")  # fmt: skip
+    assert server is not None
+    return server
+
+
+def test_the_address_is_published_read_and_served(rendezvous: object) -> None:
+    server = host(rendezvous)
+    published = bytes(rendezvous.get(diagstore.ADDRESS_KEY))  # type: ignore[attr-defined]
+    assert published == server.address.encode()
+    assert published.startswith(b"127.0.0.1:")  # the interface that reaches the endpoint
+    made = diagstore.connect_round(rendezvous, spread=0.0)
+    assert made.why is None
+    assert made.health is not None and made.health.own  # the heartbeat's own connection
+    assert made.events is not None and made.posts is not None
+    made.posts.set("numarun/x", b"1")
+    assert made.events.get_now("numarun/x") == b"1"
+    # Not on the rendezvous store: the view's keys stay off it.
+    assert not rendezvous.check(["numarun/x"])  # type: ignore[attr-defined]
+    server.close()
+
+
+def test_a_refused_connection_is_final_and_one_line(
+    rendezvous: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    port = closed_port()
+    rendezvous.set(diagstore.ADDRESS_KEY, f"127.0.0.1:{port}")  # type: ignore[attr-defined]
+    start = time.monotonic()
+    made = diagstore.connect_round(rendezvous, spread=0.0, window=LIMIT)
+    assert time.monotonic() - start < LIMIT / 2  # final: not retried for the window
+    assert made.events is None and made.why is not None
+    assert "refused" in made.why
+    round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
+    round_.diag_why = made.why
+    diagstore.say_unavailable(round_)
+    diagstore.say_unavailable(round_)
+    lines = capsys.readouterr().err.splitlines()
+    assert lines == [f"numarun: whole-job diagnostics unavailable this round: {made.why}; "
+                     "training goes on"]  # fmt: skip
+
+
+def test_an_address_that_never_comes_is_waited_for_a_bounded_time(rendezvous: object) -> None:
+    start = time.monotonic()
+    made = diagstore.connect_round(rendezvous, spread=0.0, address_wait=0.5)
+    took = time.monotonic() - start
+    assert made.events is None
+    assert made.why == f"its address ({diagstore.ADDRESS_KEY}) was not published within 0.5 s"
+    assert 0.5 <= took < LIMIT / 2
+    assert made.health is not None  # the heartbeat's connection is made all the same
+
+
+def test_the_server_is_served_until_the_next_round_formed(rendezvous: object) -> None:
+    server = host(rendezvous)
+    made = diagstore.connect_round(rendezvous, spread=0.0)
+    assert made.events is not None
+    made.posts.set("numarun/late", b"read")  # type: ignore[union-attr]
+    hostname, port = diagstore.parse_address(server.address.encode())
+    # The next round formed elsewhere (this node is not its group rank 0): the old one closes.
+    assert diagstore.host_round(server, SimpleNamespace(rank=1, store=rendezvous), True,
+                                "127.0.0.1:29400") is None  # fmt: skip
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((hostname, port), timeout=1.0).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail("the old round's server still accepts connections")
+    with pytest.raises(diagstore.Unavailable, match="refused"):
+        diagstore.connect(hostname, port, spread=0.0, window=LIMIT)
+
+
+def test_posts_made_while_connecting_are_posted_once_connected(rendezvous: object) -> None:
+    server = host(rendezvous)
+    watch = StoreWatch(0.2, lambda round_: [])
+    round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
+    posted = threading.Event()
+    watch.post(round_, lambda conn: (conn.set("numarun/early", b"1"), posted.set()), "a post")
+    assert not posted.is_set()
+    diagstore.connecting(watch, round_)  # its connections handed over through the queue
+    with watch.lock:
+        work = list(watch._work)
+        watch._work.clear()
+    for queued in work:
+        queued(round_)
+    assert posted.wait(LIMIT)
+    assert round_.conn is not None and round_.conn.get_now("numarun/early") == b"1"
+    assert not rendezvous.check(["numarun/early"])  # type: ignore[attr-defined]
+    watch.close()
+    server.close()
+
+
+def test_a_connect_storm_all_connect(rendezvous: object) -> None:
+    server = host(rendezvous)
+    count = 48
+    results: list[diagstore.Connected] = []
+    lock = threading.Lock()
+
+    def node() -> None:
+        made = diagstore.connect_round(rendezvous, spread=1.0)
+        with lock:
+            results.append(made)
+
+    threads = [threading.Thread(target=node) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(LIMIT * 2)
+    assert len(results) == count
+    assert [made.why for made in results if made.why] == []
+    for made in results:
+        made.posts.add("numarun/count", 1)  # type: ignore[union-attr]
+    assert results[0].events.count("numarun/count") == count  # type: ignore[union-attr]
+    server.close()
+
+
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        (b"999.1.1.1:80", "not HOST:PORT"),
+        (b"node7:0", "port 0, not from 1 to 65535"),
+        (b"node7:99999", "port 99999"),
+        ("n\u00f6de7:80".encode(), "non-ASCII"),
+        (b"x" * 100_000 + b":80", "100003 bytes"),
+        (b"node7", "not HOST:PORT"),
+        (b"[zz::g]:80", "not HOST:PORT"),
+        (b"a..b:80", "not HOST:PORT"),
+        (b"-node:80", "not HOST:PORT"),
+        (b"node 7:80", "not HOST:PORT"),
+        (b"node7:\x00", "not HOST:PORT"),
+    ],
+)
+def test_a_forged_address_is_one_line_and_no_connection_attempt(
+    rendezvous: object, monkeypatch: pytest.MonkeyPatch, value: bytes, why: str
+) -> None:
+    tried: list[object] = []
+    monkeypatch.setattr(diagstore, "connect", lambda *args, **kwargs: tried.append(args))
+    rendezvous.set(diagstore.ADDRESS_KEY, value)  # type: ignore[attr-defined]
+    made = diagstore.connect_round(rendezvous, spread=0.0)
+    assert tried == []
+    assert made.events is None and made.why is not None
+    assert why in made.why
+    assert len(made.why) < 200 and made.why.isprintable()  # one bounded line
+
+
+def test_good_addresses_are_read() -> None:
+    assert diagstore.parse_address(b"10.0.0.7:29500") == ("10.0.0.7", 29500)
+    assert diagstore.parse_address(b"[::1]:1") == ("::1", 1)
+    assert diagstore.parse_address(b"gpu-node00007.cluster.internal:65535") == (
+        "gpu-node00007.cluster.internal", 65535)  # fmt: skip
+    assert diagstore.format_address("::1", 5) == "[::1]:5"
+    assert diagstore.endpoint_host("[::1]:29400") == "::1"
+    assert diagstore.endpoint_host("head:29400") == "head"
+    assert diagstore.endpoint_host("") == "localhost"
+
+
+def test_the_view_is_off_until_connected_and_never_on_the_rendezvous_store(
+    rendezvous: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    watch = StoreWatch(0.2, lambda round_: [])
+    round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
+    called: list[Conn] = []
+    watch.post(round_, called.append, "this node's stacks request")
+    assert called == []
+    assert round_.view_off() == diagstore.PENDING
+    assert capsys.readouterr().err == ""  # still connecting: the post waits for it
+    assert len(round_.deferred) == 1
+    round_.diag_why = "its store at 127.0.0.1:9 refused the connection"  # the connect gave up
+    round_.deferred.clear()
+    watch.post(round_, called.append, "this node's stacks request")
+    watch.post(round_, called.append, "this node's hang mark (still)")
+    assert called == [] and round_.deferred == []
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["numarun: whole-job diagnostics unavailable this round: its store at "
+                   "127.0.0.1:9 refused the connection; training goes on"]  # fmt: skip
+    # The rendezvous's health goes on: torch's connection until the heartbeat's own is made.
+    health = round_.health_conn()
+    assert health is not None and not health.own
+    watch.close()
