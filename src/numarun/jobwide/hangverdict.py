@@ -24,8 +24,9 @@ docs/protocol.md.
   at most delays the verdict: it never stops a node.
 * The judge may die once the count is complete: every still node looks again every
   :data:`TAKEOVER_LOOKS` look intervals while no verdict came; the first to add 1 to
-  ``numarun/takeover/<wave>`` reads the count and, when it was complete at its last wave too
-  and no verdict came meanwhile, judges (within three waves of the judge's death).
+  ``numarun/takeover/<wave>`` reads the count and, when it was complete at the last wave too
+  (``numarun/takeover-complete/<wave>``, set by that wave's first node, whichever it was) and
+  no verdict came meanwhile, judges (within three waves of the judge's death).
 
 Counters are untrusted: one that is not a number, or outside 0 to the round's size, is named
 and set to the number of nodes whose posts say still (one read of all posts). A stream of
@@ -61,6 +62,7 @@ STILLS_KEY = "numarun/stills"
 STILL_NODES_KEY = "numarun/still-nodes"
 DENY_KEY = "numarun/deny/{}"
 TAKEOVER_KEY = "numarun/takeover/{}"
+COMPLETE_KEY = "numarun/takeover-complete/{}"  # the count was complete at that wave
 MOVING = b"moving"
 DENY_WINDOW = 1.0  # seconds a verdict waits for a node whose ranks move to deny it
 TAKEOVER_LOOKS = 2  # look intervals between a still node's looks at a count nobody judged
@@ -364,8 +366,17 @@ def _wave(watch: StoreWatch, round_: WatchedRound, chain: int) -> None:
             complete = count >= nodes(watch, round_, conn)
             full = job.waves == 4 or job.waves % 8 == 0
             unread = read_count(conn, EVENTS_KEY, 0, 1 << 62) != round_.seen
-            if not unread and ((complete and job.complete_at == job.waves - 1) or full):
+            # Each wave's first node is any still node: whether the count was complete at the
+            # last wave is in the store (a node's own memory of it held only when the same node
+            # came first twice running: at a thousand nodes, almost never).
+            before = job.complete_at == job.waves - 1 or (
+                complete and conn.has(COMPLETE_KEY.format(job.waves - 1))
+            )
+            if not unread and ((complete and before) or full):
                 judge(watch, round_, conn, count)
+            elif complete:  # a forged mark at most makes the next wave's node judge (read)
+                conn.set(COMPLETE_KEY.format(job.waves), b"1")
+                round_.shared.append(COMPLETE_KEY.format(job.waves))
             job.complete_at = job.waves if complete else 0
     _next_wave(watch, round_, chain)
 
