@@ -323,6 +323,9 @@ class ElasticNode:
         )  # fmt: skip
         self.watched_round = round_
         self.watch.begin(supervisor, round_)
+        if self.own_diag:
+            threading.Thread(target=_watch_health, args=(self, round_), name="numarun-health",
+                             daemon=True).start()  # fmt: skip
 
     def unwatch(self) -> None:
         """The attempt's run is over: its results no longer go to the supervisor's loop; the
@@ -358,8 +361,8 @@ class ElasticNode:
             return []
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
-        silent = self.watch.tolerant(round_, "the next node's heartbeat",
-                                     self.heartbeats.look, round_, self._handler)  # fmt: skip
+        silent = None if round_.own_diag else self.watch.tolerant(  # own: _watch_health's
+            round_, "the next node's heartbeat", self.heartbeats.look, round_, self._handler)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
@@ -652,3 +655,20 @@ def _failure_text(node: ElasticNode, error: BaseException) -> str:
 def _because(notice: str | None) -> str:
     return f" ({notice})" if notice else ""
 
+
+def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
+    """With the view's store apart (``own``): the neighbour's beat read every look interval
+    in a thread of its own, neither in the look's thread (torch's handler spaces its looks
+    out: its lock, held for seconds by the keep-alive's retries on a saturated store) nor
+    in the store thread (a read on the rendezvous store would hold up the view's events)."""
+    while True:
+        time.sleep(node.poll_interval)
+        if not round_.active:
+            return
+        if node._barrier is not None or node.change is not None:
+            continue  # the exit barrier's look reads it; a change ends the round
+        silent = node.watch.tolerant(round_, "the next node's heartbeat",
+                                     node.heartbeats.look, round_, node._handler)  # fmt: skip
+        if silent is not None:
+            node.watch.report(round_, Change(REJOIN, node._announce_silent(round_, silent)))
+            return
