@@ -44,6 +44,7 @@ import sys
 import time
 from datetime import timedelta
 
+from numarun.cmdline.nodes import split_endpoint
 from numarun.rendezvous.storeops import OWN_TIMEOUT, Conn, first_line, root_cause
 
 TYPE_CHECKING = False
@@ -66,9 +67,6 @@ of the round at once) before the view is off for the round."""
 SPREAD = 1.0
 """Seconds over which the first connection attempts are spread at random, at most."""
 PROBE_TIMEOUT = 5.0  # seconds one TCP connection attempt may take (a full backlog drops SYNs)
-OWN_STORE = "own"
-RENDEZVOUS_STORE = "rendezvous"
-CHOICES = (OWN_STORE, RENDEZVOUS_STORE)
 PENDING = "its store is not connected yet"  # why the view is off while a node connects
 UNAVAILABLE = "numarun: whole-job diagnostics unavailable this round: {}; training goes on"
 
@@ -80,23 +78,10 @@ class Unavailable(Exception):
     """The diagnostics store cannot be had this round; the message says why (one line)."""
 
 
-def default_choice(backend: str) -> str:
-    """``--diagnostics-store``'s default for a rendezvous backend: ``own`` where the
-    rendezvous has a TCPStore (c10d, plugins), ``rendezvous`` with etcd (no TCPStore there)."""
-    return RENDEZVOUS_STORE if backend in ("etcd", "etcd-v2", "static") else OWN_STORE
-
-
 def endpoint_host(endpoint: str) -> str:
-    """The host part of a rendezvous endpoint (``HOST``, ``HOST:PORT``, ``[V6]:PORT``);
-    ``localhost`` for an empty one (c10d's default)."""
-    text = endpoint.strip()
-    if not text:
-        return "localhost"
-    if text.startswith("["):
-        return text[1:].split("]", 1)[0] or "localhost"
-    if text.count(":") == 1:
-        text = text.split(":", 1)[0]
-    return text or "localhost"
+    """The host of a rendezvous endpoint (:func:`numarun.cmdline.nodes.split_endpoint`:
+    ``HOST``, ``HOST:PORT``, ``[V6]:PORT``); ``localhost`` for an empty one (c10d's default)."""
+    return split_endpoint(endpoint)[0] or "localhost"
 
 
 def reaching_address(host: str, port: int = 9) -> str:
@@ -312,9 +297,12 @@ def say_unavailable(round_: WatchedRound) -> None:
     round_.noted.add("diagstore")
     from numarun.stacks.digest import printable
 
-    why = round_.view_off() or round_.diag_why or "its store is not connected"
+    _say(printable(round_.view_off() or round_.diag_why or "its store is not connected"))
+
+
+def _say(why: str) -> None:
     with contextlib.suppress(OSError, ValueError):
-        sys.stderr.write(UNAVAILABLE.format(printable(why)) + "\n")
+        sys.stderr.write(UNAVAILABLE.format(why) + "\n")
         sys.stderr.flush()
 
 
@@ -334,8 +322,6 @@ def host_round(previous: DiagServer | None, info: Any, own: bool,
         server.publish(info.store)
     except Exception as error:
         cause = root_cause(error)
-        with contextlib.suppress(OSError, ValueError):
-            sys.stderr.write(UNAVAILABLE.format(f"its store could not be hosted here ("
-                             f"{type(cause).__name__}: {first_line(cause)})") + "\n")  # fmt: skip
+        _say(f"its store could not be hosted here ({type(cause).__name__}: {first_line(cause)})")
         return None
     return server
