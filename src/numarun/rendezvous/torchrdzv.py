@@ -670,5 +670,11 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
         silent = node.watch.tolerant(round_, "the next node's heartbeat",
                                      node.heartbeats.look, round_, node._handler)  # fmt: skip
         if silent is not None:
-            node.watch.report(round_, Change(REJOIN, node._announce_silent(round_, silent)))
+            # What raises here is one line (guarded), never a thread's traceback.
+            node.watch.guarded(round_, "the next node's heartbeat", _report_silent, node,
+                               round_, silent)  # fmt: skip
             return
+
+
+def _report_silent(node: ElasticNode, round_: WatchedRound, silent: int) -> None:
+    node.watch.report(round_, Change(REJOIN, node._announce_silent(round_, silent)))
