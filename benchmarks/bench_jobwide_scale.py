@@ -186,8 +186,10 @@ class Bench:
         """torch's rendezvous state of this round, as its c10d backend keeps it (the real
         state's size at N nodes: jobwide_costs.state_text)."""
         import jobwide_costs
+        import jobwide_standins
 
         text = jobwide_costs.state_text(self.nodes)
+        assert jobwide_standins.waiting_in(text) == 0  # nobody waits yet
         self.probe.set("torch.rendezvous.bench", text)
         self.results["torch_state_bytes"] = len(text)
 
@@ -240,6 +242,8 @@ class Bench:
     def new_round(self, number: int) -> dict:
         """Round ``number`` forms; every node's watch begins at once; then the nodes' idle
         traffic and CPU are measured (``idle`` seconds)."""
+        if self.args.torch == "traffic" and number:
+            self._torch_state()  # a round formed: torch's wait list is empty again
         self.broadcast({"op": "round", "number": number}, limit=1800)
         started = time.monotonic()
         answers = self.broadcast({"op": "begin", "limit": self.args.limit})

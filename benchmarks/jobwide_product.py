@@ -18,7 +18,7 @@ from numarun.rendezvous import diagstore  # noqa: F401
 from numarun.rendezvous.round import Round as NodeRound  # noqa: F401
 from numarun.rendezvous.round import WorkerPlace  # noqa: F401
 from numarun.rendezvous.storeops import Conn  # noqa: F401
-from numarun.rendezvous.storeresults import Result  # noqa: F401
+from numarun.rendezvous.storeresults import REJOIN, Result  # noqa: F401
 from numarun.rendezvous.storewatch import (  # noqa: F401
     ALIVE_KEY,
     EVENT_KEY,

@@ -102,6 +102,8 @@ class Fate:
         self.at: float | None = None
         self.why = ""
         self.when: Callable[[str, str], bool] | None = None
+        # What goes with the process (the stores it serves), run once at the death.
+        self.on_death: Callable[[], None] | None = None
 
     def check(self, op: str, key: str) -> None:
         if not self.dead.is_set():
@@ -116,6 +118,9 @@ class Fate:
             self.at = time.monotonic()
             self.why = why
             self.dead.set()
+            if self.on_death is not None:
+                # Apart: the dying thread may be inside a call of what the callback closes.
+                threading.Thread(target=self.on_death, name="bench-death", daemon=True).start()
 
 
 class CountingStore(dist.Store):
@@ -221,8 +226,9 @@ def count_diagnostics(tally: Tally) -> None:
         if made.store is not None:
             fate = getattr(rendezvous_store, "fate", None)
             made.store = CountingStore(made.store, tally, fate)
-            made.events = product.Conn.own_connection(made.store)
-            made.posts = product.Conn(made.store)
+            probe = made.events.probe
+            made.events = product.Conn.own_connection(made.store, probe)
+            made.posts = product.Conn(made.store, probe=probe)
         return made
 
     connect_round.counted = True  # type: ignore[attr-defined]
@@ -356,6 +362,17 @@ class _Handler:
         return False
 
 
+WAIT_FIELD = 8  # the state's last bytes stand for torch's wait list: b"W" and its length
+
+
+def waiting_in(state: bytes | None) -> int:
+    """How many nodes torch's state ``state`` has in its wait list (its last
+    :data:`WAIT_FIELD` bytes, ``W`` and seven digits, once a node joined it; the state as
+    torch pickled it ends otherwise)."""
+    tail = (state or b"")[-WAIT_FIELD:]
+    return int(tail[1:]) if tail[:1] == b"W" and tail[1:].isdigit() else 0
+
+
 class TorchTraffic:
     """torch's ``DynamicRendezvousHandler`` (c10d backend) of one node, as far as the store
     sees it while workers run (module docstring): :meth:`num_nodes_waiting` and
@@ -402,9 +419,10 @@ class TorchTraffic:
         self.synced = time.monotonic()
 
     def num_nodes_waiting(self) -> int:
+        """torch's: the state synced, the length of its wait list (:func:`waiting_in`)."""
         with self.lock:
             self._sync()
-        return 0
+            return waiting_in(self.token)
 
     def is_closed(self) -> bool:
         with self.lock:
@@ -414,19 +432,36 @@ class TorchTraffic:
     def beat(self) -> None:
         """One keep-alive of torch's (its ``_keep_alive``): sync, then write until it wins."""
         with self.lock:
-            self._sync()
-            deadline = time.monotonic() + self.timeout
-            while time.monotonic() < deadline:
-                assert self.token is not None
-                token = self.token
-                self.beats += 1
-                slot = (len(token) - 16) * self.index // max(1, self.nodes)
-                desired = token[:slot] + b"%08d" % (self.beats % 10**8) + token[slot + 8 :]
-                got = bytes(self._call("compare_set", TORCH_STATE_KEY, token, desired))
-                self.token, self.synced = got, time.monotonic()
-                if got == desired:
-                    return
-                self.retries += 1
+            self._write(self._own_slot_changed)
+
+    def join_wait_list(self) -> None:
+        """What torch's ``next_rendezvous`` writes when this node re-forms a complete round:
+        its exit op (this node out of the participants: its slot changed), then its join op
+        (this node in the wait list: :func:`waiting_in` one more), each a sync and a write
+        until it wins, as :meth:`beat`. The other nodes' looks then see a node waiting."""
+        with self.lock:
+            self._write(self._own_slot_changed)
+            self._write(lambda token: token[:-WAIT_FIELD] + b"W%07d" % (waiting_in(token) + 1))
+
+    def _own_slot_changed(self, token: bytes) -> bytes:
+        self.beats += 1
+        slot = (len(token) - 8 - WAIT_FIELD) * self.index // max(1, self.nodes)
+        return token[:slot] + b"%08d" % (self.beats % 10**8) + token[slot + 8 :]
+
+    def _write(self, change: Callable[[bytes], bytes]) -> None:
+        """torch's op executor: sync, then ``compare_set`` of the changed state until it wins
+        (another node's write came first: its state is the new token) or ``timeout`` passes."""
+        self._sync()
+        deadline = time.monotonic() + self.timeout
+        while time.monotonic() < deadline:
+            assert self.token is not None
+            token = self.token
+            desired = change(token)
+            got = bytes(self._call("compare_set", TORCH_STATE_KEY, token, desired))
+            self.token, self.synced = got, time.monotonic()
+            if got == desired:
+                return
+            self.retries += 1
 
     def start(self, phase: float | None = None) -> None:
         """torch's keep-alive thread (``_PeriodicTimer``): the first beat after ``phase``
@@ -655,9 +690,30 @@ class StandIn:
             self.results.setdefault(result.kind, result)
             self.counts[result.kind] = self.counts.get(result.kind, 0) + 1
             original(result)
+            if getattr(result, "kind", None) == product.REJOIN:
+                self._rejoin(getattr(result, "message", ""))
 
         node._on_result = on_result  # type: ignore[method-assign]
         self.start_round(store, 0)
+
+    def _rejoin(self, why: str) -> None:
+        """This node re-forms the group: the launcher stops its workers and calls torch's
+        ``next_rendezvous``, which puts it in torch's wait list (:meth:`TorchTraffic.
+        join_wait_list`, in a thread: the launcher's main thread, not the loop). Only a node
+        that decided on its own joins here (a silent neighbour, a notice): one that re-forms
+        because it saw a node waiting would join after what the benchmark measures."""
+        torch = self.torch
+        if torch is None or self.joined or self.fate.dead.is_set() or " waiting " in why:
+            return
+        self.joined = True
+        threading.Thread(target=torch.join_wait_list, name="torch-join", daemon=True).start()
+
+    def _gone(self) -> None:
+        """The launcher died (:class:`Fate`): what it served goes with it, the diagnostics
+        store it hosts above all (its clients see the connection closed)."""
+        for server in (self.node._diag_server, getattr(self, "old_server", None)):
+            if server is not None:
+                server.close()
 
     def start_round(self, store: Any, number: int) -> None:
         """A new round of ``store`` (torch's per-round prefix store of round ``number``): what
@@ -666,6 +722,8 @@ class StandIn:
         node, index, ranks, nodes = self.node, self.index, self.ranks, self.nodes
         self.store = store
         self.fate: Fate = getattr(store, "fate", None) or Fate()
+        self.fate.on_death = self._gone
+        self.joined = False
         node._store = store
         world = nodes * ranks
         places = tuple(product.WorkerPlace(index * ranks + r, index * ranks + r, world, world)

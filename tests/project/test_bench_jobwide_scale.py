@@ -49,5 +49,10 @@ def test_the_simulation_runs_every_round_and_fault_at_four_nodes(tmp_path: Path)
     # taken over (the hang declared by another node), or named so.
     outcomes = results["faults"]
     assert any("stopped answering" in reason for reason in outcomes["asker_dies"]["outcomes"])
+    # The asking node hosted the view's store (own): its death closed it, so its neighbour's
+    # notice reached nobody; the others stopped by torch's own path, the neighbour waiting in
+    # torch's rendezvous state (the stand-ins' handler once said nobody ever waits).
+    assert outcomes["asker_dies"]["s"] is not None, outcomes["asker_dies"]
+    assert any("waiting to join" in reason for reason in outcomes["asker_dies"]["outcomes"])
     assert any("stopped answering" in reason or reason.startswith("hang: ")
                for reason in outcomes["merger_dies"]["outcomes"])  # fmt: skip

@@ -115,6 +115,30 @@ def test_the_server_is_served_until_the_next_round_formed(rendezvous: object) ->
         diagstore.connect(hostname, port, spread=0.0, window=LIMIT)
 
 
+def test_a_store_whose_host_went_away_is_named_not_reconnected_to(rendezvous: object) -> None:
+    """Group rank 0's launcher dies with the store it serves: a connection renewed after a
+    failed call (:meth:`Conn.add` renews one the server closed) is probed first, so it fails
+    at once with what happened, instead of torch's client retrying a refused connection for
+    its whole timeout (10 s) in the thread that needed it (a silent neighbour's notice, the
+    events: 11 s late in the simulation before)."""
+    server = host(rendezvous)
+    made = diagstore.connect_round(rendezvous, spread=0.0)
+    assert made.posts is not None and made.events is not None
+    assert made.posts.add("numarun/events", 1) == 1
+    server.close()  # the launcher that hosted it is gone
+    hostname, port = diagstore.parse_address(server.address.encode())
+    deadline = time.monotonic() + LIMIT
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((hostname, port), timeout=1.0).close()
+        except ConnectionRefusedError:
+            break
+        time.sleep(0.05)
+    for conn in (made.posts, made.events):
+        with pytest.raises(diagstore.Unavailable, match="went away .*ConnectionRefusedError"):
+            conn.add("numarun/events", 1)
+
+
 def test_posts_made_while_connecting_are_posted_once_connected(rendezvous: object) -> None:
     server = host(rendezvous)
     watch = StoreWatch(0.2, lambda round_: [])

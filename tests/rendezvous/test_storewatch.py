@@ -24,7 +24,7 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
 from numarun.jobwide import hangverdict  # noqa: E402
-from numarun.rendezvous import storewatch  # noqa: E402
+from numarun.rendezvous import storeops, storewatch  # noqa: E402
 from numarun.rendezvous.storeops import Conn  # noqa: E402
 from standin_job import INTERVAL, LIMIT, Job, ask_and_read, lost  # noqa: E402
 
@@ -174,7 +174,7 @@ def test_a_counter_is_read_only_within_its_bounds(
 ) -> None:
     if value is not None:
         conn.set("count", value)
-    assert storewatch.read_count(conn, "count", 0, 7) == expected
+    assert storeops.read_count(conn, "count", 0, 7) == expected
 
 
 # --- only the rendezvous's own health ends a round's watch ---------------------------------------

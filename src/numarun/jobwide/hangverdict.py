@@ -46,14 +46,8 @@ from numarun.jobwide.protocol import (
     state,
 )
 from numarun.jobwide.results import Hang
-from numarun.rendezvous.storeops import Conn, Forged
-from numarun.rendezvous.storewatch import (
-    EVENTS_KEY,
-    StoreWatch,
-    WatchedRound,
-    post_event,
-    read_count,
-)
+from numarun.rendezvous.storeops import Conn, Forged, read_count
+from numarun.rendezvous.storewatch import EVENTS_KEY, StoreWatch, WatchedRound, post_event
 from numarun.stacks.digest import PostError, Raw, node_digest, node_label, read_digest
 from numarun.stacks.merge import encode_view, merge, read_view
 

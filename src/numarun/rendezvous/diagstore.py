@@ -206,6 +206,19 @@ def connect(host: str, port: int, *, window: float = STORM_WINDOW, spread: float
         pause = min(2.0, pause * 2)
 
 
+def still_served(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> None:
+    """Raise :class:`Unavailable` unless something accepts a TCP connection at
+    ``host:port`` within ``timeout`` seconds: the diagnostics store's host (group rank 0's
+    launcher) may be gone, and a reconnect's clone would retry for torch's whole timeout
+    (10 s) in the thread that needs it, once per call."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return
+    except OSError as error:
+        raise Unavailable(f"its store at {format_address(host, port)} went away "
+                          f"({type(error).__name__}: {error.strerror or error})") from None
+
+
 def read_address(conn: Conn, wait: float = ADDRESS_WAIT) -> tuple[str, int]:
     """The diagnostics store's address from the round's rendezvous store through ``conn``,
     waited for at most ``wait`` seconds, checked (:func:`parse_address`)."""
@@ -251,8 +264,12 @@ def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
             reader.close()
         client = connect(host, port, window=window, spread=0.0, rng=rng)
         made.store = client
-        made.events = Conn.own_connection(client)
-        made.posts = Conn(client)  # a clone: a second connection, the posts' turn
+
+        def probe() -> None:  # before a reconnect: a host that went away fails at once
+            still_served(host, port)
+
+        made.events = Conn.own_connection(client, probe)
+        made.posts = Conn(client, probe=probe)  # a clone: a second connection, the posts' turn
     except Unavailable as why:
         made.why = str(why)
     except Exception as error:

@@ -25,8 +25,8 @@ import time
 from datetime import datetime, timezone
 
 from numarun.rendezvous import torchcompat
-from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line, root_cause
-from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY, read_count
+from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line, read_count, root_cause
+from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -66,23 +66,33 @@ def as_count(value: bytes | None) -> int | None:
     return int(value)
 
 
+def read_count(conn: Conn, key: str, low: int, high: int) -> int | None:
+    """A counter within ``[low, high]``, or None (absent, not a number, out of range)."""
+    value = as_count(conn.get_now(key))
+    return value if value is not None and low <= value <= high else None
+
+
 class Conn:
     """numarun's connection to one round's store (module docstring). ``base`` is torch's store of
     the round (a ``PrefixStore``); calls go through a clone of it when torch can clone, unless
     ``clone`` is False (one or two calls: every counter is read before it is added to)."""
 
-    def __init__(self, base: Any, *, clone: bool = True) -> None:
+    def __init__(self, base: Any, *, clone: bool = True,
+                 probe: Callable[[], None] | None = None) -> None:  # fmt: skip
         self.base = base
         self.store: Any = None
         self.own = False
         self.extended = False
+        # Called before :meth:`reconnect` clones: raises at once when the server is gone
+        # (torch's client would retry a refused connection for its whole timeout).
+        self.probe = probe
         self._connect(clone)
 
     @classmethod
-    def own_connection(cls, store: Any) -> Conn:
+    def own_connection(cls, store: Any, probe: Callable[[], None] | None = None) -> Conn:
         """A :class:`Conn` on ``store``, a connection numarun made itself (the diagnostics
         store's client): used as is, as a clone would be; :meth:`reconnect` clones it."""
-        conn = cls(store, clone=False)
+        conn = cls(store, clone=False, probe=probe)
         conn.own = True
         return conn
 
@@ -110,9 +120,12 @@ class Conn:
         self.store = None
 
     def reconnect(self) -> None:
-        """A new connection of numarun's own; raises what cloning raises (the store is gone)."""
+        """A new connection of numarun's own; raises what :attr:`probe` or cloning raises
+        (the store is gone)."""
         if not self.own:
             raise RuntimeError("no connection of numarun's own to renew")
+        if self.probe is not None:
+            self.probe()
         self._connect()
 
     # --- reads ---------------------------------------------------------------------------------

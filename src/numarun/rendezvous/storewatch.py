@@ -51,8 +51,8 @@ With a diagnostics store of its own (``--diagnostics-store own``,
 :mod:`numarun.rendezvous.diagstore`) the round's connections are made by a ``numarun-connect``
 thread (the view is off until then; posts wait for it), the events are on that store, and the
 look runs in a thread of its own, ``numarun-look``: torch's handler waits for its own lock,
-which its keep-alive's retries on a saturated rendezvous store hold for seconds, and the events
-go on meanwhile. The heartbeats stay on the rendezvous store, on a connection of their own.
+which its keep-alive's retries on a saturated rendezvous store hold for seconds. The heartbeats
+stay on the rendezvous store (:data:`HEALTH`), on a connection of their own.
 
 Degraded mode: a torch that cannot clone a store: calls go through torch's connection (every
 counter read before it is added to) and the thread sleeps on a local condition, reading events at
@@ -71,7 +71,7 @@ import time
 
 from numarun.process import forkexec
 from numarun.rendezvous import diagstore
-from numarun.rendezvous.storeops import Conn, Forged, as_count, first_line
+from numarun.rendezvous.storeops import Conn, Forged, first_line
 from numarun.rendezvous.storeresults import Lost
 
 TYPE_CHECKING = False
@@ -91,6 +91,8 @@ NODES_KEY = "numarun/nodes"
 _SCAN = 64  # event numbers looked at around a jump
 _PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
 HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
+HEALTH = frozenset({"this node's heartbeat", "the next node's heartbeat"})  # _RDZV's, always
+_RDZV, _DIAG = "the rendezvous store", "the diagnostics store"
 EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
 
@@ -544,11 +546,12 @@ class StoreWatch:
             self.guarded(round_, "queued work", work, round_)
 
     def note(self, round_: WatchedRound, topic: str, line: str,
-             about: str = "the rendezvous store") -> None:  # fmt: skip
+             about: str | None = None) -> None:  # fmt: skip
         """Say once per round and topic, on stderr, what in the store is not numarun's, or
-        what of numarun's failed (``about``: what the line is about)."""
+        what of numarun's failed (``about``: the store the line is about; default the view's)."""
         if topic in round_.noted or len(round_.noted) > 64:
             return
+        about = about or (_DIAG if round_.own_diag else _RDZV)
         round_.noted.add(topic)
         from numarun.stacks.digest import printable
 
@@ -565,7 +568,8 @@ class StoreWatch:
 
         cause = root_cause(error)
         self.note(round_, f"unavailable: {type(cause).__name__}", f"{what}: unavailable on this "
-                  f"node ({type(cause).__name__}: {first_line(cause)}); the training goes on")
+                  f"node ({type(cause).__name__}: {first_line(cause)}); the training goes on",
+                  _RDZV if what in HEALTH else None)  # fmt: skip
 
     def tolerant(self, round_: WatchedRound, what: str, call: Callable[..., T],
                  *args: object) -> T | None:  # fmt: skip
@@ -790,9 +794,3 @@ def wake(conn: Conn, me: int) -> None:
 def notice_body(text: str) -> bytes:
     """A ``stop`` notice's first line (newlines would end it)."""
     return text.replace("\n", " ").encode("utf-8", "replace") + b"\n"
-
-
-def read_count(conn: Conn, key: str, low: int, high: int) -> int | None:
-    """A counter within ``[low, high]``, or None (absent, not a number, out of range)."""
-    value = as_count(conn.get_now(key))
-    return value if value is not None and low <= value <= high else None

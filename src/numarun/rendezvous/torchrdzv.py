@@ -159,7 +159,8 @@ class ElasticNode:
         # This node's heartbeat, every second while a round is watched (the barrier included).
         beat = (BEAT_INTERVAL, lambda round_, conn: self.heartbeats.beat(round_, conn))
         self.watch = StoreWatch(self.poll_interval, self._look, self._on_event, beat)
-        self.heartbeats = Heartbeats(config, self.poll_interval, self.watch.note)
+        self.heartbeats = Heartbeats(config, self.poll_interval, lambda *note: self.watch.note(
+            *note, "the rendezvous store"))  # its keys', whichever store the view uses
         self._handler: Any = None
         self._store: Any = None
         self._announced = False
@@ -372,13 +373,11 @@ class ElasticNode:
             return [Change(REJOIN, self._announce_silent(round_, silent))]
         return []
 
-    def _announce_silent(self, round_: WatchedRound, silent: int) -> str:
-        """In the store thread: tell every node that node ``silent`` stopped beating; the
-        line said."""
-        message = (
-            f"node {silent} stopped answering (no heartbeat for "
-            f"{self.heartbeats.silence_limit:g} s: its launcher is gone)"
-        )
+    def _announce_silent(self, round_: WatchedRound, silent: int,
+                         message: str | None = None) -> str:  # fmt: skip
+        """Tell every node that node ``silent`` stopped beating (``message``: the line, made
+        when None); the line said."""
+        message = message or _silent_line(self, silent)
         body = notice_body(self._notice_text(message))
         self.watch.tolerant(round_, "this node's notice", post_notice, round_, body)
         self._announced = True
@@ -676,5 +675,18 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
             return
 
 
+def _silent_line(node: ElasticNode, silent: int) -> str:
+    return (
+        f"node {silent} stopped answering (no heartbeat for "
+        f"{node.heartbeats.silence_limit:g} s: its launcher is gone)"
+    )
+
+
 def _report_silent(node: ElasticNode, round_: WatchedRound, silent: int) -> None:
-    node.watch.report(round_, Change(REJOIN, node._announce_silent(round_, silent)))
+    """The change first, then the notice: the rendezvous's own health never waits for the
+    view's store, whose host may be the silent node (posting there then fails only after a
+    probe, seconds when its machine is gone); the others learn it from torch's wait list
+    when this node re-joins, the notice or not."""
+    message = _silent_line(node, silent)
+    node.watch.report(round_, Change(REJOIN, message))
+    node._announce_silent(round_, silent, message)
