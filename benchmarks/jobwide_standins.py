@@ -439,20 +439,22 @@ class TorchTraffic:
         its exit op (this node out of the participants: its slot changed), then its join op
         (this node in the wait list: :func:`waiting_in` one more), each a sync and a write
         until it wins, as :meth:`beat`. The other nodes' looks then see a node waiting."""
-        with self.lock:
-            self._write(self._own_slot_changed)
-            self._write(lambda token: token[:-WAIT_FIELD] + b"W%07d" % (waiting_in(token) + 1))
+        with self.lock:  # torch's op executor tries until the join's timeout (600 s)
+            self._write(self._own_slot_changed, limit=600.0)
+            self._write(lambda token: token[:-WAIT_FIELD] + b"W%07d" % (waiting_in(token) + 1),
+                        limit=600.0)  # fmt: skip
 
     def _own_slot_changed(self, token: bytes) -> bytes:
         self.beats += 1
         slot = (len(token) - 8 - WAIT_FIELD) * self.index // max(1, self.nodes)
         return token[:slot] + b"%08d" % (self.beats % 10**8) + token[slot + 8 :]
 
-    def _write(self, change: Callable[[bytes], bytes]) -> None:
+    def _write(self, change: Callable[[bytes], bytes], limit: float | None = None) -> None:
         """torch's op executor: sync, then ``compare_set`` of the changed state until it wins
-        (another node's write came first: its state is the new token) or ``timeout`` passes."""
+        (another node's write came first: its state is the new token) or ``limit`` seconds
+        (default ``timeout``, the keep-alive's) pass."""
         self._sync()
-        deadline = time.monotonic() + self.timeout
+        deadline = time.monotonic() + (self.timeout if limit is None else limit)
         while time.monotonic() < deadline:
             assert self.token is not None
             token = self.token

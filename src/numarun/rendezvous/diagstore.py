@@ -219,6 +219,15 @@ def still_served(host: str, port: int, timeout: float = PROBE_TIMEOUT) -> None:
                           f"({type(error).__name__}: {error.strerror or error})") from None
 
 
+def error_topic(own: bool, topic: str, error: BaseException) -> str:
+    """The topic a line about ``error`` is said under (once per round and topic): with a store
+    of its own (``own``), every connection error on it is one topic, since once its host is
+    gone every later call fails alike, and a thousand lines per node would say nothing more."""
+    cause = root_cause(error)
+    gone = isinstance(cause, (OSError, Unavailable)) or type(cause).__name__ == "DistNetworkError"
+    return "the diagnostics store's connection" if own and gone else topic
+
+
 def read_address(conn: Conn, wait: float = ADDRESS_WAIT) -> tuple[str, int]:
     """The diagnostics store's address from the round's rendezvous store through ``conn``,
     waited for at most ``wait`` seconds, checked (:func:`parse_address`)."""

@@ -563,13 +563,13 @@ class StoreWatch:
         """One line: ``what`` is unavailable on this node because a store call on numarun's
         keys failed with ``error``; the training goes on. Once per round and kind of error (a
         store that refuses numarun's keys refuses them all: the first thing it cost is
-        named)."""
+        named; with a store of its own, :func:`diagstore.error_topic`)."""
         from numarun.rendezvous.storeops import root_cause
 
-        cause = root_cause(error)
-        self.note(round_, f"unavailable: {type(cause).__name__}", f"{what}: unavailable on this "
-                  f"node ({type(cause).__name__}: {first_line(cause)}); the training goes on",
-                  _RDZV if what in HEALTH else None)  # fmt: skip
+        cause, own = root_cause(error), round_.own_diag and what not in HEALTH
+        self.note(round_, diagstore.error_topic(own, f"unavailable: {type(cause).__name__}",
+                  cause), f"{what}: unavailable on this node ({type(cause).__name__}: "
+                  f"{first_line(cause)}); the training goes on", None if own else _RDZV)
 
     def tolerant(self, round_: WatchedRound, what: str, call: Callable[..., T],
                  *args: object) -> T | None:  # fmt: skip
@@ -617,9 +617,10 @@ class StoreWatch:
         except Forged as forged:
             self.note(round_, forged.key, str(forged))
         except Exception as error:
-            self.note(round_, f"failed: {type(error).__name__}", f"{what} failed "
-                      f"({type(error).__name__}: {first_line(error)}); it is skipped, the "
-                      "training goes on")  # fmt: skip
+            topic = diagstore.error_topic(round_.own_diag, f"failed: {type(error).__name__}",
+                                          error)  # fmt: skip
+            self.note(round_, topic, f"{what} failed ({type(error).__name__}: "
+                      f"{first_line(error)}); it is skipped, the training goes on")  # fmt: skip
 
     def ask_loop(self, round_: WatchedRound, number: int, ask: Result,
                  limit: float) -> object | None:  # fmt: skip
