@@ -441,6 +441,10 @@ class Bench:
         found["s"] = max(times.values()) - died[1] if len(times) >= survivors else None
         if times:  # the first node's outcome (a dead node's neighbour: its silence seen)
             found["first_s"] = min(times.values()) - died[1]
+        early = sum(1 for when in times.values() if when < died[1])
+        if early:  # stopped by something else than the death: not this fault's outcome
+            found["s"] = None
+            found["why"] = f"{early} node(s) stopped before the death"
         if found["s"] is None:
             found["why"] = f"{len(times)} of {survivors} surviving nodes had an outcome within " \
                            f"{limit + 30:g} s"  # fmt: skip

@@ -434,28 +434,31 @@ class TorchTraffic:
         with self.lock:
             self._write(self._own_slot_changed)
 
-    def join_wait_list(self) -> None:
+    def join_wait_list(self, current: Callable[[], bool] = lambda: True) -> None:
         """What torch's ``next_rendezvous`` writes when this node re-forms a complete round:
         its exit op (this node out of the participants: its slot changed), then its join op
         (this node in the wait list: :func:`waiting_in` one more), each a sync and a write
-        until it wins, as :meth:`beat`. The other nodes' looks then see a node waiting."""
+        until it wins, as :meth:`beat`. The other nodes' looks then see a node waiting. Given
+        up once ``current()`` is false (the next round formed without it: the simulation's
+        rounds are formed by the benchmark, not by these writes)."""
         with self.lock:  # torch's op executor tries until the join's timeout (600 s)
-            self._write(self._own_slot_changed, limit=600.0)
+            self._write(self._own_slot_changed, limit=600.0, current=current)
             self._write(lambda token: token[:-WAIT_FIELD] + b"W%07d" % (waiting_in(token) + 1),
-                        limit=600.0)  # fmt: skip
+                        limit=600.0, current=current)  # fmt: skip
 
     def _own_slot_changed(self, token: bytes) -> bytes:
         self.beats += 1
         slot = (len(token) - 8 - WAIT_FIELD) * self.index // max(1, self.nodes)
         return token[:slot] + b"%08d" % (self.beats % 10**8) + token[slot + 8 :]
 
-    def _write(self, change: Callable[[bytes], bytes], limit: float | None = None) -> None:
+    def _write(self, change: Callable[[bytes], bytes], limit: float | None = None,
+               current: Callable[[], bool] = lambda: True) -> None:  # fmt: skip
         """torch's op executor: sync, then ``compare_set`` of the changed state until it wins
         (another node's write came first: its state is the new token) or ``limit`` seconds
         (default ``timeout``, the keep-alive's) pass."""
         self._sync()
         deadline = time.monotonic() + (self.timeout if limit is None else limit)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and current():
             assert self.token is not None
             token = self.token
             desired = change(token)
@@ -691,8 +694,9 @@ class StandIn:
             self.times.setdefault(result.kind, now)
             self.results.setdefault(result.kind, result)
             self.counts[result.kind] = self.counts.get(result.kind, 0) + 1
+            running = self.supervisor.stopped is None and not self.supervisor.retired
             original(result)
-            if getattr(result, "kind", None) == product.REJOIN:
+            if running and getattr(result, "kind", None) == product.REJOIN:
                 self._rejoin(getattr(result, "message", ""))
 
         node._on_result = on_result  # type: ignore[method-assign]
@@ -704,11 +708,12 @@ class StandIn:
         join_wait_list`, in a thread: the launcher's main thread, not the loop). Only a node
         that decided on its own joins here (a silent neighbour, a notice): one that re-forms
         because it saw a node waiting would join after what the benchmark measures."""
-        torch = self.torch
+        torch, number = self.torch, self.number
         if torch is None or self.joined or self.fate.dead.is_set() or " waiting " in why:
             return
         self.joined = True
-        threading.Thread(target=torch.join_wait_list, name="torch-join", daemon=True).start()
+        threading.Thread(target=torch.join_wait_list, args=(lambda: self.number == number,),
+                         name="torch-join", daemon=True).start()  # fmt: skip
 
     def _gone(self) -> None:
         """The launcher died (:class:`Fate`): what it served goes with it, the diagnostics

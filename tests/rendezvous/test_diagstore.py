@@ -275,3 +275,39 @@ def test_a_store_that_went_away_is_one_line_per_round_not_one_per_call(
         "store); it is skipped, the training goes on",
     ]
     watch.close()
+
+
+def test_a_silent_node_is_told_on_the_rendezvous_store_and_forged_words_are_one_line(
+    rendezvous: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The node that saw its neighbour silent says so on the rendezvous store (the view's
+    store may have died with that node); every other node reads it in one request per look.
+    A value of another form is named once and not read again this round."""
+    from numarun.cmdline.config import parse_args
+    from numarun.rendezvous.liveness import GONE_KEY, Heartbeats
+
+    config = parse_args(["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         "127.0.0.1:1", "train.py"])  # fmt: skip
+    watch = StoreWatch(0.2, lambda round_: [])
+
+    def node(me: int) -> tuple[Heartbeats, WatchedRound]:
+        beats = Heartbeats(config, 0.2, watch.note)
+        round_ = WatchedRound(rendezvous, None, me, 3, lambda result: None, own_diag=True)
+        beats.watch_neighbour(me, 3, time.monotonic())
+        return beats, round_
+
+    (saw, saw_round), (other, other_round) = node(2), node(1)
+    assert other.gone_elsewhere(other_round) is None  # nobody said anything
+    saw.say_gone(saw_round, 0)
+    assert other.gone_elsewhere(other_round) == (0, 2)
+    assert saw.gone_elsewhere(saw_round) is None  # its own word
+    assert capsys.readouterr().err == ""
+    for forged in (b"0 2 " + b"9" * 4096, b"7 2", b"zero two"):
+        beats, round_ = node(1)
+        rendezvous.set(GONE_KEY, forged)  # type: ignore[attr-defined]
+        assert beats.gone_elsewhere(round_) is None
+        rendezvous.set(GONE_KEY, b"0 2")  # type: ignore[attr-defined]
+        assert beats.gone_elsewhere(round_) is None  # not read again this round
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and "ignored this round" in err[0] and len(err[0]) < 300, err
+    watch.close()

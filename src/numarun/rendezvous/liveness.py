@@ -47,6 +47,11 @@ beats missed. A launcher that is alive beats from its own thread, whatever its w
 that thread's longest wait inside one event of the whole-job view (an answer from its loop,
 then the other nodes' digests: 3.5 s at most) stays below it."""
 _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
+GONE_KEY = "numarun/gone"
+"""With the whole-job view on a store of its own: ``<silent node> <by node>``, set on the
+rendezvous store (the round's prefix) by the node that saw its neighbour silent, read by every
+other node's ``numarun-health`` thread at each look (one ``check``). The notice on the view's
+store cannot be the only word: that store is group rank 0's, and dies with it."""
 
 
 def register(store: Any, rank: int) -> None:
@@ -94,10 +99,12 @@ class Heartbeats:
         self._watched: int | None = None
         self._watched_beat = 0
         self._watched_since = 0.0
+        self._gone_refused = False  # GONE_KEY held something else: not read again this round
 
     def watch_neighbour(self, rank: int, size: int, now: float) -> None:
         """A new round: watch the next node by group rank (none when alone)."""
         self._watched = (rank + 1) % size if size > 1 else None
+        self._gone_refused = False
         self._watched_beat = 0
         self._watched_since = now
         self._next_look = 0.0
@@ -119,6 +126,35 @@ class Heartbeats:
         if not self.due():
             return None
         return self.silent_neighbour(round_, handler)
+
+    def say_gone(self, round_: WatchedRound, silent: int) -> None:
+        """Tell every node on the rendezvous store that node ``silent`` stopped beating."""
+        conn = round_.health_conn()
+        assert conn is not None
+        conn.set(GONE_KEY, f"{silent} {round_.me}".encode())
+
+    def gone_elsewhere(self, round_: WatchedRound) -> tuple[int, int] | None:
+        """Another node's word that a node stopped beating (:data:`GONE_KEY`): ``(silent,
+        by)``, or None. Untrusted: a value of another form is named once and not read again
+        this round (it costs one read of what the store holds); a forged word in the right
+        form re-forms the group once, as a forged notice does."""
+        if self._gone_refused:
+            return None
+        conn = round_.health_conn()
+        assert conn is not None
+        value = conn.get_now(GONE_KEY)
+        if value is None:
+            return None
+        fields = value.split() if len(value) <= 24 else []
+        if len(fields) == 2 and all(field.isdigit() for field in fields):
+            silent, by = int(fields[0]), int(fields[1])
+            if silent < round_.size and by < round_.size:
+                return None if by == round_.me else (silent, by)  # its own word: said already
+        self._gone_refused = True
+        shown = value[:40].decode("ascii", "backslashreplace")
+        self._note(round_, GONE_KEY, f"{GONE_KEY} holds {shown!r}, not a node's word numarun "
+                   "writes (another client of the store?): ignored this round")  # fmt: skip
+        return None
 
     def beat(self, round_: WatchedRound, conn: Conn) -> None:
         """Add 1 to this node's counter through ``conn`` (one that is not a number is named

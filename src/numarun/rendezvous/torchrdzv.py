@@ -666,12 +666,16 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
             return
         if node._barrier is not None or node.change is not None:
             continue  # the exit barrier's look reads it; a change ends the round
-        silent = node.watch.tolerant(round_, "the next node's heartbeat",
-                                     node.heartbeats.look, round_, node._handler)  # fmt: skip
+        what, beats = "the next node's heartbeat", node.heartbeats
+        silent = node.watch.tolerant(round_, what, beats.look, round_, node._handler)
         if silent is not None:
             # What raises here is one line (guarded), never a thread's traceback.
-            node.watch.guarded(round_, "the next node's heartbeat", _report_silent, node,
-                               round_, silent)  # fmt: skip
+            node.watch.guarded(round_, what, _report_silent, node, round_, silent)
+            return
+        gone = node.watch.tolerant(round_, what, beats.gone_elsewhere, round_)
+        if gone is not None:
+            line = f"{_silent_line(node, gone[0])}, as node {gone[1]} saw"
+            node.watch.report(round_, Change(REJOIN, line))
             return
 
 
@@ -683,10 +687,13 @@ def _silent_line(node: ElasticNode, silent: int) -> str:
 
 
 def _report_silent(node: ElasticNode, round_: WatchedRound, silent: int) -> None:
-    """The change first, then the notice: the rendezvous's own health never waits for the
-    view's store, whose host may be the silent node (posting there then fails only after a
-    probe, seconds when its machine is gone); the others learn it from torch's wait list
-    when this node re-joins, the notice or not."""
+    """The change first, then the word on the rendezvous store (:data:`liveness.GONE_KEY`,
+    which every node's ``numarun-health`` reads), then the notice: the rendezvous's own health
+    never waits for the view's store, whose host may be the silent node (posting there then
+    fails, after a probe: seconds when its machine is gone). torch's wait list tells the
+    others too, once this node re-joins, later on a saturated store."""
     message = _silent_line(node, silent)
     node.watch.report(round_, Change(REJOIN, message))
+    node.watch.tolerant(round_, "the next node's heartbeat", node.heartbeats.say_gone, round_,
+                        silent)  # fmt: skip
     node._announce_silent(round_, silent, message)
