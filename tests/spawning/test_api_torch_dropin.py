@@ -285,28 +285,64 @@ def test_the_teardown_warning_is_seen_by_assert_logs_on_torchs_logger(method: st
 @pytest.mark.parametrize("method", METHODS)
 def test_workers_of_a_killed_worker_die_with_it(method: str) -> None:
     """torch's _test_nested: a worker starts workers of its own (join=False), then kills
-    itself; its workers must be gone well before they would have ended."""
+    itself; its workers must be gone well before they would have ended (300 s).
+
+    Each step waits on its condition, so that load cannot break it: the nested workers'
+    start-up (the worker kills itself only once both said they run), the worker's death, then
+    the nested workers' deaths, within 60 s of it (on an idle machine, milliseconds)."""
     here, there = multiprocessing.get_context(method).Pipe()
     context = numarun.start_processes(
         spawn_dropin_funcs.start_nested_then_die,
-        args=(there, method),
+        args=(there, method, 300.0),
         nprocs=1,
         join=False,
         start_method=method,
     )
-    assert here.poll(60)
-    nested = here.recv()
+    nested: list[int] = []
     try:
-        assert all(_dead(pid, timeout=10) for pid in nested)
+        assert here.poll(180), "the worker never said its workers run"
+        message = here.recv()
+        assert isinstance(message, list), message
+        nested = message
+        worker = context.processes[0]
+        assert multiprocessing.connection.wait([worker.sentinel], timeout=60), "never died"
+        assert [pid for pid in nested if not _dead(pid, timeout=60)] == []
         with pytest.raises(ProcessExitedException, match="signal SIGTERM"):
             context.join()
     finally:
+        for pid in nested:
+            if not _dead(pid, timeout=0):  # a survivor (the test failed): not left for 300 s
+                os.kill(pid, signal.SIGKILL)
         # Orphans adopted by this process while it was a subreaper, which the supervisor
         # cannot prove its own (they left the worker's session and carry the nested run's
         # marker): the supervisor's documented limit. Reaped here so the test leaves none.
         for pid in nested:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_fork_workers_fds_survive_inherited_worker_handles() -> None:
+    """A fork worker inherits the caller's earlier contexts, and with them their workers'
+    handles, whose finalizer closes the sentinel (a pidfd) when the garbage collector collects
+    the handle. The worker's start closed those fds, and the worker's own files may take their
+    numbers: the finalizer, run in the worker, must leave them open. (It closed a nested run's
+    queue pipe under a feeder thread, "Bad file descriptor": the nested workers never said
+    they run, in test_workers_of_a_killed_worker_die_with_it under load.)"""
+    earlier = numarun.start_processes(
+        spawn_dropin_funcs.nothing, nprocs=2, join=False, start_method="fork"
+    )
+    while not earlier.join():
+        pass
+    sentinels = [process.sentinel for process in earlier.processes]
+    here, there = multiprocessing.get_context("fork").Pipe()
+    numarun.spawn(
+        spawn_dropin_funcs.release_inherited_sentinels,
+        args=(earlier, there),
+        nprocs=1,
+        start_method="fork",
+    )
+    assert here.recv() == [True, True]
+    assert all(os.fstat(fd) for fd in sentinels)  # the caller's own stay open until released
 
 
 def test_spawn_with_a_missing_argument_raises_process_raised() -> None:
