@@ -7,6 +7,7 @@ import signal
 import socket
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -66,12 +67,14 @@ def test_request_stop_after_a_failure_keeps_the_failure_as_the_cause() -> None:
     assert result.stop_reason is None
 
 
-def test_reader_callback_runs_in_the_loop_and_can_signal_workers() -> None:
+def test_reader_callback_runs_in_the_loop_and_can_signal_workers(tmp_path: Path) -> None:
     ours, theirs = socket.socketpair()
     seen: list[bytes] = []
+    ready = tmp_path / "ready"
     code = (
         "import signal, sys, time\n"
         "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(7))\n"
+        f"open({str(ready)!r}, 'w').close()\n"
         "time.sleep(60)\n"
     )
     sup = Supervisor([spec(0, code), spec(1, SLEEP)], grace_period=5)
@@ -83,7 +86,12 @@ def test_reader_callback_runs_in_the_loop_and_can_signal_workers() -> None:
     sup.add_reader(ours.fileno(), readable)
     try:
         sup.start()
-        time.sleep(0.3)  # let rank 0 install its handler
+        # Rank 0's handler is in place (an interpreter's start-up, seconds under load): a
+        # fixed sleep let SIGUSR1 kill it with its default action instead.
+        deadline = time.monotonic() + 60
+        while not ready.exists():
+            assert time.monotonic() < deadline, "rank 0 never installed its handler"
+            time.sleep(0.01)
         theirs.send(b"go")
         result = sup.wait()
     finally:

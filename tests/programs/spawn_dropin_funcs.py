@@ -70,19 +70,50 @@ def nested_child(local_rank: int, ready: Any, seconds: float) -> None:
     time.sleep(seconds)
 
 
-def start_nested_then_die(local_rank: int, pids: Any, method: str) -> None:
-    """Starts 2 workers of its own, sends their pids (``pids``: a Connection, which sends
-    before it returns, unlike a Queue's feeder thread), then kills itself once they run."""
+def start_nested_then_die(local_rank: int, pids: Any, method: str, seconds: float) -> None:
+    """Starts 2 workers of its own that sleep ``seconds``, waits until both run, sends their
+    pids (``pids``: a Connection, which sends before it returns, unlike a Queue's feeder
+    thread), then kills itself. Sends the error instead when they never said they run."""
     import numarun
 
     ready = multiprocessing.get_context(method).Queue()
     context = numarun.start_processes(
-        nested_child, args=(ready, 60.0), nprocs=2, join=False, start_method=method
+        nested_child, args=(ready, seconds), nprocs=2, join=False, start_method=method
     )
+    try:
+        for _ in range(2):
+            ready.get(timeout=60)
+    except BaseException as error:
+        pids.send(f"the nested workers {context.pids()} never said they run: {error!r}")
+        raise
     pids.send(context.pids())
-    for _ in range(2):
-        ready.get(timeout=60)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+def release_inherited_sentinels(local_rank: int, earlier: Any, answers: Any) -> None:
+    """In a fork worker forked while the caller held ``earlier`` (a ProcessContext whose run
+    ended): each number of ``earlier``'s sentinels, closed at this worker's start, is given a
+    file of this worker's own if free (as the worker's next open would take it); then the
+    finalizers of the inherited worker handles run, as the garbage collector runs them here
+    when it collects them. Sends whether each of those numbers is still open."""
+    numbers = [process._popen.sentinel for process in earlier.processes]
+    null = os.open(os.devnull, os.O_RDONLY)
+    for number in numbers:
+        try:
+            os.fstat(number)
+        except OSError:
+            os.dup2(null, number)
+    for process in earlier.processes:
+        process._popen._release()  # the weakref.finalize the collector would call
+    still_open = []
+    for number in numbers:
+        try:
+            os.fstat(number)
+        except OSError:
+            still_open.append(False)
+        else:
+            still_open.append(True)
+    answers.send(still_open)
 
 
 def use_everything(

@@ -52,9 +52,10 @@ def _gone(pid: int) -> bool:
     return not os.path.exists(f"/proc/{pid}")
 
 
-def _wait_gone(pids: list[int], timeout: float = 5.0) -> list[int]:
+def _wait_gone(pids: list[int], timeout: float = 30.0) -> list[int]:
     """Pids still present after ``timeout`` (teardown is already done when spawn returns; the
-    short bounded wait only absorbs the kernel's final reaping)."""
+    bounded wait only absorbs the final reaping, by init or a subreaper, which a loaded machine
+    may schedule seconds later; it returns as soon as they are gone)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         left = [pid for pid in pids if not _gone(pid)]

@@ -215,6 +215,7 @@ class WorkerRun:
         self.result: RunResult | None = None
         self._sentinels: dict[int, int] = {}
         self._observed_exit: dict[int, int] = {}  # rank -> pipe write end (no pidfds)
+        self._owner = os.getpid()  # the process whose fds the sentinels are
 
     def watch(self, supervisor: Supervisor) -> None:
         """Read the result sockets from ``supervisor``'s loop; call before it starts."""
@@ -348,8 +349,17 @@ class WorkerRun:
         return self.result
 
     def release_sentinel(self, rank: int) -> None:
-        forkexec.close(self._sentinels.pop(rank, None))
-        forkexec.close(self._observed_exit.pop(rank, None))
+        """Close ``rank``'s sentinel (and its exit pipe), once; only in the process that opened
+        them. A worker forked while this run was held (a fork worker of a later call) inherits
+        this object, and the run's fds were closed at its start (forkexec's registry), so their
+        numbers may hold the worker's own files by then: the finalizer of an inherited
+        :class:`WorkerPopen`, run there by the garbage collector at any allocation, must not
+        close them (it closed a nested run's queue pipe under a worker's feeder thread)."""
+        sentinel = self._sentinels.pop(rank, None)
+        observed = self._observed_exit.pop(rank, None)
+        if os.getpid() == self._owner:
+            forkexec.close(sentinel)
+            forkexec.close(observed)
 
     def close(self) -> None:
         """Close the sentinels and the readers (after the run)."""
