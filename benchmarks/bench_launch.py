@@ -68,7 +68,8 @@ time.sleep(60)
 """
 
 # The floor: a launcher's interpreter, then one fork and exec per worker through numarun's
-# bootstrap (as numarun's launcher starts them), then a wait for each. argv: N SCRIPT ARGS...
+# bootstrap (as numarun's launcher starts them), then a wait for each. argv: N, the bootstrap's
+# -c code (SCRIPT_BOOTSTRAP), SCRIPT, ARGS...
 FLOOR = """\
 import os, sys
 n, command = int(sys.argv[1]), [sys.executable, "-u", "-c", sys.argv[2], "--", *sys.argv[3:]]
