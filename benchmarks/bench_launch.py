@@ -1,6 +1,7 @@
 """Launch and failure latency of ``numarun`` next to torchrun and bare interpreters.
 
-Two figures, measured side by side in one run and printed as a markdown table with ratios:
+Two figures, measured side by side in one run and printed as markdown tables with ratios (the
+first with a floor beside it):
 
 * start-up: from just before the launcher is started to the moment the last of N trivial
   workers runs its first line (each writes ``CLOCK_MONOTONIC`` to a file first thing). The
@@ -8,6 +9,13 @@ Two figures, measured side by side in one run and printed as a markdown table wi
   numarun: <= 1.5x the anchor (issue 32 asks for 2x). numarun is started twice: as ``python -m
   numarun`` (which loads :mod:`runpy` and its imports first, about 3 ms) and, when this
   environment has it, as the ``numarun`` command next to the interpreter, as users start it.
+* the floor of any launcher written in Python, measured beside them: a script of a dozen lines
+  (:data:`FLOOR`) whose interpreter forks and execs N workers exactly as numarun starts them
+  (through ``numarun.worker.bootstrap``) and waits for them, nothing else: no options, no
+  pipes, no watchdog, no binding, and no script compiled once for all (each worker compiles
+  it, about 0.85 ms of CPU more per worker than under numarun). What numarun adds to it is
+  numarun's own start-up work; what the floor adds to the anchor is the launcher's
+  interpreter and the bootstrap, which no change inside numarun's launcher removes.
 * failure: from the moment one worker exits 1 (it records ``CLOCK_MONOTONIC`` just before) to
   the launcher's exit being seen here, while the other workers sleep and honour SIGTERM.
   Target for numarun: < 50 ms (torchrun: about 0.7 s).
@@ -40,6 +48,8 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
+
 STARTED = """\
 import time, os, sys
 stamp = time.clock_gettime(time.CLOCK_MONOTONIC)
@@ -57,6 +67,25 @@ if os.environ["RANK"] == "0":
 time.sleep(60)
 """
 
+# The floor: a launcher's interpreter, then one fork and exec per worker through numarun's
+# bootstrap (as numarun's launcher starts them), then a wait for each. argv: N, the bootstrap's
+# -c code (SCRIPT_BOOTSTRAP), SCRIPT, ARGS...
+FLOOR = """\
+import os, sys
+n, command = int(sys.argv[1]), [sys.executable, "-u", "-c", sys.argv[2], "--", *sys.argv[3:]]
+pids = []
+for rank in range(n):
+    env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(n))
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.execve(sys.executable, command, env)
+        finally:
+            os._exit(127)
+    pids.append(pid)
+for pid in pids:
+    os.waitpid(pid, 0)
+"""
 
 PYCACHE = Path(tempfile.gettempdir()) / "bench_launch_pycache"
 
@@ -176,8 +205,6 @@ def bootstrap_cost(script: str, folder: Path, runs: int) -> tuple[float, float]:
         return time.perf_counter() - t0
 
     bare = [sys.executable, "-u", script, str(folder)]
-    from numarun.launch.workersetup import SCRIPT_BOOTSTRAP
-
     wrapped = [sys.executable, "-u", "-c", SCRIPT_BOOTSTRAP, "--", script, str(folder)]
     plain, through = [], []
     for _ in range(runs):  # interleaved, so drifts hit both alike
@@ -230,12 +257,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         started.write_text(STARTED)
         failing = folder / "failing.py"
         failing.write_text(FAILING)
+        floor = folder / "floor.py"
+        floor.write_text(FLOOR)
         out = str(folder)
         n = args.nproc
 
         startup_calls: dict[str, Callable[[], float]] = {
             "bare": lambda: startup_bare(str(started), n, folder),
             "numarun": lambda: startup_launcher(_numarun(n, str(started), out), n, folder),
+            "floor": lambda: startup_launcher(
+                [sys.executable, str(floor), str(n), SCRIPT_BOOTSTRAP, str(started), out],
+                n,
+                folder,
+            ),
         }
         command = _numarun_command()
         if command is not None:
@@ -265,6 +299,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("|---|---|---|---|")
     anchor = statistics.median(startup["bare"])
     print(_row(f"{n} bare interpreters in parallel (anchor)", startup["bare"], anchor))
+    print(_row("the floor: a Python launcher that only forks and execs", startup["floor"], anchor))
     print(_row("python -m numarun (static)", startup["numarun"], anchor))
     if "numarun command" in startup:
         print(_row("the numarun command (static)", startup["numarun command"], anchor))
