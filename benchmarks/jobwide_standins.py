@@ -731,6 +731,9 @@ class StandIn:
         self.fate: Fate = getattr(store, "fate", None) or Fate()
         self.fate.on_death = self._gone
         self.joined = False
+        if self.torch is not None:  # its join synced the new round's state (no wait list)
+            with self.torch.lock:
+                self.torch.token, self.torch.synced = None, -1e9
         node._store = store
         world = nodes * ranks
         places = tuple(product.WorkerPlace(index * ranks + r, index * ranks + r, world, world)
