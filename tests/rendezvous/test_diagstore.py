@@ -41,6 +41,19 @@ def closed_port() -> int:
         return sock.getsockname()[1]
 
 
+def refused_within(hostname: str, port: int, limit: float) -> bool:
+    """Whether ``hostname:port`` refuses a connection within ``limit`` seconds (a server
+    closed by dropping its last reference stops listening soon, not at once)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((hostname, port), timeout=1.0).close()
+        except ConnectionRefusedError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
 def host(rendezvous: object) -> diagstore.DiagServer:
     server = diagstore.host_round(None, SimpleNamespace(rank=0, store=rendezvous), True,
                                   "127.0.0.1:29400")  # fmt: skip
@@ -102,15 +115,7 @@ def test_the_server_is_served_until_the_next_round_formed(rendezvous: object) ->
     # The next round formed elsewhere (this node is not its group rank 0): the old one closes.
     assert diagstore.host_round(server, SimpleNamespace(rank=1, store=rendezvous), True,
                                 "127.0.0.1:29400") is None  # fmt: skip
-    deadline = time.monotonic() + LIMIT
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((hostname, port), timeout=1.0).close()
-        except ConnectionRefusedError:
-            break
-        time.sleep(0.05)
-    else:
-        pytest.fail("the old round's server still accepts connections")
+    assert refused_within(hostname, port, LIMIT), "the old round's server still accepts connections"
     with pytest.raises(diagstore.Unavailable, match="refused"):
         diagstore.connect(hostname, port, spread=0.0, window=LIMIT)
 
@@ -127,13 +132,7 @@ def test_a_store_whose_host_went_away_is_named_not_reconnected_to(rendezvous: ob
     assert made.posts.add("numarun/events", 1) == 1
     server.close()  # the launcher that hosted it is gone
     hostname, port = diagstore.parse_address(server.address.encode())
-    deadline = time.monotonic() + LIMIT
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection((hostname, port), timeout=1.0).close()
-        except ConnectionRefusedError:
-            break
-        time.sleep(0.05)
+    assert refused_within(hostname, port, LIMIT)
     for conn in (made.posts, made.events):
         with pytest.raises(diagstore.Unavailable, match=r"went away .*ConnectionRefusedError"):
             conn.add("numarun/events", 1)
