@@ -706,10 +706,13 @@ class StandIn:
         """This node re-forms the group: the launcher stops its workers and calls torch's
         ``next_rendezvous``, which puts it in torch's wait list (:meth:`TorchTraffic.
         join_wait_list`, in a thread: the launcher's main thread, not the loop). Only a node
-        that decided on its own joins here (a silent neighbour, a notice): one that re-forms
-        because it saw a node waiting would join after what the benchmark measures."""
+        that decided on its own joins here (its silent neighbour): one that re-forms because
+        it saw a node waiting, another node's word or notice joins after what the benchmark
+        measures (a thousand joins at once are torch's herd of compare-and-sets of the whole
+        state, minutes on this machine, after every node stopped: left out, and named so)."""
         torch, number = self.torch, self.number
-        if torch is None or self.joined or self.fate.dead.is_set() or " waiting " in why:
+        own = re.match(r"node \d+ stopped answering \(", why) is not None and " saw" not in why
+        if torch is None or self.joined or self.fate.dead.is_set() or not own:
             return
         self.joined = True
         threading.Thread(target=torch.join_wait_list, args=(lambda: self.number == number,),
@@ -732,8 +735,7 @@ class StandIn:
         self.fate.on_death = self._gone
         self.joined = False
         if self.torch is not None:  # its join synced the new round's state (no wait list)
-            with self.torch.lock:
-                self.torch.token, self.torch.synced = None, -1e9
+            self.torch.token, self.torch.synced = None, -1e9
         node._store = store
         world = nodes * ranks
         places = tuple(product.WorkerPlace(index * ranks + r, index * ranks + r, world, world)
