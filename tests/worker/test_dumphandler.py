@@ -111,7 +111,7 @@ def test_arm_waits_for_the_helpers_word_where_proc_cannot_tell(tmp_path: Path) -
 # program's own mask (SIGUSR2 blocked) must be back in the main thread, and the helper must
 # block every signal the program may be sent, not the faults a thread raises on itself.
 MASKS = r"""
-import json, os, signal, sys
+import json, os, signal, sys, time
 from numarun.worker import dumphandler
 
 
@@ -127,6 +127,16 @@ before = blocked(os.getpid())
 armed = dumphandler.arm(sys.argv[1])
 with open(sys.argv[1] + ".fr", "rb") as answers:
     helper = int(answers.readline().split()[2])
+# Once the helper answered, it runs with its own mask: a new thread starts with every signal
+# blocked (glibc) until its first turn.
+with open(sys.argv[1] + ".req", "wb", buffering=0) as requests:
+    requests.write(b"7 s\n")
+deadline = time.monotonic() + 120
+while time.monotonic() < deadline:
+    with open(sys.argv[1], "rb") as dump:
+        if b"numarun-stacks 7\n" in dump.read():
+            break
+    time.sleep(0.01)
 masks = {"armed": armed is not None, "helper_is_another": helper != os.getpid(),
          "main_before": before, "main_after": blocked(os.getpid()), "helper": blocked(helper)}
 print(json.dumps(masks))
