@@ -194,20 +194,34 @@ needs_root = pytest.mark.skipif(
 )
 
 
+# Exits 3 once the file named by its argument exists (at most 300 s from now).
+FAIL_WHEN_TOLD = (
+    "import os, sys, time\n"
+    "deadline = time.monotonic() + 300\n"
+    "while not os.path.exists(sys.argv[1]) and time.monotonic() < deadline:\n"
+    "    time.sleep(0.01)\n"
+    "sys.exit(3)\n"
+)
+
+
 @needs_root
 @pytest.mark.parametrize("start", ["exec", "forkserver"])
-def test_another_users_process_with_the_marker_is_never_signalled(start: str) -> None:
+def test_another_users_process_with_the_marker_is_never_signalled(
+    start: str, tmp_path: Path
+) -> None:
     """As root: a process of uid 65534 carrying NUMARUN_RUN_ID=<this run> survives the
     teardown untouched. In a forkserver run, where the marker does count, a process of root's
     carrying it is torn down with the run (so it is the uid that spares the other). Both start
     once the run has: a process older than the run cannot be one of its own, and is never
-    looked at."""
+    looked at. The failure that tears the run down comes once both run (a worker told so),
+    never on a clock their start could outlast under load: the teardown must find them."""
     target = teardown_spawn_funcs.sleep_target if start == "forkserver" else None
     argv = None if target else [PY, "-c", "import time; time.sleep(120)"]
+    told = tmp_path / "fail now"
     sup = Supervisor(
         [
             WorkerSpec(0, 0, ENV, argv=argv, start=start, fork_target=target),
-            WorkerSpec(1, 1, ENV, argv=[PY, "-c", "import time; time.sleep(3); exit(3)"]),
+            WorkerSpec(1, 1, ENV, argv=[PY, "-c", FAIL_WHEN_TOLD, str(told)]),
         ],
         grace_period=2.0,
     )
@@ -216,6 +230,7 @@ def test_another_users_process_with_the_marker_is_never_signalled(start: str) ->
         sup.start()
         stranger = outsider(sup.run_id, 65534)
         ours = outsider(sup.run_id, 0) if start == "forkserver" else None
+        told.touch()
         result = sup.wait()
         assert result is not None and result.workers[1].exit_code == 3
         assert outsider_report(stranger) == (True, b"")
@@ -228,10 +243,27 @@ def test_another_users_process_with_the_marker_is_never_signalled(start: str) ->
                 process.wait()
 
 
+def watchdog_of(host: int) -> int:
+    """The watchdog of the supervisor in process ``host``: its child that is a copy of it (the
+    fork server and the resource tracker, its other children, run other command lines)."""
+    with open(f"/proc/{host}/cmdline", "rb") as command:
+        cmdline = command.read()
+    for task in os.listdir(f"/proc/{host}/task"):
+        with open(f"/proc/{host}/task/{task}/children") as listing:
+            children = listing.read().split()
+        for child in children:
+            with contextlib.suppress(OSError), open(f"/proc/{child}/cmdline", "rb") as command:
+                if command.read() == cmdline:
+                    return int(child)
+    raise AssertionError(f"no watchdog among the children of {host}")
+
+
 @needs_root
 def test_the_watchdog_spares_another_users_process_with_the_marker() -> None:
     """The supervisor is SIGKILLed during a forkserver run (the watchdog then kills marked
-    processes of root's): the marked process of uid 65534 is not touched."""
+    processes of root's): the marked process of uid 65534 is not touched. It is looked at once
+    the watchdog has exited, after everything it kills (not after a fixed time, which a loaded
+    machine can outlast: the look would come before the watchdog's and prove nothing)."""
     host = subprocess.Popen(
         [PY, str(PROGRAMS / "teardown_supervisor_host.py"), "forkserver", "1"],
         stdout=subprocess.PIPE,
@@ -245,10 +277,15 @@ def test_the_watchdog_spares_another_users_process_with_the_marker() -> None:
         run_id = next(line.split()[1] for line in lines if line.startswith("R "))
         worker = int(next(line.split()[1] for line in lines if line.startswith("W ")))
         stranger = outsider(run_id, 65534)
-        host.kill()
-        host.wait()
+        watchdog = os.pidfd_open(watchdog_of(host.pid))
+        try:
+            host.kill()
+            host.wait()
+            ended, _, _ = select.select([watchdog], [], [], START_LIMIT)
+            assert ended, "the watchdog did not exit after its supervisor's death"
+        finally:
+            os.close(watchdog)
         assert survivors([worker]) == []
-        time.sleep(1.0)  # the watchdog's sweep is over by now
         assert outsider_report(stranger) == (True, b"")
     finally:
         host.kill()

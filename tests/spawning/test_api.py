@@ -686,6 +686,10 @@ def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None
     # sending it from the step in between): it must be noted, acted on by the join, and only
     # then reach the caller's handler. It used to reach the handler at once; its SystemExit
     # then left the non-daemon workers running and the exiting interpreter waited for them.
+    # The relayed SIGTERM alone must end the workers (their handler, the caller's, copied by
+    # fork): neither the grace period's SIGKILL nor the end of their sleep comes before the
+    # deadline, which only a lost signal reaches (a signal taken by numarun's helper thread
+    # in a rank asleep was), never load.
     script = _script(
         tmp_path,
         f"""
@@ -702,13 +706,18 @@ def test_sigterm_between_start_and_join_still_tears_down(tmp_path: Path) -> None
         spawning.ProcessContext.__init__ = made_then_signalled
         if __name__ == "__main__":
             signal.signal(signal.SIGTERM, on_term)
-            numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r},), nprocs=2,
-                          start_method="fork")
+            numarun.spawn(spawn_funcs.write_pid_then_sleep, args=({str(tmp_path)!r}, 600),
+                          nprocs=2, start_method="fork", grace_period=600)
         """,
     )
     job = subprocess.Popen([sys.executable, str(script)])
     try:
-        assert job.wait(timeout=30) == 5
+        try:
+            code = job.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            running = [path.read_text() for path in sorted(tmp_path.glob("worker*"))]
+            pytest.fail(f"the job did not end in 120 s; workers that wrote their pid: {running}")
+        assert code == 5
     finally:
         if job.poll() is None:
             job.kill()

@@ -6,8 +6,8 @@ base modules).
   module run as ``python`` would, the error file written for a worker without ``@record``.
 - ``dumphandler``: the helper thread (stacks taken holding the GIL, the flight recorder, on the
   launcher's requests) and ``faulthandler.register`` on signal 42 for when the GIL cannot be
-  had (also used by ``numarun.spawn``'s children). Imports only ``os``, ``sys``, ``_thread``
-  and ``faulthandler``.
+  had (also used by ``numarun.spawn``'s children). Imports only ``os``, ``sys``, ``_thread``,
+  ``_signal`` and ``faulthandler``.
 - ``preload``: inside a standby (``--preload``): the preloaded imports, the wait, the hand-over.
 - ``errorfile``: torchrun's error-file JSON, written here and read by the launcher's summary.
 

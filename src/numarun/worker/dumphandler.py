@@ -61,11 +61,23 @@ If the user's code later registers the same signal (``signal.signal`` or
 ``faulthandler.register``), its handler replaces numarun's: the user's wins, and the launcher
 reports that rank's stacks as unavailable.
 
+The helper blocks every signal but the faults a thread raises on itself (:data:`_FAULTS`); it
+is started with them blocked, so there is no moment it could take one. A signal sent to the
+process goes to any thread that does not block it, and Python runs a handler only in the main
+thread, at its next turn with the GIL; the C handler that ran in another thread wakes nothing.
+One taken by the helper waited for the main thread to take the GIL again: a rank asleep in
+``time.sleep(60)`` slept through a teardown's SIGTERM whose handler would have ended it, until
+SIGKILL came with the end of the grace period (seen with ``ftrace``: a spawn's SIGTERM
+delivered to the helper's thread of a rank whose main thread slept through it). With the helper
+blocking them, such a signal goes to a thread of the program's.
+
 This module is on every worker's start-up path: it imports only what a bare interpreter has
-already loaded (``os``, ``sys``, ``_thread``) and the built-in ``faulthandler``; :mod:`signal`
-is not imported (its ``enum`` import costs milliseconds), the signal number is a constant.
+already loaded (``os``, ``sys``, ``_thread``, ``_signal``) and the built-in ``faulthandler``;
+:mod:`signal` is not imported (its ``enum`` import costs milliseconds), the signal number is a
+constant.
 """
 
+import _signal
 import _thread
 import faulthandler
 import os
@@ -87,6 +99,14 @@ _HIGH_FD = 1000  # where the files' fds move to, when free and allowed
 _READY_WAIT = 5.0  # seconds arm() waits for the helper's id where /proc cannot tell it
 _STOP_WAIT = 1.0  # seconds the interpreter's exit waits for the helper to end
 _running: "list[tuple[int, _thread.LockType, int]]" = []  # the helper started, if any
+# What the helper leaves unblocked: the faults a thread raises on itself. One of those blocked is
+# forced through at the default action, a crash without faulthandler's dump; SIGKILL and SIGSTOP
+# cannot be blocked.
+_FAULTS = frozenset(
+    getattr(_signal, name)
+    for name in ("SIGSEGV", "SIGBUS", "SIGFPE", "SIGILL", "SIGTRAP", "SIGSYS", "SIGKILL", "SIGSTOP")
+    if hasattr(_signal, name)
+)
 
 
 def arm(path: "str | None" = None) -> "tuple[str, int] | None":
@@ -146,19 +166,25 @@ def _start_helper(path: str, stacks: int) -> "int | None":
     said.acquire()
     ids: list[int] = []
     before = _threads()
+    mask = _block_signals()  # what the helper inherits (module docstring)
     try:
-        _thread.start_new_thread(
-            _numarun_stacks_helper, (requests, answers, stacks, stopped, said, ids)
-        )
-    except RuntimeError:  # no thread can start (a process or memory limit)
-        for fd in opened:
-            os.close(fd)
-        return None
-    import atexit  # built in: nothing to load
+        try:
+            _thread.start_new_thread(
+                _numarun_stacks_helper, (requests, answers, stacks, stopped, said, ids)
+            )
+        except RuntimeError:  # no thread can start (a process or memory limit)
+            for fd in opened:
+                os.close(fd)
+            return None
+        import atexit  # built in: nothing to load
 
-    helper = (requests, stopped, os.getpid())
-    _running.append(helper)
-    atexit.register(_stop_running, helper)
+        helper = (requests, stopped, os.getpid())
+        _running.append(helper)
+        atexit.register(_stop_running, helper)
+    finally:
+        # This thread's mask back: a signal that came meanwhile is handled here (its handler
+        # may raise, as it would have at the next line), the helper being known by then.
+        _restore_signals(mask)
     new = _threads() - before if before is not None else set()
     if len(new) == 1:
         tid = new.pop()
@@ -174,6 +200,22 @@ def _start_helper(path: str, stacks: int) -> "int | None":
         os.close(signalled)
         return None
     return signalled
+
+
+def _block_signals() -> "set[int] | None":
+    """Block in this thread every signal but :data:`_FAULTS`; the mask before, or None when it
+    could not be changed (the helper then takes signals, as before)."""
+    try:
+        return _signal.pthread_sigmask(_signal.SIG_BLOCK, _signal.valid_signals() - _FAULTS)
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def _restore_signals(mask: "set[int] | None") -> None:
+    """Put back the mask :func:`_block_signals` returned (nothing for None). Python then runs
+    the handlers of signals that came meanwhile, here: what they raise is raised."""
+    if mask is not None:
+        _signal.pthread_sigmask(_signal.SIG_SETMASK, mask)
 
 
 def _threads() -> "set[int] | None":
