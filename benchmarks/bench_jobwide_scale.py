@@ -445,7 +445,7 @@ class Bench:
         if early:  # stopped by something else than the death: not this fault's outcome
             found["s"] = None
             found["why"] = f"{early} node(s) stopped before the death"
-        if found["s"] is None:
+        elif found["s"] is None:
             found["why"] = f"{len(times)} of {survivors} surviving nodes had an outcome within " \
                            f"{limit + 30:g} s"  # fmt: skip
             found["without"] = sorted(k for k, v in self.times(kind).items() if v is None)[:8]
