@@ -50,7 +50,7 @@ _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join,
 GONE_KEY = "numarun/gone"
 """With the whole-job view on a store of its own: ``<silent node> <by node>``, set on the
 rendezvous store (the round's prefix) by the node that saw its neighbour silent, read by every
-other node's ``numarun-health`` thread at each look (one ``check``). The notice on the view's
+other node's ``numarun-health`` thread every second (one ``check``). The notice on the view's
 store cannot be the only word: that store is group rank 0's, and dies with it."""
 
 

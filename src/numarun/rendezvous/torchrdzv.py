@@ -373,11 +373,9 @@ class ElasticNode:
             return [Change(REJOIN, self._announce_silent(round_, silent))]
         return []
 
-    def _announce_silent(self, round_: WatchedRound, silent: int,
-                         message: str | None = None) -> str:  # fmt: skip
-        """Tell every node that node ``silent`` stopped beating (``message``: the line, made
-        when None); the line said."""
-        message = message or _silent_line(self, silent)
+    def _announce_silent(self, round_: WatchedRound, silent: int) -> str:
+        """Tell every node that node ``silent`` stopped beating; the line said."""
+        message = _silent_line(self, silent)
         body = notice_body(self._notice_text(message))
         self.watch.tolerant(round_, "this node's notice", post_notice, round_, body)
         self._announced = True
@@ -694,8 +692,7 @@ def _report_silent(node: ElasticNode, round_: WatchedRound, silent: int) -> None
     never waits for the view's store, whose host may be the silent node (posting there then
     fails, after a probe: seconds when its machine is gone). torch's wait list tells the
     others too, once this node re-joins, later on a saturated store."""
-    message = _silent_line(node, silent)
-    node.watch.report(round_, Change(REJOIN, message))
+    node.watch.report(round_, Change(REJOIN, _silent_line(node, silent)))
     node.watch.tolerant(round_, "the next node's heartbeat", node.heartbeats.say_gone, round_,
                         silent)  # fmt: skip
-    node._announce_silent(round_, silent, message)
+    node._announce_silent(round_, silent)
