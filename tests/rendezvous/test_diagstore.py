@@ -310,3 +310,34 @@ def test_a_silent_node_is_told_on_the_rendezvous_store_and_forged_words_are_one_
         err = capsys.readouterr().err.splitlines()
         assert len(err) == 1 and "ignored this round" in err[0] and len(err[0]) < 300, err
     watch.close()
+
+
+@pytest.mark.parametrize("stopping", [False, True])
+def test_numarun_health_reads_nothing_once_this_nodes_round_is_stopping(
+    rendezvous: object, stopping: bool
+) -> None:
+    """A node whose attempt is over (its failure notice posted, or another's read) ends soon,
+    and so may the node hosting the rendezvous store: a read of the neighbour's beat then
+    failed and said so in a false warning on a job that ended as it should (seen once in the
+    suite at load, on the failed node). The thread reads while the round runs, not after."""
+    from numarun.rendezvous.torchrdzv import _watch_health
+
+    looked = threading.Event()
+
+    def look(*args: object) -> None:
+        looked.set()
+        raise RuntimeError("the store went away")
+
+    watch = StoreWatch(0.05, lambda round_: [])
+    round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
+    round_.stopping = stopping
+    beats = SimpleNamespace(beat_interval=0.05, look=look, gone_elsewhere=look)
+    node = SimpleNamespace(poll_interval=0.05, heartbeats=beats, _barrier=None, change=None,
+                           watch=watch, _handler=None)  # fmt: skip
+    thread = threading.Thread(target=_watch_health, args=(node, round_), daemon=True)
+    thread.start()
+    # Twenty looks' worth of time: enough for a running round's first look at any load.
+    assert looked.wait(LIMIT if not stopping else 1.0) is not stopping
+    round_.active = False
+    thread.join(LIMIT)
+    watch.close()

@@ -664,8 +664,11 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
         time.sleep(min(node.poll_interval, node.heartbeats.beat_interval))
         if not round_.active:
             return
-        if node._barrier is not None or node.change is not None:
-            continue  # the exit barrier's look reads it; a change ends the round
+        if node._barrier is not None or node.change is not None or round_.stopping:
+            # The exit barrier's look reads it; a change ends the round; a stopping round is
+            # over for this node (its notice posted, or another's read): the store may go with
+            # the node that hosts it, and a read then would only say so in a false warning.
+            continue
         what, beats = "the next node's heartbeat", node.heartbeats
         silent = node.watch.tolerant(round_, what, beats.look, round_, node._handler)
         if silent is not None:
