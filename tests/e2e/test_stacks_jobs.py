@@ -280,8 +280,11 @@ def test_module_workers_a_user_handler_and_no_python_workers(
     try:
         read_ready(proc, 2)
         read_ready(other, 1)
-        # Two jobs: without RUN_ID they are listed, exit 2.
-        several = stacks(runtime)
+        # Two jobs: without RUN_ID they are listed, exit 2 (a rank can say ready before its
+        # launcher's socket listens, as ask_until knows: asked again for at most 30 s).
+        deadline = time.monotonic() + 30
+        while (several := stacks(runtime)).returncode != 2 and time.monotonic() < deadline:
+            time.sleep(0.3)
         assert several.returncode == 2
         assert "2 jobs running; name one: numarun stacks RUN_ID" in several.stderr
         assert "modjob" in several.stderr and "binjob" in several.stderr
