@@ -142,7 +142,12 @@ def test_the_helper_says_its_thread_and_stays_out_of_the_programs_sight(rank: Ra
     assert words[0] == "armed" and "['MainThread']" in words[2]  # not a threading.Thread
     assert words[2].endswith("None\n")  # the variable is gone
     assert rank.tid is not None and rank.tid != rank.proc.pid
-    assert thread_state(rank.proc.pid, rank.tid) == "S"  # reading its FIFO
+    # Reading its FIFO: asleep once it got there (at load the thread may still be on its way
+    # when the program says "armed", so a single look can see it running).
+    deadline = time.monotonic() + 30.0
+    while thread_state(rank.proc.pid, rank.tid) != "S" and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert thread_state(rank.proc.pid, rank.tid) == "S"
     caught, pending = _signal_state(rank.proc.pid) or (False, True)
     assert caught and not pending  # the handler, for when the GIL cannot be had
 
