@@ -15,17 +15,12 @@ from numarun.jobwide.protocol import CLAIM_KEY, COMPLETE_KEY, FRAMES_KEY  # noqa
 from numarun.process.loop import Loop  # noqa: F401
 from numarun.process.spec import WorkerExit  # noqa: F401
 from numarun.rendezvous import diagstore  # noqa: F401
+from numarun.rendezvous.events import EVENT_KEY, EVENTS_KEY  # noqa: F401
 from numarun.rendezvous.round import Round as NodeRound  # noqa: F401
 from numarun.rendezvous.round import WorkerPlace  # noqa: F401
 from numarun.rendezvous.storeops import Conn  # noqa: F401
 from numarun.rendezvous.storeresults import REJOIN, Result  # noqa: F401
-from numarun.rendezvous.storewatch import (  # noqa: F401
-    ALIVE_KEY,
-    EVENT_KEY,
-    EVENTS_KEY,
-    NODES_KEY,
-    WatchedRound,
-)
+from numarun.rendezvous.storewatch import ALIVE_KEY, NODES_KEY, WatchedRound  # noqa: F401
 from numarun.rendezvous.torchrdzv import ElasticNode  # noqa: F401
 from numarun.stacks.digest import Classes, node_digest  # noqa: F401
 from numarun.stacks.dumps import PENDING, RankDumps, Raw, _structurally_complete  # noqa: F401

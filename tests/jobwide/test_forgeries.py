@@ -22,7 +22,7 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
 from numarun.jobwide import hangverdict  # noqa: E402
-from numarun.rendezvous import storewatch  # noqa: E402
+from numarun.rendezvous import events, storewatch  # noqa: E402
 from numarun.rendezvous.storeops import Conn  # noqa: E402
 from numarun.stacks import digest as codec  # noqa: E402
 from standin_job import INTERVAL, LIMIT, Job, ask_and_read, rss_mib  # noqa: E402
@@ -31,7 +31,7 @@ GROWTH_MIB = 64  # what the forgeries below may add to this process's memory, at
 
 
 def forge_event(job: Job, header: str, body: bytes = b"") -> None:
-    storewatch.post_event(Conn(job.raw), header, body, after=0)
+    events.post_event(Conn(job.raw), header, body, after=0)
 
 
 @pytest.fixture

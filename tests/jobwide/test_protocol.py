@@ -22,7 +22,7 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
 from numarun.jobwide import hangverdict, protocol  # noqa: E402
-from numarun.rendezvous import storewatch  # noqa: E402
+from numarun.rendezvous import events, storewatch  # noqa: E402
 from numarun.rendezvous.storeops import Conn  # noqa: E402
 from numarun.stacks import digest as codec  # noqa: E402
 from numarun.stacks import merge  # noqa: E402
@@ -51,7 +51,7 @@ def test_whole_job_stacks_are_merged_by_the_asking_node_alone(
     assert requests < 30, requests
     assert (spent["bytes"] - before["bytes"]) / 12 < 4096
     # The request event stays for the nodes that have not read it yet (until the next round).
-    assert job.raw.check([storewatch.EVENT_KEY.format(1)])
+    assert job.raw.check([events.EVENT_KEY.format(1)])
     # A second request: the classes' frames are not posted or read again.
     frames_before = job.tally.snapshot()["frames"]
     ask_and_read(job, asker=5)
@@ -118,7 +118,7 @@ def test_a_node_that_moves_again_takes_its_count_back(make_job: Callable[..., Jo
 
 def post_event(job: Job, header: str, body: bytes = b"") -> None:
     conn = Conn(job.raw)
-    storewatch.post_event(conn, header, body, after=0)
+    events.post_event(conn, header, body, after=0)
 
 
 def test_a_notice_with_a_deeply_nested_post_and_escapes_stops_the_nodes_named(

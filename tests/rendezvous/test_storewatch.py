@@ -24,7 +24,7 @@ os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
 dist = pytest.importorskip("torch.distributed")
 
 from numarun.jobwide import hangverdict  # noqa: E402
-from numarun.rendezvous import storeops, storewatch  # noqa: E402
+from numarun.rendezvous import events, storeops, storewatch  # noqa: E402
 from numarun.rendezvous.storeops import Conn  # noqa: E402
 from standin_job import INTERVAL, LIMIT, Job, ask_and_read, lost  # noqa: E402
 
@@ -33,7 +33,7 @@ def test_a_counter_that_is_not_a_number_is_named_and_repaired_never_lost(
     make_job: Callable[..., Job], capfd: pytest.CaptureFixture[str]
 ) -> None:
     job = make_job(3)
-    for key in (storewatch.EVENTS_KEY, hangverdict.STILLS_KEY, storewatch.NODES_KEY,
+    for key in (events.EVENTS_KEY, hangverdict.STILLS_KEY, storewatch.NODES_KEY,
                 storewatch.ALIVE_KEY.format(1)):  # fmt: skip
         job.raw.set(key, b"not a number \x1b[2J")
     view = ask_and_read(job)  # the request's poster finds the counter and sets it back
@@ -55,10 +55,10 @@ def test_a_counter_moved_by_a_trillion_loses_no_later_event(
 ) -> None:
     job = make_job(3)
     ask_and_read(job)
-    job.raw.add(storewatch.EVENTS_KEY, 10**12)
+    job.raw.add(events.EVENTS_KEY, 10**12)
     view = ask_and_read(job, asker=1)
     assert view.rank_count == 24
-    job.raw.add(storewatch.EVENTS_KEY, -2 * 10**12)
+    job.raw.add(events.EVENTS_KEY, -2 * 10**12)
     view = ask_and_read(job, asker=2)
     assert view.rank_count == 24
     assert lost(job) == []
@@ -79,9 +79,9 @@ def test_many_events_behind_a_hole_are_a_hole_not_a_moved_counter(
     job = make_job(2)
     ask_and_read(job)
     poster = Conn(job.raw)
-    hole = int(poster.add(storewatch.EVENTS_KEY, 6)) - 5
-    keys = [storewatch.post_event(poster, f"wake {n % 2}") for n in range(100)]
-    assert keys[-1] == storewatch.EVENT_KEY.format(hole + 105)
+    hole = int(poster.add(events.EVENTS_KEY, 6)) - 5
+    keys = [events.post_event(poster, f"wake {n % 2}") for n in range(100)]
+    assert keys[-1] == events.EVENT_KEY.format(hole + 105)
     round_ = job.nodes[1].node.watched_round
     job.until(lambda: round_.seen >= hole + 105)
     view = ask_and_read(job, asker=1)  # and the job goes on
@@ -130,37 +130,37 @@ def conn() -> Conn:
 
 
 def test_events_are_numbered_one_after_another_header_then_body(conn: Conn) -> None:
-    assert storewatch.post_event(conn, "stacks 0") == storewatch.EVENT_KEY.format(1)
-    assert storewatch.post_event(conn, "stop 1", b"rank 3 failed") == storewatch.EVENT_KEY.format(2)
-    assert conn.get_now(storewatch.EVENT_KEY.format(1)) == b"stacks 0"
-    assert conn.get_now(storewatch.EVENT_KEY.format(2)) == b"stop 1\nrank 3 failed"
-    assert conn.get_now(storewatch.EVENTS_KEY) == b"2"
+    assert events.post_event(conn, "stacks 0") == events.EVENT_KEY.format(1)
+    assert events.post_event(conn, "stop 1", b"rank 3 failed") == events.EVENT_KEY.format(2)
+    assert conn.get_now(events.EVENT_KEY.format(1)) == b"stacks 0"
+    assert conn.get_now(events.EVENT_KEY.format(2)) == b"stop 1\nrank 3 failed"
+    assert conn.get_now(events.EVENTS_KEY) == b"2"
 
 
 def test_a_counter_that_is_not_a_number_is_set_back_to_the_last_event_and_named(conn: Conn) -> None:
-    storewatch.post_event(conn, "first")
-    storewatch.post_event(conn, "second")
-    conn.set(storewatch.EVENTS_KEY, b"garbage")
+    events.post_event(conn, "first")
+    events.post_event(conn, "second")
+    conn.set(events.EVENTS_KEY, b"garbage")
     notes: list[str] = []
-    key = storewatch.post_event(conn, "third", note=notes.append)
-    assert key == storewatch.EVENT_KEY.format(3)
+    key = events.post_event(conn, "third", note=notes.append)
+    assert key == events.EVENT_KEY.format(3)
     assert conn.get_now(key) == b"third"
-    assert conn.get_now(storewatch.EVENT_KEY.format(2)) == b"second"  # nothing overwritten
+    assert conn.get_now(events.EVENT_KEY.format(2)) == b"second"  # nothing overwritten
     assert len(notes) == 1 and notes[0].endswith("; set back to 2"), notes
 
 
 def test_a_counter_that_went_back_never_overwrites_a_posted_event(conn: Conn) -> None:
     for header in ("first", "second", "third"):
-        storewatch.post_event(conn, header)
-    conn.set(storewatch.EVENTS_KEY, b"1")  # another client of the store
+        events.post_event(conn, header)
+    conn.set(events.EVENTS_KEY, b"1")  # another client of the store
     notes: list[str] = []
-    key = storewatch.post_event(conn, "fourth", note=notes.append)
-    assert key == storewatch.EVENT_KEY.format(4)
-    assert [conn.get_now(storewatch.EVENT_KEY.format(n)) for n in (1, 2, 3, 4)] == [
+    key = events.post_event(conn, "fourth", note=notes.append)
+    assert key == events.EVENT_KEY.format(4)
+    assert [conn.get_now(events.EVENT_KEY.format(n)) for n in (1, 2, 3, 4)] == [
         b"first", b"second", b"third", b"fourth"
     ]  # fmt: skip
     assert notes == [
-        f"{storewatch.EVENTS_KEY} went back to 1, below events already posted (another client "
+        f"{events.EVENTS_KEY} went back to 1, below events already posted (another client "
         "of the store?); set to 3"
     ]
 
@@ -235,8 +235,8 @@ def test_a_hole_in_the_event_counter_costs_at_most_a_look(make_job: Callable[...
     watch._look = counted  # type: ignore[method-assign]
     job.run_for(INTERVAL * 2)
     poster = Conn(job.raw)
-    poster.add(storewatch.EVENTS_KEY, 1)  # the dead poster's number
-    storewatch.post_event(poster, "stop 0", b"node 0 (host): rank 0 failed\n", after=0)
+    poster.add(events.EVENTS_KEY, 1)  # the dead poster's number
+    events.post_event(poster, "stop 0", b"node 0 (host): rank 0 failed\n", after=0)
     posted = time.monotonic()
     job.until(lambda: job.nodes[1].node.change is not None)
     assert "rank 0 failed" in job.nodes[1].node.change.message  # type: ignore[union-attr]

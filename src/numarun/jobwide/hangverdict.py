@@ -46,8 +46,9 @@ from numarun.jobwide.protocol import (
     state,
 )
 from numarun.jobwide.results import Hang
+from numarun.rendezvous.events import EVENTS_KEY, post_event
 from numarun.rendezvous.storeops import Conn, Forged, read_count
-from numarun.rendezvous.storewatch import EVENTS_KEY, StoreWatch, WatchedRound, post_event
+from numarun.rendezvous.storewatch import StoreWatch, WatchedRound
 from numarun.stacks.digest import PostError, Raw, node_digest, node_label, read_digest
 from numarun.stacks.merge import encode_view, merge, read_view
 

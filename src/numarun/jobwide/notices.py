@@ -17,8 +17,9 @@ from collections.abc import Callable
 from numarun.jobwide import hangverdict, protocol
 from numarun.jobwide.results import Ask, Hang, Merged
 from numarun.rendezvous.diagstore import PENDING
+from numarun.rendezvous.events import post_event
 from numarun.rendezvous.storeops import first_line
-from numarun.rendezvous.storewatch import StoreWatch, post_event
+from numarun.rendezvous.storewatch import StoreWatch
 
 ASK_LIMIT = 4.5  # seconds a whole-job request may take before its client is told why not
 

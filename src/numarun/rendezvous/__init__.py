@@ -11,8 +11,8 @@ view (``numarun.jobwide``) plugs into it and never decides.
 - ``round``: ``Round``, ``WorkerPlace``: what a round gives this node's workers.
 - ``storeops``: ``Conn``, numarun's own connection per round; ``Forged``; ``run_blocking``.
 - ``diagstore``: the whole-job view's store of its own per round (``--diagnostics-store own``).
-- ``storewatch``: ``StoreWatch``, the ``numarun-store`` thread; ``WatchedRound``; the round's
-  numbered events (``post_event``).
+- ``storewatch``: ``StoreWatch``, the ``numarun-store`` thread; ``WatchedRound``.
+- ``events``: the round's numbered events on the store (``post_event``, the counter checked).
 - ``storeresults``: ``Change``, ``Lost``, ``Notice``: what the thread reports to the loop.
 - ``liveness``: ``Heartbeats``.
 - ``exitbarrier``: ``ExitBarrier``.

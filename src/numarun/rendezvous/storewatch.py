@@ -20,16 +20,13 @@ second, :mod:`numarun.rendezvous.liveness`) is a thread of its own per round, ``
 on the round's posting connection (in this thread, at wake-ups of its own, where a torch cannot
 clone).
 
-Events are numbered: a poster adds 1 to ``numarun/events`` and sets ``numarun/event/<k>``; each
-thread waits for the key after the last one it read. The counter is read at each look and checked
-like any value read from the store: an event counted but not set within :data:`HOLE_GRACE` (its
-poster died between its two calls) is skipped, so a hole costs at most a look interval and that;
-one that is not a number is named and set back to the last event there, one that jumped is named
-and the events after the jump are read, one that went back is named and followed
-(:func:`_check_count`). Once the round is over for this node (the first ``stop``
-notice read, or its own posted: :attr:`WatchedRound.stopping`) no event is read any more. An
-event key is never deleted while another node may not have read it: its poster deletes it once
-the next round formed (:mod:`numarun.rendezvous.torchrdzv`).
+Events are numbered (:mod:`numarun.rendezvous.events`: posting one, and the counter checked
+at each look like any value read from the store, so a hole costs at most a look interval and
+:data:`~numarun.rendezvous.events.HOLE_GRACE`); each thread waits for the key after the last
+one it read. Once the round is over for this node (the first ``stop`` notice read, or its own
+posted: :attr:`WatchedRound.stopping`) no event is read any more. An event key is never deleted
+while another node may not have read it: its poster deletes it once the next round formed
+(:mod:`numarun.rendezvous.torchrdzv`).
 
 What happens at each event is not this module's: the round's events are handed to the
 ``on_event`` callable its :class:`StoreWatch` was made with (the rendezvous's own, which passes
@@ -71,6 +68,7 @@ import time
 
 from numarun.process import forkexec
 from numarun.rendezvous import diagstore
+from numarun.rendezvous.events import EVENT_KEY, SCAN, check_count, wake
 from numarun.rendezvous.storeops import Conn, Forged, first_line
 from numarun.rendezvous.storeresults import Lost
 
@@ -84,13 +82,8 @@ if TYPE_CHECKING:
     from numarun.process.supervisor import Supervisor
     from numarun.rendezvous.storeresults import Result
 
-EVENTS_KEY = "numarun/events"
-EVENT_KEY = "numarun/event/{}"
 ALIVE_KEY = "numarun/alive/{}"
 NODES_KEY = "numarun/nodes"
-_SCAN = 64  # event numbers looked at around a jump
-_PROBES = 8  # event numbers looked at after a hole (one request each: the look waits for them)
-HOLE_GRACE = 0.5  # seconds a counted event may take to be set before it is taken for a hole
 HEALTH = frozenset({"this node's heartbeat", "the next node's heartbeat"})  # _RDZV's, always
 _RDZV, _DIAG = "the rendezvous store", "the diagnostics store"
 EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
@@ -477,7 +470,7 @@ class StoreWatch:
             self._take_events(round_)
         # Every look: an event whose poster died between its two calls (a hole) costs at most
         # a look interval and HOLE_GRACE; a counter moved by another client is named.
-        _check_count(self, round_)
+        check_count(round_, self.note)
 
     def _numarun_calls(self, round_: WatchedRound, call: Callable[..., None],
                        *args: object) -> None:  # fmt: skip
@@ -600,7 +593,7 @@ class StoreWatch:
         """The next event read: counted, remembered (to tell a moved counter), handled."""
         round_.seen += 1
         round_.read[round_.seen] = hash(value)
-        if len(round_.read) > 2 * _SCAN:
+        if len(round_.read) > 2 * SCAN:
             round_.read.pop(next(iter(round_.read)))
         self._event(round_, round_.seen, value)
 
@@ -694,104 +687,3 @@ def _report_after_events(watch: StoreWatch, round_: WatchedRound, results: list[
     if not reported.wait(EVENTS_FIRST) and taken.acquire(blocking=False):
         for result in results:
             watch._report(round_, result)
-
-
-def _check_count(watch: StoreWatch, round_: WatchedRound) -> None:
-    """The event counter against what this node read: a hole (an event counted, never
-    set: its poster died between its two calls) skipped once :data:`HOLE_GRACE` passed; a
-    counter that is not a number, or that another client moved (by more than a few
-    events, or back), named, and the events posted since read (module docstring)."""
-    conn = round_.conn
-    assert conn is not None
-    try:
-        count = conn.count(EVENTS_KEY)
-    except Forged as forged:
-        watch.note(round_, EVENTS_KEY, f"{forged}; it is set back when this node posts")
-        return
-    seen = round_.seen
-    if count == seen:
-        return
-    # Events posted after holes are holes, however many: at a thousand nodes a failure
-    # cascade posts hundreds of notices while a few posters are between their two calls.
-    if seen < count <= seen + _SCAN or (count > seen and _posted_soon_after(conn, seen)):
-        if conn.wait([EVENT_KEY.format(seen + 1)], HOLE_GRACE):
-            return  # its poster was between its two calls: read by the next wait
-        last = min(count, seen + _PROBES)
-        for number in range(seen + 2, last + 1):
-            if conn.has(EVENT_KEY.format(number)):
-                round_.seen = number - 1
-                return
-        round_.seen = last  # holes, all of them: the next look goes on from there
-        return
-    low = count
-    while count - low < _SCAN:
-        value = conn.get_now(EVENT_KEY.format(low))
-        if value is None or round_.read.get(low) == hash(value):
-            break  # before the events posted since the counter moved
-        low -= 1
-    watch.note(round_, f"{EVENTS_KEY} {count}", f"{EVENTS_KEY} moved from {seen} to {count} "
-              f"(another client of the store?); reading on from event {low + 1}")  # fmt: skip
-    round_.seen = low
-
-
-def _posted_soon_after(conn: Conn, seen: int) -> bool:
-    """Whether an event is there within :data:`_PROBES` numbers after the hole at ``seen + 1``
-    (posters between their two calls), as there never is after a counter another client moved
-    far ahead."""
-    return any(conn.has(EVENT_KEY.format(number)) for number in range(seen + 2, seen + _PROBES + 1))
-
-
-def post_event(conn: Conn, header: str, body: bytes = b"", *, after: int = 0,
-               note: Callable[[str], None] | None = None) -> str | None:  # fmt: skip
-    """Post one event (``header`` line, then ``body``) as the round's next; returns its key.
-    A counter that is not a number, or that went back below events already there, is set to
-    the last event found from ``after`` on (and named through ``note``) first."""
-    value = header.encode() + (b"\n" + body if body else b"")
-    for _ in range(3):
-        try:
-            number = conn.add(EVENTS_KEY, 1)
-        except Forged as forged:
-            top = _last_event(conn, after)
-            if note is not None:
-                note(f"{forged}; set back to {top}")
-            conn.repair(EVENTS_KEY, forged.value, top)
-            continue
-        key = EVENT_KEY.format(number)
-        if conn.get_now(key) is None:
-            conn.set(key, value)
-            return key
-        top = _last_event(conn, number)
-        if note is not None:
-            note(f"{EVENTS_KEY} went back to {number - 1}, below events already posted "
-                 f"(another client of the store?); set to {top}")  # fmt: skip
-        conn.repair(EVENTS_KEY, str(number).encode(), top)
-    return None
-
-
-def _last_event(conn: Conn, after: int) -> int:
-    number = max(0, after)
-    for _ in range(_SCAN * 4):
-        if conn.get_now(EVENT_KEY.format(number + 1)) is None:
-            break
-        number += 1
-    return number
-
-
-def post_notice(round_: WatchedRound, body: bytes) -> None:
-    """Post this node's ``stop`` notice (``body``: its line) on the round's connection, for the
-    other nodes to read; deleted once the next round formed."""
-    if round_.conn is None:  # the view's store is not connected: no notice (the view is off)
-        return
-    key = post_event(round_.conn, f"stop {round_.me}", body, after=round_.seen)
-    if key is not None:
-        round_.shared.append(key)
-
-
-def wake(conn: Conn, me: int) -> None:
-    """Post a wake-up event (the round's thread, blocked in the store, moves on at once)."""
-    post_event(conn, f"wake {me}")
-
-
-def notice_body(text: str) -> bytes:
-    """A ``stop`` notice's first line (newlines would end it)."""
-    return text.replace("\n", " ").encode("utf-8", "replace") + b"\n"

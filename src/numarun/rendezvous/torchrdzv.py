@@ -47,7 +47,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from numarun.errors import NumarunError, UsageError
-from numarun.rendezvous import diagstore, storewatch, torchcompat
+from numarun.rendezvous import diagstore, torchcompat
+from numarun.rendezvous.events import notice_body, post_event, post_notice, wake
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
 from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
 from numarun.rendezvous.round import Round, WorkerPlace
@@ -60,13 +61,7 @@ from numarun.rendezvous.storeops import (
     store_gone,
 )
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
-from numarun.rendezvous.storewatch import (
-    StoreWatch,
-    WatchedRound,
-    notice_body,
-    post_event,
-    post_notice,
-)
+from numarun.rendezvous.storewatch import StoreWatch, WatchedRound
 from numarun.rendezvous.waiting import CONNECTING, IMPORTING, JOINING, TICK, Waiting
 
 if TYPE_CHECKING:
@@ -247,7 +242,7 @@ class ElasticNode:
                 with contextlib.suppress(Exception):
                     # (a store of its own: a connection of its own, the thread's is busy)
                     conn = Conn(last_watched.diag_store, clone=last_watched.own_diag)
-                    storewatch.wake(conn, last_watched.me)
+                    wake(conn, last_watched.me)
                     conn.close()
             lost = LostNodes(handler, self.where)  # a participant whose launcher is gone
             if previous is None:
