@@ -331,7 +331,7 @@ def test_numarun_health_reads_nothing_once_this_nodes_round_is_stopping(
     watch = StoreWatch(0.05, lambda round_: [])
     round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
     round_.stopping = stopping
-    beats = SimpleNamespace(beat_interval=0.05, look=look, gone_elsewhere=look)
+    beats = SimpleNamespace(beat_interval=0.05, silent_neighbour=look, gone_elsewhere=look)
     node = SimpleNamespace(poll_interval=0.05, heartbeats=beats, _barrier=None, change=None,
                            watch=watch, _handler=None)  # fmt: skip
     thread = threading.Thread(target=_watch_health, args=(node, round_), daemon=True)
@@ -341,3 +341,22 @@ def test_numarun_health_reads_nothing_once_this_nodes_round_is_stopping(
     round_.active = False
     thread.join(LIMIT)
     watch.close()
+
+
+def test_numarun_health_reads_are_due_a_period_after_the_last_began_not_after_it_ended() -> None:
+    """On a rendezvous store that torch's state syncs saturate, one read takes a good part of
+    a second; with the next read due a period after the last one ended, the word that a node
+    is gone was heard up to 2 s after it was set (the asking node's death at 1,024 nodes:
+    19.2-19.8 s against its 19 s bound). A read slower than the period is followed at once,
+    and late reads are never made up for by a burst."""
+    from numarun.rendezvous.liveness import next_read
+
+    due, now, starts = 0.0, 0.0, []
+    for _ in range(4):
+        due = next_read(due, now, 1.0)
+        now = max(now, due)  # asleep until it is due
+        starts.append(now)
+        now += 0.6  # the read itself
+    assert starts == [1.0, 2.0, 3.0, 4.0]  # not 1.0, 2.6, 4.2, 5.8
+    assert next_read(1.0, 5.0, 1.0) == 5.0  # 3 s late: the next read now, one only
+    assert next_read(5.0, 5.2, 1.0) == 6.0  # and then on the period again

@@ -54,6 +54,15 @@ other node's ``numarun-health`` thread every second (one ``check``). The notice 
 store cannot be the only word: that store is group rank 0's, and dies with it."""
 
 
+def next_read(previous: float, now: float, period: float) -> float:
+    """When the next of reads made every ``period`` seconds is due, the one before due at
+    ``previous``, at ``now``: a period after the previous one was due, so that reads that take
+    long (a store saturated by torch's state syncs: a good part of a second each) do not
+    stretch the period by their own time; never before ``now``, and never a burst to catch up
+    after a late one (at most one read per period, however slow the store)."""
+    return max(previous + period, now)
+
+
 def register(store: Any, rank: int) -> None:
     """Say this node (group rank ``rank``) is a numarun node of the round: its first beat and
     1 added to the round's count, on torch's connection (read before added to: a forged value

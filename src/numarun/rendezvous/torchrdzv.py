@@ -50,7 +50,7 @@ from numarun.errors import NumarunError, UsageError
 from numarun.rendezvous import diagstore, torchcompat
 from numarun.rendezvous.events import notice_body, post_event, post_notice, wake
 from numarun.rendezvous.exitbarrier import ANNOUNCE_WAIT, EXIT_BARRIER_TIMEOUT, ExitBarrier
-from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, register
+from numarun.rendezvous.liveness import BEAT_INTERVAL, Heartbeats, LostNodes, next_read, register
 from numarun.rendezvous.round import Round, WorkerPlace
 from numarun.rendezvous.storeops import (
     Conn,
@@ -654,9 +654,15 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
     everywhere within the silence plus two of them, where looks 2 s apart made it 3 to 4 s
     more), in a thread of its own, neither in the look's thread (torch's handler spaces its
     looks out: its lock, held for seconds by the keep-alive's retries on a saturated store)
-    nor in the store thread (a read on the rendezvous store would hold up the view's events)."""
+    nor in the store thread (a read on the rendezvous store would hold up the view's events).
+    The reads are due every beat interval from the first on (:func:`liveness.next_read`), not a
+    beat interval after the last one ended: on a store that torch's traffic saturates, each
+    read takes a good part of a second, which made the word heard up to 2 s after it was set."""
+    period = min(node.poll_interval, node.heartbeats.beat_interval)
+    due = time.monotonic()
     while True:
-        time.sleep(min(node.poll_interval, node.heartbeats.beat_interval))
+        due = next_read(due, time.monotonic(), period)
+        time.sleep(max(0.0, due - time.monotonic()))
         if not round_.active:
             return
         if node._barrier is not None or node.change is not None or round_.stopping:
@@ -665,7 +671,9 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
             # the node that hosts it, and a read then would only say so in a false warning.
             continue
         what, beats = "the next node's heartbeat", node.heartbeats
-        silent = node.watch.tolerant(round_, what, beats.look, round_, node._handler)
+        # Not beats.look: its own "due" gate, for the store thread's looks, would skip a read
+        # made a hair sooner than a period after the last one's start.
+        silent = node.watch.tolerant(round_, what, beats.silent_neighbour, round_, node._handler)
         if silent is not None:
             # What raises here is one line (guarded), never a thread's traceback.
             node.watch.guarded(round_, what, _report_silent, node, round_, silent)
