@@ -127,15 +127,18 @@ def test_a_store_whose_host_went_away_is_named_not_reconnected_to(rendezvous: ob
     its whole timeout (10 s) in the thread that needed it (a silent neighbour's notice, the
     events: 11 s late in the simulation before)."""
     server = host(rendezvous)
-    made = diagstore.connect_round(rendezvous, spread=0.0)
+    refused: list[bool] = []
+    made = diagstore.connect_round(rendezvous, spread=0.0, unreachable=lambda: refused.append(True))
     assert made.posts is not None and made.events is not None
     assert made.posts.add("numarun/events", 1) == 1
+    assert refused == []
     server.close()  # the launcher that hosted it is gone
     hostname, port = diagstore.parse_address(server.address.encode())
     assert refused_within(hostname, port, LIMIT)
     for conn in (made.posts, made.events):
         with pytest.raises(diagstore.Unavailable, match=r"went away .*ConnectionRefusedError"):
             conn.add("numarun/events", 1)
+    assert refused == [True, True]  # the round's watch of its host's beat begins (liveness)
 
 
 def test_posts_made_while_connecting_are_posted_once_connected(rendezvous: object) -> None:
@@ -360,3 +363,52 @@ def test_numarun_health_reads_are_due_a_period_after_the_last_began_not_after_it
     assert starts == [1.0, 2.0, 3.0, 4.0]  # not 1.0, 2.6, 4.2, 5.8
     assert next_read(1.0, 5.0, 1.0) == 5.0  # 3 s late: the next read now, one only
     assert next_read(5.0, 5.2, 1.0) == 6.0  # and then on the period again
+
+
+def test_every_node_watches_the_view_stores_host_once_that_store_refused_it(
+    rendezvous: object,
+) -> None:
+    """Group rank 0 hosts the view's store and dies with it. Its neighbour sees it silent
+    after the silence limit; the other nodes heard it through the neighbour's word
+    (``numarun/gone``), read once a second on a store torch's traffic saturates: up to 2 s
+    more, past the 19 s bound at 1,024 nodes. Once the view's store refused a probe, a node
+    reads the host's beat itself and sees the silence as the neighbour does, after the same
+    limit; the store's failure alone decides nothing (a host that beats is never gone)."""
+    from numarun.cmdline.config import parse_args
+    from numarun.rendezvous.liveness import Heartbeats
+    from numarun.rendezvous.storewatch import ALIVE_KEY
+
+    config = parse_args(["--nnodes", "8", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                         "127.0.0.1:1", "--rdzv-conf", "keep_alive_interval=1,"
+                         "keep_alive_max_attempt=1", "train.py"])  # fmt: skip
+    watch = StoreWatch(0.1, lambda round_: [])
+    beats = Heartbeats(config, 0.1, watch.note)
+    assert beats.silence_limit == 1.0
+    round_ = WatchedRound(rendezvous, None, 5, 8, lambda result: None, own_diag=True)
+    beats.watch_neighbour(5, 8, time.monotonic())
+    conn = round_.health_conn()
+    assert conn is not None
+
+    def look_for(seconds: float, *, host_beats: bool) -> tuple[int | None, float]:
+        """Looks every 0.1 s for ``seconds`` while the neighbour (6) beats, until one says
+        a node is silent: (that node, when), or (None, the time looked)."""
+        start = time.monotonic()
+        while (took := time.monotonic() - start) < seconds:
+            conn.add(ALIVE_KEY.format(6), 1)
+            if host_beats:
+                conn.add(ALIVE_KEY.format(0), 1)
+            silent = beats.silent_neighbour(round_)
+            if silent is not None:
+                return silent, took
+            time.sleep(0.1)
+        return None, took
+
+    conn.add(ALIVE_KEY.format(0), 1)  # the host beat once, then its launcher died
+    assert look_for(2.0, host_beats=False) == (None, pytest.approx(2.0, abs=LIMIT))
+    round_.diag_host_unreachable = True  # a probe of the view's store found nobody there
+    silent, took = look_for(LIMIT, host_beats=False)
+    assert silent == 0 and took >= beats.silence_limit  # never sooner than the neighbour
+    # A host that beats on is never taken for gone, its store refusing or not.
+    beats.watch_neighbour(5, 8, time.monotonic())
+    assert look_for(2.5, host_beats=True)[0] is None
+    watch.close()

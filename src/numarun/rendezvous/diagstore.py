@@ -253,10 +253,12 @@ class Connected:
 
 def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
                   window: float = STORM_WINDOW, address_wait: float = ADDRESS_WAIT,
-                  active: Callable[[], bool] = lambda: True) -> Connected:  # fmt: skip
+                  active: Callable[[], bool] = lambda: True,
+                  unreachable: Callable[[], None] = lambda: None) -> Connected:  # fmt: skip
     """In the ``numarun-connect`` thread: the connections of one round (module docstring).
     Never raises: what fails is in :attr:`Connected.why`. ``active()`` False: the round is
-    over, nothing more is tried."""
+    over, nothing more is tried. ``unreachable()`` is called each time a probe before a
+    reconnect finds nothing listening at the store's address (its host may be gone)."""
     made = Connected()
     rng = random.Random()
     time.sleep(rng.uniform(0.0, max(0.0, spread)))
@@ -275,7 +277,11 @@ def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
         made.store = client
 
         def probe() -> None:  # before a reconnect: a host that went away fails at once
-            still_served(host, port)
+            try:
+                still_served(host, port)
+            except Unavailable:
+                unreachable()
+                raise
 
         made.events = Conn.own_connection(client, probe)
         made.posts = Conn(client, probe=probe)  # a clone: a second connection, the posts' turn
@@ -293,7 +299,10 @@ def connecting(watch: StoreWatch, round_: WatchedRound) -> None:
     """The ``numarun-connect`` thread of a round whose view has a store of its own
     (:func:`connect_round`); the connections are handed to the round's store thread through
     :meth:`StoreWatch.queue`, the one line said when there are none."""
-    made = connect_round(round_.store, active=lambda: round_.active)
+    def unreachable() -> None:
+        round_.diag_host_unreachable = True
+
+    made = connect_round(round_.store, active=lambda: round_.active, unreachable=unreachable)
 
     def take(current: WatchedRound) -> None:
         if current is not round_ or not round_.active:

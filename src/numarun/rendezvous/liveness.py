@@ -109,6 +109,8 @@ class Heartbeats:
         self._watched_beat = 0
         self._watched_since = 0.0
         self._gone_refused = False  # GONE_KEY held something else: not read again this round
+        self._host_beat = -1  # group rank 0's beat as last read here (-1: not read yet)
+        self._host_since = 0.0
 
     def watch_neighbour(self, rank: int, size: int, now: float) -> None:
         """A new round: watch the next node by group rank (none when alone)."""
@@ -117,6 +119,7 @@ class Heartbeats:
         self._watched_beat = 0
         self._watched_since = now
         self._next_look = 0.0
+        self._host_beat = -1
 
     def due(self) -> bool:
         """Whether the next look at the neighbour's beat is due: true once per
@@ -186,6 +189,8 @@ class Heartbeats:
         now = time.monotonic()
         conn = round_.health_conn()  # the rendezvous store's, whichever store the view uses
         assert conn is not None
+        if self._silent_host(round_, conn, now, handler):
+            return 0
         beat = read_count(conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
         if beat is None:  # not a number: not the neighbour's, and no sign it is gone
             beat = self._watched_beat + 1
@@ -208,6 +213,27 @@ class Heartbeats:
                        f"{self._watched} is not taken for gone")  # fmt: skip
             return None
         return self._watched
+
+    def _silent_host(self, round_: WatchedRound, conn: Conn, now: float, handler: Any) -> bool:
+        """Whether group rank 0, the host of the view's own store, is silent as this node sees
+        it: read only once that store refused a probe (``round_.diag_host_unreachable``), by a
+        node whose neighbour it is not. Every node then sees the host's silence as its
+        neighbour does, after the same silence limit, instead of a second or two later
+        through the neighbour's word (:data:`GONE_KEY`) on a store that torch's traffic
+        saturates. What decides is the host's beat on the rendezvous store, as for the
+        neighbour (a torch keep-alive that is fresh: not silent); the view's store failing
+        alone decides nothing (a host that still beats is never taken for gone)."""
+        if not round_.diag_host_unreachable or round_.me == 0 or self._watched == 0:
+            return False
+        beat = read_count(conn, ALIVE_KEY.format(0), 0, 1 << 62)
+        if beat is None:  # not a number: no sign it is gone
+            return False
+        if beat != self._host_beat:
+            self._host_beat, self._host_since = beat, now
+            return False
+        if beat == 0 or now - self._host_since < self.silence_limit:
+            return False
+        return torchcompat.keep_alive_fresh(handler, 0, self.silence_limit) is not True
 
 
 class LostNodes:

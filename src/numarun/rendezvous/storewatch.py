@@ -132,6 +132,9 @@ class WatchedRound:
         self.diag_store: Any = None if own_diag else store  # where the view's keys are
         self.diag_why: str | None = diagstore.PENDING if own_diag else None
         self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
+        # own: the view's store refused a probe, so its host (group rank 0) may be gone: this
+        # node then watches that node's beat too (liveness.Heartbeats); it decides nothing.
+        self.diag_host_unreachable = False
         self._torch_conn: Conn | None = None
         self.deferred: list[tuple[Callable[[Conn], object], str]] = []  # posts while connecting
 
