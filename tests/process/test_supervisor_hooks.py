@@ -170,3 +170,24 @@ def test_a_raising_callback_tears_everything_down_and_propagates() -> None:
     with pytest.raises(RuntimeError, match="callback failed"):
         sup.wait()
     assert not running(pid)
+
+
+def test_a_signal_during_a_teardown_request_stop_began_is_the_runs_signal_too() -> None:
+    """Another node's notice stops this node's workers (request_stop); the user's SIGTERM
+    comes while they end. It was taken for a second request only (the rest of the grace
+    period skipped) and not reported: the launcher took the stop for the notice's alone,
+    re-joined the rendezvous, and waited there for nodes that were all ending (seen at load
+    in tests/e2e/test_jobwide_jobs.py, the node never ending)."""
+    holds_on = "import signal, time; signal.signal(signal.SIGTERM, lambda *a: None); time.sleep(60)"
+    sup = Supervisor([spec(0, holds_on)], grace_period=30)
+
+    def notice() -> None:
+        sup.request_stop("node 3 stopped")
+        os.kill(os.getpid(), signal.SIGTERM)  # read by the loop once the teardown began
+
+    sup.call_later(0.5, notice)
+    result = sup.run()
+    assert result.received_signal == signal.SIGTERM
+    assert result.stop_reason == "node 3 stopped"
+    # Asked twice: no grace left (SIGTERM itself, where it came before the worker's handler).
+    assert result.workers[0].exit_code in (-signal.SIGKILL, -signal.SIGTERM)

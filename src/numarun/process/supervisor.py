@@ -606,6 +606,11 @@ class Supervisor:
                 self._received_signal = signum
                 self._begin_teardown(signum)
             elif self._phase == _TERMINATING:
+                if self._received_signal is None and self._first_failure is None:
+                    # A teardown request_stop began (another node's notice): the run ends on
+                    # this signal too, or the caller would take the stop for the notice's
+                    # alone and re-join a rendezvous whose nodes are ending, the signal lost.
+                    self._received_signal = signum
                 self._escalate()  # asked twice: skip the rest of the grace period
         elif signum in self._forward_signals:
             self.send_signal(signum)
