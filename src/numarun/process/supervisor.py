@@ -406,22 +406,20 @@ class Supervisor:
         self._loop.remove_writer(fd)
 
     def send_signal(self, signum: int, local_ranks: Sequence[int] | None = None) -> list[int]:
-        """Send ``signum`` to each running worker process (not its process group or
-        descendants), or to those of ``local_ranks``; returns the local ranks reached. A
-        worker that has exited is never signalled, so a reused pid is never hit."""
+        """Send ``signum`` to each running worker process (not its group), or to those of
+        ``local_ranks``; the local ranks reached. An exited worker (its pid reusable) never."""
         return self._teardown.signal_each(signum, local_ranks)
 
     def send_thread_signal(self, signum: int, threads: Mapping[int, int]) -> list[int]:
-        """Send ``signum`` to one thread of each running worker process, ``threads`` mapping
-        its local rank to the thread's id (``tgkill``: only while that thread belongs to the
-        worker); returns the local ranks reached. Raises OSError where the system has no
-        ``tgkill`` (:func:`numarun.process.teardown.send_to_thread`)."""
+        """Send ``signum`` to one thread of each running worker, ``threads`` mapping its local
+        rank to the thread's id (``tgkill``, only while that thread is the worker's); the local
+        ranks reached. OSError without ``tgkill`` (:func:`.teardown.send_to_thread`)."""
         return self._teardown.signal_threads(signum, threads)
 
     def request_stop(self, reason: str) -> None:
-        """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting;
-        the run then ends as usual and ``RunResult.stop_reason`` is ``reason``. For callbacks
-        running inside the loop; does nothing once a teardown has begun."""
+        """Begin a teardown now (SIGTERM, SIGKILL after the grace period) without waiting; the
+        run ends as usual, ``RunResult.stop_reason`` ``reason`` (a teardown signal meanwhile is
+        its ``received_signal`` too). From loop callbacks; nothing once a teardown has begun."""
         if self._phase == _RUNNING:
             self._stop_reason = reason
             self._begin_teardown()
@@ -607,10 +605,7 @@ class Supervisor:
                 self._begin_teardown(signum)
             elif self._phase == _TERMINATING:
                 if self._received_signal is None and self._first_failure is None:
-                    # A teardown request_stop began (another node's notice): the run ends on
-                    # this signal too, or the caller would take the stop for the notice's
-                    # alone and re-join a rendezvous whose nodes are ending, the signal lost.
-                    self._received_signal = signum
+                    self._received_signal = signum  # request_stop's teardown: ends on it too
                 self._escalate()  # asked twice: skip the rest of the grace period
         elif signum in self._forward_signals:
             self.send_signal(signum)
