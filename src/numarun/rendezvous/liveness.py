@@ -85,6 +85,25 @@ def register(store: Any, rank: int) -> None:
         conn.close()
 
 
+class BeatSeen:
+    """One node's beat counter as this node reads it: the value last read, and since when it
+    has stood still. A value that is not a number counts as a move: it is not that node's
+    beat, and no sign that the node is gone."""
+
+    def __init__(self, now: float, value: int = 0) -> None:
+        self.value, self.since = value, now
+
+    def still_for(self, conn: Conn, rank: int, now: float) -> float:
+        """Read node ``rank``'s counter through ``conn``; the seconds it has stood still (0
+        when it moved since the last read)."""
+        beat = read_count(conn, ALIVE_KEY.format(rank), 0, 1 << 62)
+        if beat is None or beat != self.value:
+            self.value = self.value + 1 if beat is None else beat
+            self.since = now
+            return 0.0
+        return now - self.since
+
+
 class Heartbeats:
     """This node's beats and its watch of one neighbour, for one node of the rendezvous.
 
@@ -106,20 +125,17 @@ class Heartbeats:
         self._note = note
         self._next_look = 0.0
         self._watched: int | None = None
-        self._watched_beat = 0
-        self._watched_since = 0.0
+        self._neighbour = BeatSeen(0.0)
         self._gone_refused = False  # GONE_KEY held something else: not read again this round
-        self._host_beat = -1  # group rank 0's beat as last read here (-1: not read yet)
-        self._host_since = 0.0
+        self._host = BeatSeen(0.0, -1)  # group rank 0's (-1: not read yet)
 
     def watch_neighbour(self, rank: int, size: int, now: float) -> None:
         """A new round: watch the next node by group rank (none when alone)."""
         self._watched = (rank + 1) % size if size > 1 else None
         self._gone_refused = False
-        self._watched_beat = 0
-        self._watched_since = now
+        self._neighbour = BeatSeen(now)
         self._next_look = 0.0
-        self._host_beat = -1
+        self._host = BeatSeen(now, -1)
 
     def due(self) -> bool:
         """Whether the next look at the neighbour's beat is due: true once per
@@ -191,19 +207,12 @@ class Heartbeats:
         assert conn is not None
         if self._silent_host(round_, conn, now, handler):
             return 0
-        beat = read_count(conn, ALIVE_KEY.format(self._watched), 0, 1 << 62)
-        if beat is None:  # not a number: not the neighbour's, and no sign it is gone
-            beat = self._watched_beat + 1
-        if beat != self._watched_beat:
-            self._watched_beat = beat
-            self._watched_since = now
+        if self._neighbour.still_for(conn, self._watched, now) < self.silence_limit:
             return None
-        if now - self._watched_since < self.silence_limit:
-            return None
-        if beat == 0:
+        if self._neighbour.value == 0:
             following = (self._watched + 1) % round_.size
             self._watched = None if following == round_.me else following
-            self._watched_since = now
+            self._neighbour.since = now
             return None
         if torchcompat.keep_alive_fresh(handler, self._watched, self.silence_limit) is True:
             key = ALIVE_KEY.format(self._watched)
@@ -225,13 +234,7 @@ class Heartbeats:
         alone decides nothing (a host that still beats is never taken for gone)."""
         if not round_.diag_host_unreachable or round_.me == 0 or self._watched == 0:
             return False
-        beat = read_count(conn, ALIVE_KEY.format(0), 0, 1 << 62)
-        if beat is None:  # not a number: no sign it is gone
-            return False
-        if beat != self._host_beat:
-            self._host_beat, self._host_since = beat, now
-            return False
-        if beat == 0 or now - self._host_since < self.silence_limit:
+        if self._host.still_for(conn, 0, now) < self.silence_limit or self._host.value == 0:
             return False
         return torchcompat.keep_alive_fresh(handler, 0, self.silence_limit) is not True
 
