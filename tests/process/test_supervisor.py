@@ -704,6 +704,36 @@ def test_second_teardown_signal_skips_the_grace_period() -> None:
     assert result.workers[0].exit_code == -signal.SIGKILL
 
 
+def test_a_signal_during_a_failures_teardown_is_the_runs_signal_too(tmp_path: Path) -> None:
+    """A worker fails; while the others end, the launcher gets SIGTERM (Slurm's scancel, a
+    user's Ctrl-C at a slow teardown). It was taken only as a second request: the run ended
+    as the failure alone, and with restarts left the launcher started the next attempt, the
+    signal lost. Now the run ends on the signal too, its first failure still named."""
+    ready = tmp_path / "holds-on"
+    holds_on = (
+        "import signal, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: print('asked', flush=True))\n"
+        f"open({str(ready)!r}, 'w').close()\n"
+        "time.sleep(60)\n"
+    )
+    fails = (f"import os, time\nwhile not os.path.exists({str(ready)!r}): time.sleep(0.01)\n"
+             "raise SystemExit(3)")  # fmt: skip
+
+    def on_line(line: str) -> None:  # the failure's teardown has begun
+        if line == "asked":
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    sup = Supervisor([spec(0, fails), spec(1, holds_on, stdout=Collect(on_line))],
+                     grace_period=60)  # fmt: skip
+    sup.start()
+    result = sup.wait(timeout=30)  # the signal not taken: the rest of the 60 s grace period
+    if result is None:
+        sup.stop(grace_period=0)
+    assert result is not None
+    assert result.received_signal == signal.SIGTERM
+    assert result.first_failure is not None and result.first_failure.exit_code == 3
+    assert result.workers[1].exit_code == -signal.SIGKILL  # asked twice: no grace left
+
 # --- the watchdog's process finding --------------------------------------------------------------
 
 

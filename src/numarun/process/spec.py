@@ -143,8 +143,8 @@ class WorkerExit(Value):
 class RunResult(Value):
     """The end of a run: ``workers`` by local rank; ``first_failure`` the first ``"failed"``
     worker in time (teardown kills never count); ``received_signal`` the signal that made the
-    supervisor tear down, or that came during a teardown :meth:`Supervisor.request_stop` began,
-    if any; ``unkillable`` the workers that survived SIGKILL;
+    supervisor tear down, or the first that came during a teardown a failure or
+    :meth:`Supervisor.request_stop` began, if any; ``unkillable`` the workers that survived SIGKILL;
     ``stop_reason`` the reason given to :meth:`Supervisor.request_stop` when that call began the
     teardown (a failure or signal that came first wins), else None."""
 

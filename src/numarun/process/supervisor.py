@@ -604,8 +604,8 @@ class Supervisor:
                 self._received_signal = signum
                 self._begin_teardown(signum)
             elif self._phase == _TERMINATING:
-                if self._received_signal is None and self._first_failure is None:
-                    self._received_signal = signum  # request_stop's teardown: ends on it too
+                if self._received_signal is None:  # whatever began it: the run ends on it
+                    self._received_signal = signum  # (else lost: an attempt restarted)
                 self._escalate()  # asked twice: skip the rest of the grace period
         elif signum in self._forward_signals:
             self.send_signal(signum)

@@ -49,8 +49,9 @@ then the other nodes' digests: 3.5 s at most) stays below it."""
 _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
 GONE_KEY = "numarun/gone"
 """With the whole-job view on a store of its own: ``<silent node> <by node>``, set on the
-rendezvous store (the round's prefix) by the node that saw its neighbour silent, read by every
-other node's ``numarun-health`` thread every second (one ``check``). The notice on the view's
+rendezvous store (the round's prefix) by the node that saw its neighbour silent, waited for by
+every other node's ``numarun-health`` thread on a connection of its own (the wait woken when it
+is set; where that connection could not be made, read every second). The notice on the view's
 store cannot be the only word: that store is group rank 0's, and dies with it."""
 
 
@@ -127,6 +128,9 @@ class Heartbeats:
         self._watched: int | None = None
         self._neighbour = BeatSeen(0.0)
         self._gone_refused = False  # GONE_KEY held something else: not read again this round
+        # The round whose GONE_KEY's wait returned: not waited for again in it (a round, not
+        # a flag: that round's numarun-word may outlive it by a wait, into the next round).
+        self._word_read: WatchedRound | None = None
         self._host = BeatSeen(0.0, -1)  # group rank 0's (-1: not read yet)
 
     def watch_neighbour(self, rank: int, size: int, now: float) -> None:
@@ -170,7 +174,29 @@ class Heartbeats:
             return None
         conn = round_.health_conn()
         assert conn is not None
-        value = conn.get_now(GONE_KEY)
+        return self._word(round_, conn.get_now(GONE_KEY))
+
+    def waits_for_word(self, round_: WatchedRound) -> bool:
+        """Whether :meth:`wait_word` waits on the store (else :meth:`gone_elsewhere` reads)."""
+        return round_.word is not None and not self._gone_refused and self._word_read is not round_
+
+    def wait_word(self, round_: WatchedRound, until: float) -> tuple[int, int] | None:
+        """Wait until ``until`` (``time.monotonic()``) for another node's word that a node
+        stopped beating (:data:`GONE_KEY`), on the round's connection for it
+        (``round_.word``): ``(silent, by)`` the moment it is set, or None (not said by then;
+        this node's own word, or one refused). Once the word is there, every later wait would
+        return at once: it is read once, and not waited for again this round (the caller
+        reads it every beat interval instead: :meth:`gone_elsewhere`). Without that
+        connection, returns None at once."""
+        conn = round_.word
+        if conn is None or not self.waits_for_word(round_):
+            return None
+        if not conn.wait([GONE_KEY], until - time.monotonic()):
+            return None
+        self._word_read = round_
+        return self._word(round_, conn.get_after_wait(GONE_KEY))
+
+    def _word(self, round_: WatchedRound, value: bytes | None) -> tuple[int, int] | None:
         if value is None:
             return None
         fields = value.split() if len(value) <= 24 else []

@@ -84,7 +84,9 @@ if TYPE_CHECKING:
 
 ALIVE_KEY = "numarun/alive/{}"
 NODES_KEY = "numarun/nodes"
-HEALTH = frozenset({"this node's heartbeat", "the next node's heartbeat"})  # _RDZV's, always
+# The rendezvous store's, always (numarun.rendezvous.torchrdzv's health threads).
+HEALTH = frozenset({"this node's heartbeat", "the next node's heartbeat",
+                    "the word that a node is gone"})  # fmt: skip
 _RDZV, _DIAG = "the rendezvous store", "the diagnostics store"
 EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
@@ -132,6 +134,9 @@ class WatchedRound:
         self.diag_store: Any = None if own_diag else store  # where the view's keys are
         self.diag_why: str | None = diagstore.PENDING if own_diag else None
         self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
+        # own: a second one, where numarun-health waits for the word that a node is gone
+        # (liveness.GONE_KEY), woken the moment it is set instead of reading it every second.
+        self.word: Conn | None = None
         # own: the view's store refused a probe, so its host (group rank 0) may be gone: this
         # node then watches that node's beat too (liveness.Heartbeats); it decides nothing.
         self.diag_host_unreachable = False
@@ -398,7 +403,7 @@ class StoreWatch:
             conn.close()
         if round_.own_diag:
             round_.diag_why = "the round's watch ended"
-            round_.health = None
+            round_.health = round_.word = None
 
     def _watch(self, round_: WatchedRound) -> None:
         """The round's watch. Only what the look raises leaves it (the rendezvous's own
