@@ -180,3 +180,44 @@ def test_a_failing_worker_still_tears_the_others_down_with_sigterm(tmp_path: Pat
     assert done.returncode == 3, done.stderr
     assert (out / "0.saved").read_text() == "SIGTERM"
     assert "numarun received" not in done.stderr
+
+
+def test_sigterm_while_a_failure_tears_down_ends_the_job_with_no_restart(tmp_path: Path) -> None:
+    """Rank 1 fails with restarts left; rank 0 is slow to end (its SIGTERM handler holds on);
+    meanwhile the launcher gets SIGTERM (Slurm's scancel, a user giving up). The signal was
+    taken only as a second request: the next attempt started and the job ran on. Now the
+    job ends on it: 128+15, one attempt started."""
+    worker = tmp_path / "fail_slowly.py"
+    worker.write_text(
+        "import os, signal, sys, time\n"
+        "out = sys.argv[1]\n"
+        "with open(os.path.join(out, 'starts'), 'a') as starts:\n"
+        "    starts.write(os.environ['RANK'] + '\\n')\n"
+        "if os.environ['RANK'] == '1':\n"
+        "    while not os.path.exists(os.path.join(out, 'holding')):\n"
+        "        time.sleep(0.05)\n"
+        "    sys.exit(3)\n"
+        "def asked(*args):\n"
+        "    open(os.path.join(out, 'asked'), 'w').close()\n"
+        "signal.signal(signal.SIGTERM, asked)\n"
+        "open(os.path.join(out, 'holding'), 'w').close()\n"
+        "time.sleep(120)\n"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    launcher = subprocess.Popen(
+        [*LAUNCHERS["numarun"], "--nproc-per-node", "2", "--max-restarts", "2", str(worker),
+         str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env(),
+    )  # fmt: skip
+    try:
+        _wait_for(lambda: (out / "asked").exists())  # the failure's teardown has begun
+        launcher.send_signal(signal.SIGTERM)
+        _, stderr = launcher.communicate(timeout=60)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 128 + signal.SIGTERM, stderr
+    assert sorted((out / "starts").read_text().split()) == ["0", "1"], stderr  # no restart
+    assert "exit code 3" in stderr, stderr  # the failure is still named
