@@ -316,16 +316,14 @@ def test_a_silent_node_is_told_on_the_rendezvous_store_and_forged_words_are_one_
     watch.close()
 
 
-@pytest.mark.parametrize("thread_of", ["_watch_health", "_wait_word"])
 @pytest.mark.parametrize("stopping", [False, True])
 def test_numarun_health_reads_nothing_once_this_nodes_round_is_stopping(
-    rendezvous: object, stopping: bool, thread_of: str
+    rendezvous: object, stopping: bool
 ) -> None:
     """A node whose attempt is over (its failure notice posted, or another's read) ends soon,
     and so may the node hosting the rendezvous store: a read of the neighbour's beat then
     failed and said so in a false warning on a job that ended as it should (seen once in the
-    suite at load, on the failed node). Either thread (``numarun-health``, ``numarun-word``)
-    reads while the round runs, not after."""
+    suite at load, on the failed node). The thread reads while the round runs, not after."""
     from numarun.rendezvous import torchrdzv
 
     looked = threading.Event()
@@ -338,11 +336,10 @@ def test_numarun_health_reads_nothing_once_this_nodes_round_is_stopping(
     round_ = WatchedRound(rendezvous, None, 1, 2, lambda result: None, own_diag=True)
     round_.stopping = stopping
     beats = SimpleNamespace(beat_interval=0.05, silent_neighbour=look, gone_elsewhere=look,
-                            wait_word=look, waits_for_word=lambda round_: False)  # fmt: skip
+                            waits_for_word=lambda round_: False)  # fmt: skip
     node = SimpleNamespace(poll_interval=0.05, heartbeats=beats, _barrier=None, change=None,
                            watch=watch, _handler=None)  # fmt: skip
-    thread = threading.Thread(target=getattr(torchrdzv, thread_of), args=(node, round_),
-                              daemon=True)  # fmt: skip
+    thread = threading.Thread(target=torchrdzv._watch_health, args=(node, round_), daemon=True)
     thread.start()
     # Twenty looks' worth of time: enough for a running round's first look at any load.
     assert looked.wait(LIMIT if not stopping else 1.0) is not stopping
@@ -367,16 +364,38 @@ class CountedWaits:
         return getattr(self.inner, name)
 
 
-def health_thread(rendezvous: object, me: int, period: float,
+class Cloning:
+    """The round's store: its clones (the word's connection) count their waits."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+        self.clones: list[CountedWaits] = []
+        self.on_wait: Callable[[], None] = lambda: None
+
+    def clone(self) -> CountedWaits:
+        made = CountedWaits(self.inner.clone())  # type: ignore[attr-defined]
+        made.on_wait = self.on_wait
+        self.clones.append(made)
+        return made
+
+    def waits(self) -> int:
+        return sum(clone.waits for clone in self.clones)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+
+def health_thread(rendezvous: object, period: float, *, unreachable: bool = True,
                   on_wait: Callable[[WatchedRound], None] | None = None) -> tuple:  # fmt: skip
-    """``numarun-word`` of node ``me`` of 3, started, with its reads (where it does not wait)
-    due every ``period`` seconds and its word's connection counting its waits: (thread,
-    round, reports, the counting store)."""
+    """``numarun-health`` of node 1 of 3, started with its reads due every ``period`` seconds
+    (neither its neighbour nor group rank 0 ever beat: none is silent), the view's store
+    refused its probe or not (``unreachable``): (thread, round, reports, the round's store,
+    whose clones count their waits)."""
     import queue
 
     from numarun.cmdline.config import parse_args
     from numarun.rendezvous.liveness import Heartbeats
-    from numarun.rendezvous.torchrdzv import _wait_word
+    from numarun.rendezvous.torchrdzv import _watch_health
 
     config = parse_args(["--nnodes", "3", "--rdzv-backend", "c10d", "--rdzv-endpoint",
                          "127.0.0.1:1", "train.py"])  # fmt: skip
@@ -385,19 +404,18 @@ def health_thread(rendezvous: object, me: int, period: float,
     watch.report = lambda round_, result: reports.put(result)  # type: ignore[method-assign]
     beats = Heartbeats(config, period, watch.note)
     beats.beat_interval = period
-    round_ = WatchedRound(rendezvous, None, me, 3, lambda result: None, own_diag=True)
-    beats.watch_neighbour(me, 3, time.monotonic())
-    round_.health = Conn(rendezvous)
-    round_.word = Conn(rendezvous)
-    counted = CountedWaits(round_.word.store)
+    store = Cloning(rendezvous)
+    round_ = WatchedRound(store, None, 1, 3, lambda result: None, own_diag=True)
     if on_wait is not None:
-        counted.on_wait = lambda: on_wait(round_)
-    round_.word.store = counted
+        store.on_wait = lambda: on_wait(round_)
+    beats.watch_neighbour(1, 3, time.monotonic())
+    round_.health = Conn(rendezvous)
+    round_.diag_host_unreachable = unreachable
     node = SimpleNamespace(poll_interval=period, heartbeats=beats, _barrier=None, change=None,
                            watch=watch, _handler=None)  # fmt: skip
-    thread = threading.Thread(target=_wait_word, args=(node, round_), daemon=True)
+    thread = threading.Thread(target=_watch_health, args=(node, round_), daemon=True)
     thread.start()
-    return thread, round_, reports, counted
+    return thread, round_, reports, store
 
 
 def test_the_word_that_a_node_is_gone_wakes_every_node_when_it_is_set(
@@ -405,24 +423,46 @@ def test_the_word_that_a_node_is_gone_wakes_every_node_when_it_is_set(
 ) -> None:
     """Read once a second on a rendezvous store that torch's traffic saturates, the word
     reached the last of 1,024 nodes about 3 s after the first heard it (the asking node's
-    death: up to 19.3 s against its 19 s bound). ``numarun-word`` waits for it on a
-    connection of its own: here a read would be due every 120 s, and the word set by another
-    node is taken long before the first of them."""
+    death: up to 19.3 s against its 19 s bound). Once the view's store refused a probe (its
+    host may be the node that is gone), ``numarun-word`` waits for it on a connection of its
+    own: here a read would be due every 120 s, and the word set by another node is taken
+    long before the first of them."""
     from numarun.rendezvous.liveness import GONE_KEY
     from numarun.rendezvous.storeresults import REJOIN
 
-    thread, _, reports, counted = health_thread(rendezvous, 1, 120.0)
+    _, round_, reports, store = health_thread(rendezvous, 120.0)
     time.sleep(0.2)  # most likely asleep in its wait by now; either way the word is taken
     rendezvous.set(GONE_KEY, b"0 2")  # type: ignore[attr-defined]
     change = reports.get(timeout=LIMIT)
     assert change.kind == REJOIN and change.message.startswith("node 0 stopped answering")
     assert change.message.endswith("as node 2 saw")
+    assert len(store.clones) == 1 and store.waits() >= 1
+    round_.active = False  # numarun-health ends after its first read's sleep (a daemon)
+
+
+def test_a_healthy_round_makes_no_connection_for_the_word(rendezvous: object) -> None:
+    """A connection per node and round for the word, made at the round's start, doubled the
+    connect storm on the rendezvous store (at 4,096 simulated nodes no node had the view's
+    store within 120 s). It is made once the view's store refused a probe, the one death
+    whose notice that store cannot carry; until then the word is read on the period."""
+    from numarun.rendezvous.liveness import GONE_KEY
+
+    thread, round_, reports, store = health_thread(rendezvous, 0.05, unreachable=False)
+    time.sleep(1.0)  # twenty periods
+    assert store.clones == [] and reports.empty()
+    round_.diag_host_unreachable = True
+    deadline = time.monotonic() + LIMIT
+    while store.waits() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert len(store.clones) == 1 and store.waits() >= 1
+    rendezvous.set(GONE_KEY, b"0 2")  # type: ignore[attr-defined]
+    assert reports.get(timeout=LIMIT).message.endswith("as node 2 saw")
+    round_.active = False
     thread.join(LIMIT)
-    assert not thread.is_alive() and counted.waits >= 1
 
 
 @pytest.mark.parametrize("word", [b"1 1", b"zero two"])
-def test_a_word_numarun_health_does_not_take_is_not_waited_for_again(
+def test_a_word_numarun_word_does_not_take_is_not_waited_for_again(
     rendezvous: object, word: bytes, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """A word that is this node's own (it said it already) or not in numarun's form (named
@@ -432,14 +472,14 @@ def test_a_word_numarun_health_does_not_take_is_not_waited_for_again(
     from numarun.rendezvous.liveness import GONE_KEY
 
     rendezvous.set(GONE_KEY, word)  # type: ignore[attr-defined]
-    thread, round_, reports, counted = health_thread(rendezvous, 1, 0.1)
+    thread, round_, reports, store = health_thread(rendezvous, 0.1)
     time.sleep(1.0)  # ten periods
     round_.active = False
     thread.join(LIMIT)
     assert not thread.is_alive() and reports.empty()
-    assert counted.waits == 1
+    assert store.waits() == 1
     err = capsys.readouterr().err
-    assert ("ignored this round" in err) is (word == b"zero two"), err
+    assert err.count("ignored this round") == (word == b"zero two"), err
 
 
 @pytest.mark.parametrize("over", [False, True])
@@ -449,26 +489,27 @@ def test_a_failed_wait_for_the_word_is_one_line_unless_the_round_was_over_by_the
     """A wait for the word lasts 2 s; the rendezvous store may go away meanwhile with the node
     that hosts it, at the job's end (seen on the failed node of a finished-and-failed job: a
     false warning). A failed wait is one line on a round that runs, none on one that was
-    over by the time it failed; either way the thread does not spin on the failing store."""
+    over by the time it failed; either way the word is not waited for again (the thread
+    does not spin on the failing store): numarun-health reads it on the period."""
 
     def store_goes(round_: WatchedRound) -> None:
         if over:
             round_.stopping = True  # this node's notice posted while it waited
         raise RuntimeError("Connection reset by peer")
 
-    thread, round_, _, counted = health_thread(rendezvous, 1, 0.1, store_goes)
+    thread, round_, _, store = health_thread(rendezvous, 0.1, on_wait=store_goes)
     time.sleep(1.0)
     round_.active = False
     thread.join(LIMIT)
     assert not thread.is_alive()
+    assert store.waits() == 1 and round_.word is None
     err = capsys.readouterr().err.splitlines()
     if over:
-        assert err == [] and counted.waits == 1
+        assert err == []
     else:
         assert err == ["numarun: warning: the rendezvous store: the word that a node is gone: "
                        "unavailable on this node (RuntimeError: Connection reset by peer); the "
                        "training goes on"]  # fmt: skip
-        assert 1 <= counted.waits <= 2  # a failed wait: the rest of its 2 s asleep
 
 
 def test_numarun_health_reads_are_due_a_period_after_the_last_began_not_after_it_ended() -> None:

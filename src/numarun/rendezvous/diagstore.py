@@ -14,9 +14,8 @@ notices, merges, frames) waited 5-11 s per event (docs/measurements.md, issue 29
   host name only when that fails. The server is closed once the next round formed, or at the
   node's end: a late reader of the old round never meets a refused connection mid-round.
 - every node (rank 0 too, as a client) connects in a background thread, ``numarun-connect``
-  (:func:`connect_round`): first its own two connections to the rendezvous store (the
-  heartbeat's, :mod:`numarun.rendezvous.liveness`, until it is made beats go on torch's
-  connection; and the one where ``numarun-health`` waits for the word that a node is gone), then
+  (:func:`connect_round`): first its own connection to the rendezvous store (the heartbeat's,
+  :mod:`numarun.rendezvous.liveness`; until it is made beats go on torch's connection), then
   the address read with a bounded wait (:data:`ADDRESS_WAIT`), checked as untrusted
   (:func:`parse_address`), and two connections to the diagnostics store made within
   :data:`STORM_WINDOW` seconds: first attempts spread over up to :data:`SPREAD` seconds at
@@ -241,14 +240,11 @@ def read_address(conn: Conn, wait: float = ADDRESS_WAIT) -> tuple[str, int]:
 
 class Connected:
     """What :func:`connect_round` made: ``health`` (the heartbeat's connection to the rendezvous
-    store) and ``word`` (a second one, where ``numarun-word`` waits for
-    :data:`numarun.rendezvous.liveness.GONE_KEY`), each None when it could not be made;
-    ``events`` and ``posts`` (two connections to the diagnostics store, None when
-    unavailable), ``why`` (the one line's reason then)."""
+    store, None when it could not be made), ``events`` and ``posts`` (two connections to the
+    diagnostics store, None when unavailable), ``why`` (the one line's reason then)."""
 
     def __init__(self) -> None:
         self.health: Conn | None = None
-        self.word: Conn | None = None
         self.events: Conn | None = None
         self.posts: Conn | None = None
         self.store: Any = None
@@ -270,8 +266,6 @@ def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
         made.health = Conn(rendezvous_store)
         if not made.health.own:  # torch cannot clone: the address read on torch's connection
             made.health = None
-        else:
-            made.word = _second_clone(rendezvous_store)
         reader = made.health or Conn(rendezvous_store, clone=False)
         if not active():
             made.why = "the round ended first"
@@ -301,16 +295,6 @@ def connect_round(rendezvous_store: Any, *, spread: float = SPREAD,
     return made
 
 
-def _second_clone(rendezvous_store: Any) -> Conn | None:
-    """The word's connection (:class:`Connected`), or None when it cannot be made: the word
-    is then read every second on the heartbeat's, as it was before it had one."""
-    try:
-        conn = Conn(rendezvous_store)
-    except Exception:
-        return None
-    return conn if conn.own else None
-
-
 def connecting(watch: StoreWatch, round_: WatchedRound) -> None:
     """The ``numarun-connect`` thread of a round whose view has a store of its own
     (:func:`connect_round`); the connections are handed to the round's store thread through
@@ -323,7 +307,7 @@ def connecting(watch: StoreWatch, round_: WatchedRound) -> None:
     def take(current: WatchedRound) -> None:
         if current is not round_ or not round_.active:
             return  # the round is over: its connections go with this closure
-        round_.health, round_.word = made.health, made.word
+        round_.health = made.health
         with watch.lock:  # StoreWatch.post defers a post under it while this node connects
             deferred, round_.deferred = round_.deferred, []
             if made.events is None:

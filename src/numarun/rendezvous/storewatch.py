@@ -134,8 +134,8 @@ class WatchedRound:
         self.diag_store: Any = None if own_diag else store  # where the view's keys are
         self.diag_why: str | None = diagstore.PENDING if own_diag else None
         self.health: Conn | None = None  # own: the heartbeat's own connection to the rendezvous
-        # own: a second one, where numarun-health waits for the word that a node is gone
-        # (liveness.GONE_KEY), woken the moment it is set instead of reading it every second.
+        # own: a second one, where numarun-word waits for the word that a node is gone
+        # (liveness.GONE_KEY), made once the view's store refused a probe (torchrdzv).
         self.word: Conn | None = None
         # own: the view's store refused a probe, so its host (group rank 0) may be gone: this
         # node then watches that node's beat too (liveness.Heartbeats); it decides nothing.

@@ -320,8 +320,8 @@ class ElasticNode:
         self.watched_round = round_
         self.watch.begin(supervisor, round_)
         if self.own_diag:
-            for watch, name in ((_watch_health, "numarun-health"), (_wait_word, "numarun-word")):
-                threading.Thread(target=watch, args=(self, round_), name=name, daemon=True).start()
+            threading.Thread(target=_watch_health, args=(self, round_), name="numarun-health",
+                             daemon=True).start()  # fmt: skip
 
     def unwatch(self) -> None:
         """The attempt's run is over: its results no longer go to the supervisor's loop; the
@@ -649,19 +649,30 @@ def _because(notice: str | None) -> str:
 
 
 def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
-    """With the view's store apart (``own``): the neighbour's beat read every beat interval (1
-    s: a node's death known everywhere within the silence plus two of them, where looks 2 s
-    apart made it 3 to 4 s more), in a thread of its own, neither in the look's thread
-    (torch's handler spaces its looks out: its lock, held for seconds by the keep-alive's
-    retries on a saturated store) nor in the store thread (a read on the rendezvous store
-    would hold up the view's events). The reads are due every beat interval from the first
-    on (:func:`liveness.next_read`), not a beat interval after the last one ended: on a store
-    that torch's traffic saturates, each read takes a good part of a second. The word that
-    another node saw one gone is :func:`_wait_word`'s."""
+    """With the view's store apart (``own``): the neighbour's beat and the word that a node
+    is gone (:data:`liveness.GONE_KEY`) read every beat interval (1 s: a node's death known
+    everywhere within the silence plus two of them, where looks 2 s apart made it 3 to 4 s
+    more), in a thread of its own, neither in the look's thread (torch's handler spaces its
+    looks out: its lock, held for seconds by the keep-alive's retries on a saturated store)
+    nor in the store thread (a read on the rendezvous store would hold up the view's events).
+    The reads are due every beat interval from the first on (:func:`liveness.next_read`), not
+    a beat interval after the last one ended: on a store that torch's traffic saturates, each
+    read takes a good part of a second.
+
+    Once a call on the view's store failed (the round's events: every node's at once when
+    that store's host, group rank 0, is gone, the one death whose notice that store cannot
+    carry), the word is waited for by ``numarun-word`` (:func:`_wait_word`) instead of read
+    here."""
     period = min(node.poll_interval, node.heartbeats.beat_interval)
     due = time.monotonic()
     what, beats = "the next node's heartbeat", node.heartbeats
+    waiting = False  # numarun-word started (once per round)
     while True:
+        view_failed = round_.diag_host_unreachable or round_.events_down
+        if view_failed and not waiting and not _quiet(node, round_):
+            waiting = True
+            threading.Thread(target=_wait_word, args=(node, round_), name="numarun-word",
+                             daemon=True).start()  # fmt: skip
         due = next_read(due, time.monotonic(), period)
         time.sleep(max(0.0, due - time.monotonic()))
         if not round_.active:
@@ -675,6 +686,13 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
             # What raises here is one line (guarded), never a thread's traceback.
             node.watch.guarded(round_, what, _report_silent, node, round_, silent)
             return
+        if beats.waits_for_word(round_):
+            continue
+        gone = node.watch.tolerant(round_, what, beats.gone_elsewhere, round_)
+        if gone is not None:
+            line = f"{_silent_line(node, gone[0])}, as node {gone[1]} saw"
+            node.watch.report(round_, Change(REJOIN, line))
+            return
 
 
 WORD_WAIT = 2.0
@@ -684,36 +702,36 @@ end the thread and its connection may stay; each wait that times out costs two r
 
 
 def _wait_word(node: ElasticNode, round_: WatchedRound) -> None:
-    """``numarun-word``, with the view's store apart (``own``): the word that another node saw
-    one gone (:data:`liveness.GONE_KEY`), waited for on a connection of its own
-    (``round_.word``, made by ``numarun-connect``) and taken the moment it is set. Read once a
-    second in ``numarun-health`` between its reads, on a store that torch's traffic saturates,
-    it reached the last of 1,024 nodes about 3 s after the first had it: past the asking
-    node's death's 19 s bound. Until that connection is made, or where it cannot be, or once
-    the word's wait returned (a word not taken stays there: waiting again would return at
-    once), it is read every beat interval instead."""
-    period = min(node.poll_interval, node.heartbeats.beat_interval)
+    """``numarun-word``: the word that another node saw one gone (:data:`liveness.GONE_KEY`),
+    waited for on a connection of its own to the rendezvous store (``round_.word``, made here)
+    and taken the moment it is set. Started by ``numarun-health`` once a call on the view's
+    store failed: its host, group rank 0, may be gone, and then the word is the only news of
+    it (its notice went to the dead node's store). Read once a second on a store that
+    torch's traffic saturates, the word reached the last of 1,024 nodes about 3 s after the
+    first had it: past the asking node's death's 19 s bound. Made only then, the connection
+    costs nothing in a healthy round (at a round's start it would double the connect storm on
+    the rendezvous store). Where it cannot be made, or once the word's wait returned (a word
+    not taken stays there: waiting again would return at once), ``numarun-health`` reads it
+    every beat interval."""
     what, beats = "the word that a node is gone", node.heartbeats
+    conn = node.watch.tolerant(round_, what, Conn, round_.store)
+    if conn is None or not conn.own or not round_.active:
+        return
+    round_.word = conn
     while round_.active:
         heard = None
-        if _quiet(node, round_):
-            time.sleep(period)
-            continue
-        if beats.waits_for_word(round_):
-            until = time.monotonic() + WORD_WAIT
-            try:
-                heard = beats.wait_word(round_, until)
-            except Exception as error:
-                # Over meanwhile, the round's store may have gone with the node that hosts
-                # it (the job's end): a line then would be a false warning.
-                if round_.active and not _quiet(node, round_):
-                    node.watch.unavailable(round_, what, error)
-            if heard is None:  # a wait that failed returns early: never a loop that spins
-                time.sleep(max(0.0, until - time.monotonic()))
-        else:
-            time.sleep(period)
+        if _quiet(node, round_) or not beats.waits_for_word(round_):
+            return  # the round is over for this node, or numarun-health reads the word
+        until = time.monotonic() + WORD_WAIT
+        try:
+            heard = beats.wait_word(round_, until)
+        except Exception as error:
+            # Over meanwhile, the round's store may have gone with the node that hosts it
+            # (the job's end): a line then would be a false warning.
             if round_.active and not _quiet(node, round_):
-                heard = node.watch.tolerant(round_, what, beats.gone_elsewhere, round_)
+                node.watch.unavailable(round_, what, error)
+            round_.word = None  # numarun-health reads it from now on
+            return
         if heard is not None and round_.active and not _quiet(node, round_):
             line = f"{_silent_line(node, heard[0])}, as node {heard[1]} saw"
             node.watch.report(round_, Change(REJOIN, line))
@@ -721,10 +739,10 @@ def _wait_word(node: ElasticNode, round_: WatchedRound) -> None:
 
 
 def _quiet(node: ElasticNode, round_: WatchedRound) -> bool:
-    """Whether ``numarun-health`` reads nothing now: the exit barrier's look reads the
-    neighbour's beat; a change ends the round; a stopping round is over for this node (its
-    notice posted, or another's read), and the store may go with the node that hosts it: a
-    read then would only say so in a false warning."""
+    """Whether ``numarun-health`` and ``numarun-word`` read nothing now: the exit barrier's
+    look reads the neighbour's beat; a change ends the round; a stopping round is over for
+    this node (its notice posted, or another's read), and the store may go with the node that
+    hosts it: a read then would only say so in a false warning."""
     return node._barrier is not None or node.change is not None or round_.stopping
 
 
