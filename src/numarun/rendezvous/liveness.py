@@ -49,10 +49,11 @@ then the other nodes' digests: 3.5 s at most) stays below it."""
 _LOOKS_PER_SECOND = 400.0  # counters read per second while waiting in the join, at most
 GONE_KEY = "numarun/gone"
 """With the whole-job view on a store of its own: ``<silent node> <by node>``, set on the
-rendezvous store (the round's prefix) by the node that saw its neighbour silent, waited for by
-every other node's ``numarun-health`` thread on a connection of its own (the wait woken when it
-is set; where that connection could not be made, read every second). The notice on the view's
-store cannot be the only word: that store is group rank 0's, and dies with it."""
+rendezvous store (the round's prefix) by the node that saw its neighbour silent, read by every
+other node's ``numarun-health`` thread every second (one ``check``) and, once a call on the
+view's store failed, waited for by its ``numarun-word`` on a connection of its own (woken when
+it is set). The notice on the view's store cannot be the only word: that store is group rank
+0's, and dies with it."""
 
 
 def next_read(previous: float, now: float, period: float) -> float:

@@ -690,8 +690,7 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
             continue
         gone = node.watch.tolerant(round_, what, beats.gone_elsewhere, round_)
         if gone is not None:
-            line = f"{_silent_line(node, gone[0])}, as node {gone[1]} saw"
-            node.watch.report(round_, Change(REJOIN, line))
+            _report_word(node, round_, gone)
             return
 
 
@@ -718,24 +717,31 @@ def _wait_word(node: ElasticNode, round_: WatchedRound) -> None:
     if conn is None or not conn.own or not round_.active:
         return
     round_.word = conn
-    while round_.active:
-        heard = None
-        if _quiet(node, round_) or not beats.waits_for_word(round_):
-            return  # the round is over for this node, or numarun-health reads the word
-        until = time.monotonic() + WORD_WAIT
-        try:
-            heard = beats.wait_word(round_, until)
-        except Exception as error:
-            # Over meanwhile, the round's store may have gone with the node that hosts it
-            # (the job's end): a line then would be a false warning.
-            if round_.active and not _quiet(node, round_):
-                node.watch.unavailable(round_, what, error)
-            round_.word = None  # numarun-health reads it from now on
-            return
-        if heard is not None and round_.active and not _quiet(node, round_):
-            line = f"{_silent_line(node, heard[0])}, as node {heard[1]} saw"
-            node.watch.report(round_, Change(REJOIN, line))
-            return
+    try:
+        while round_.active:
+            if _quiet(node, round_) or not beats.waits_for_word(round_):
+                return  # the round is over for this node, or numarun-health reads the word
+            try:
+                heard = beats.wait_word(round_, time.monotonic() + WORD_WAIT)
+            except Exception as error:
+                # Over meanwhile, the round's store may have gone with the node that hosts it
+                # (the job's end): a line then would be a false warning.
+                if round_.active and not _quiet(node, round_):
+                    node.watch.unavailable(round_, what, error)
+                return
+            if heard is not None and round_.active and not _quiet(node, round_):
+                _report_word(node, round_, heard)
+                return
+    finally:
+        # The thread's connection, closed with it (a round kept after its end keeps none);
+        # numarun-health reads the word from now on, where it still matters.
+        round_.word = None
+
+
+def _report_word(node: ElasticNode, round_: WatchedRound, word: tuple[int, int]) -> None:
+    """Re-form on another node's word ``(silent, by)`` (:data:`liveness.GONE_KEY`)."""
+    line = f"{_silent_line(node, word[0])}, as node {word[1]} saw"
+    node.watch.report(round_, Change(REJOIN, line))
 
 
 def _quiet(node: ElasticNode, round_: WatchedRound) -> bool:
