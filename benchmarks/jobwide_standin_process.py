@@ -202,9 +202,10 @@ class StandInProcess:
     def cascade(self, window: float) -> dict:
         """Every stand-in's rank 0 fails at a random moment within ``window`` seconds."""
         rng = random.Random(self.first)
+        start = time.monotonic()
         for stand_in in self.stand_ins.values():
             self.host.loop.call_later(window * rng.random(), stand_in.fail)
-        return {"t0": time.monotonic()}
+        return {"t0": start}
 
     def fault(self, kind: str, node: int | None) -> dict:
         """Arm a launcher's death (``kind``; ``node``, when in this process, or any node that
@@ -243,8 +244,9 @@ class StandInProcess:
                 state="answer", known=product.protocol.state(round_).classes)  # fmt: skip
             product.protocol.publish(stand_in.node.watch, round_, frames, round_.conn)
 
+        start = time.monotonic()
         stand_in.node.watch.queue(publish)
-        return {"t0": time.monotonic()}
+        return {"t0": start}
 
     def command(self, request: dict) -> object:
         op = request["op"]
@@ -256,13 +258,17 @@ class StandInProcess:
             return self.begin(request.get("limit", 120.0))
         if op == "snapshot":
             return self.snapshot(bool(request.get("reset")))
+        # An event's start is read before it is set off: read after, a busy machine can
+        # deschedule this thread until the event has reached a node (counted as before it).
         if op in ("ask", "fail") and request["node"] in self.stand_ins:
+            start = time.monotonic()
             getattr(self.stand_ins[request["node"]], op)()
-            return {"t0": time.monotonic()}
+            return {"t0": start}
         if op == "freeze":
+            start = time.monotonic()
             for stand_in in self.stand_ins.values():
                 stand_in.freeze()
-            return {"t0": time.monotonic()}
+            return {"t0": start}
         if op == "times":
             return self.times(request["kind"])
         if op == "state":

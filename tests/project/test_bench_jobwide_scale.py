@@ -38,7 +38,10 @@ def test_the_simulation_runs_every_round_and_fault_at_four_nodes(tmp_path: Path)
     events = results["events"]
     # The stacks: the asking node alone has the merged result (no other node reads it).
     assert [events[name]["reached"] for name in ("stacks", "verdict", "notice")] == [1, 4, 3]
-    assert all(results[f"{name}_s"] is not None for name in ("stacks", "verdict", "notice"))
+    for name in ("stacks", "verdict", "notice"):
+        event = events[name]
+        assert results[f"{name}_s"] is not None, (name, event.get("why"),
+                                                  results["stop_reasons"])
     assert results["torch_bytes_per_node_s"] > results["torch_state_bytes"] / 5  # syncs ran
     assert results["cascade"]["reached"] == 4  # the round over for every node
     assert results["cascade"]["notices_read_per_node"]["max"] <= 1  # the first, no later one
