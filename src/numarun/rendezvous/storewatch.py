@@ -84,9 +84,13 @@ if TYPE_CHECKING:
 
 ALIVE_KEY = "numarun/alive/{}"
 NODES_KEY = "numarun/nodes"
-# The rendezvous store's, always (numarun.rendezvous.torchrdzv's health threads).
-HEALTH = frozenset({"this node's heartbeat", "the next node's heartbeat",
-                    "the word that a node is gone"})  # fmt: skip
+# What the health calls are named by (StoreWatch.tolerant's ``what``): on the rendezvous
+# store, always (numarun.rendezvous.torchrdzv's health threads). One name each, so that a
+# call named otherwise cannot be taken for the diagnostics store's.
+OWN_BEAT = "this node's heartbeat"
+NEXT_BEAT = "the next node's heartbeat"
+GONE_WORD = "the word that a node is gone"
+HEALTH = frozenset({OWN_BEAT, NEXT_BEAT, GONE_WORD})
 _RDZV, _DIAG = "the rendezvous store", "the diagnostics store"
 EVENTS_FIRST = 1.0  # seconds a look's results wait for the store thread to read the events first
 EVENTS = "the round's events (other nodes' notices, stacks requests, hang verdicts)"
@@ -433,7 +437,7 @@ class StoreWatch:
             self._run_work(round_)
             now = time.monotonic()
             if beat is not None and now >= next_beat:
-                self.tolerant(round_, "this node's heartbeat", beat[1], round_, round_.conn)
+                self.tolerant(round_, OWN_BEAT, beat[1], round_, round_.conn)
                 next_beat = time.monotonic() + beat[0]
             wake = min(next_look, next_beat) if beat is not None else next_look
             if now >= next_look and round_.own_diag:  # the look is numarun-look's
@@ -523,13 +527,13 @@ class StoreWatch:
             if round_.own_diag:  # the rendezvous store, never the diagnostics store's turns
                 conn = round_.health_conn()
                 if conn is not None:
-                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+                    self.tolerant(round_, OWN_BEAT, beat, round_, conn)
             else:
                 with round_.post_lock:
                     conn = round_.poster
                     if conn is None or not round_.active:
                         return
-                    self.tolerant(round_, "this node's heartbeat", beat, round_, conn)
+                    self.tolerant(round_, OWN_BEAT, beat, round_, conn)
             deadline = time.monotonic() + interval
             with self._cond:  # woken early by anything that notifies: waits on to the beat
                 while round_.active and (left := deadline - time.monotonic()) > 0:

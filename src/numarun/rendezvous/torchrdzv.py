@@ -61,7 +61,7 @@ from numarun.rendezvous.storeops import (
     store_gone,
 )
 from numarun.rendezvous.storeresults import END, REJOIN, Change, Lost, Notice
-from numarun.rendezvous.storewatch import StoreWatch, WatchedRound
+from numarun.rendezvous.storewatch import GONE_WORD, NEXT_BEAT, StoreWatch, WatchedRound
 from numarun.rendezvous.waiting import CONNECTING, IMPORTING, JOINING, TICK, Waiting
 
 if TYPE_CHECKING:
@@ -347,8 +347,8 @@ class ElasticNode:
         (the neighbour's heartbeat, the silent neighbour's notice) that fail are one line."""
         barrier = self._barrier
         if barrier is not None:
-            silent = self.watch.tolerant(round_, "the next node's heartbeat",
-                                         self.heartbeats.look, round_, self._handler)  # fmt: skip
+            silent = self.watch.tolerant(round_, NEXT_BEAT, self.heartbeats.look, round_,
+                                         self._handler)  # fmt: skip
             why = barrier.look(round_, self._handler.is_closed, silent)
             if why == "closed":
                 return [Change(END, f"{self.where} was closed by another node")]
@@ -358,7 +358,7 @@ class ElasticNode:
         waiting = self._handler.num_nodes_waiting()
         closed = self._handler.is_closed()  # served from the state just synced
         silent = None if round_.own_diag else self.watch.tolerant(  # own: _watch_health's
-            round_, "the next node's heartbeat", self.heartbeats.look, round_, self._handler)
+            round_, NEXT_BEAT, self.heartbeats.look, round_, self._handler)
         if closed:
             message = f"{self.where} was closed by another node" + _because(self.last_notice)
             return [Change(END, message)]
@@ -665,7 +665,7 @@ def _watch_health(node: ElasticNode, round_: WatchedRound) -> None:
     here."""
     period = min(node.poll_interval, node.heartbeats.beat_interval)
     due = time.monotonic()
-    what, beats = "the next node's heartbeat", node.heartbeats
+    what, beats = NEXT_BEAT, node.heartbeats
     waiting = False  # numarun-word started (once per round)
     while True:
         view_failed = round_.diag_host_unreachable or round_.events_down
@@ -712,7 +712,7 @@ def _wait_word(node: ElasticNode, round_: WatchedRound) -> None:
     the rendezvous store). Where it cannot be made, or once the word's wait returned (a word
     not taken stays there: waiting again would return at once), ``numarun-health`` reads it
     every beat interval."""
-    what, beats = "the word that a node is gone", node.heartbeats
+    what, beats = GONE_WORD, node.heartbeats
     conn = node.watch.tolerant(round_, what, Conn, round_.store)
     if conn is None or not conn.own or not round_.active:
         return
@@ -766,6 +766,5 @@ def _report_silent(node: ElasticNode, round_: WatchedRound, silent: int) -> None
     fails, after a probe: seconds when its machine is gone). torch's wait list tells the
     others too, once this node re-joins, later on a saturated store."""
     node.watch.report(round_, Change(REJOIN, _silent_line(node, silent)))
-    node.watch.tolerant(round_, "the next node's heartbeat", node.heartbeats.say_gone, round_,
-                        silent)  # fmt: skip
+    node.watch.tolerant(round_, NEXT_BEAT, node.heartbeats.say_gone, round_, silent)
     node._announce_silent(round_, silent)
