@@ -84,8 +84,12 @@ def real_dump(tmp_path: Path, mode: str, name: str) -> tuple[str, bytes]:
         assert proc.stdout is not None
         seen = proc.stdout.readline()
         armed(proc.pid)
-        where = {"elsewhere": b"park_elsewhere", "deep": b"  ...", "many-threads": b"\n...\n"}
-        marker = where.get(mode, b"park_main_here")
+        # What the main thread's part of the dump holds once it is parked (deep: truncated,
+        # and parked: while it still recurses past faulthandler's 100 frames, it is truncated
+        # with recurse innermost).
+        where = {"elsewhere": (b"park_elsewhere",), "deep": (b"park_main_here", b"  ..."),
+                 "many-threads": (b"\n...\n",)}  # fmt: skip
+        markers = where.get(mode, (b"park_main_here",))
         deadline = time.monotonic() + 20
         while True:  # until the main thread has reached its parking place
             dump.write_bytes(b"")
@@ -98,7 +102,8 @@ def real_dump(tmp_path: Path, mode: str, name: str) -> tuple[str, bytes]:
                 time.sleep(0.01)
             time.sleep(0.1)  # nothing more comes
             assert dump.read_bytes() == data
-            if marker in data.rsplit(b"(most recent call first):", 1)[-1]:
+            main = data.rsplit(b"(most recent call first):", 1)[-1]
+            if all(marker in main for marker in markers):
                 return seen, data
             assert time.monotonic() < deadline, data
             time.sleep(0.05)

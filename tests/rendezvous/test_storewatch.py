@@ -117,6 +117,23 @@ def test_numarun_connections_are_closed_with_their_round(make_job: Callable[...,
     assert sockets() <= before - 2  # the round's two connections (its waits and its posts)
 
 
+
+@pytest.mark.parametrize("watched", [True, False])
+def test_events_that_failed_are_said_only_while_their_round_is_watched(
+    watched: bool, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A read of the round's events that failed is said after the next look; once the
+    round's watch ended (a job's end, where the store goes away with the node that hosts
+    it), nothing: the line would be a false warning, printed as the launcher exits."""
+    watch = storewatch.StoreWatch(INTERVAL, lambda round_: [])
+    round_ = storewatch.WatchedRound(None, None, 1, 2, lambda result: None)
+    round_.trouble = (storewatch.EVENTS, RuntimeError("Failed to recv, got 0 bytes"))
+    round_.active = watched
+    watch._say_trouble(round_)
+    err = capfd.readouterr().err
+    assert (storewatch.EVENTS in err) == watched, err
+    assert round_.trouble is None  # said or dropped, once
+
 # --- posting an event, reading a counter ---------------------------------------------------------
 
 

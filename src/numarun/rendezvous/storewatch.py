@@ -498,10 +498,15 @@ class StoreWatch:
             round_.events_down = True
 
     def _say_trouble(self, round_: WatchedRound) -> None:
+        """The round's events' trouble, in one line, while the round is watched: once its
+        watch ended (the job's end, the next round), a read of its events that failed is of
+        no use, and at a job's end the store goes away with the node that hosts it (the line
+        would be a false warning)."""
         if round_.trouble is not None:
             what, error = round_.trouble
             round_.trouble = None
-            self.unavailable(round_, what, error)
+            if round_.active:
+                self.unavailable(round_, what, error)
 
     def _sleep(self, round_: WatchedRound, until: float) -> None:
         with self._cond:
