@@ -385,6 +385,14 @@ class Cloning:
         return getattr(self.inner, name)
 
 
+def first_wait(store: Cloning) -> None:
+    """Until ``numarun-word`` began its first wait on one of ``store``'s clones, or ``LIMIT``
+    seconds (the thread starts late on a busy machine: a fixed sleep counted none)."""
+    deadline = time.monotonic() + LIMIT
+    while store.waits() == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def health_thread(rendezvous: object, period: float, *, unreachable: bool = True,
                   on_wait: Callable[[WatchedRound], None] | None = None) -> tuple:  # fmt: skip
     """``numarun-health`` of node 1 of 3, started with its reads due every ``period`` seconds
@@ -451,9 +459,7 @@ def test_a_healthy_round_makes_no_connection_for_the_word(rendezvous: object) ->
     time.sleep(1.0)  # twenty periods
     assert store.clones == [] and reports.empty()
     round_.diag_host_unreachable = True
-    deadline = time.monotonic() + LIMIT
-    while store.waits() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    first_wait(store)
     assert len(store.clones) == 1 and store.waits() >= 1
     rendezvous.set(GONE_KEY, b"0 2")  # type: ignore[attr-defined]
     assert reports.get(timeout=LIMIT).message.endswith("as node 2 saw")
@@ -473,9 +479,7 @@ def test_a_word_numarun_word_does_not_take_is_not_waited_for_again(
 
     rendezvous.set(GONE_KEY, word)  # type: ignore[attr-defined]
     thread, round_, reports, store = health_thread(rendezvous, 0.1)
-    deadline = time.monotonic() + LIMIT  # numarun-word's one wait: late on a busy machine
-    while store.waits() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    first_wait(store)
     time.sleep(1.0)  # ten periods more, in which it is not waited for again
     round_.active = False
     thread.join(LIMIT)
@@ -501,9 +505,7 @@ def test_a_failed_wait_for_the_word_is_one_line_unless_the_round_was_over_by_the
         raise RuntimeError("Connection reset by peer")
 
     thread, round_, _, store = health_thread(rendezvous, 0.1, on_wait=store_goes)
-    deadline = time.monotonic() + LIMIT  # numarun-word's one wait: late on a busy machine
-    while store.waits() == 0 and time.monotonic() < deadline:
-        time.sleep(0.05)
+    first_wait(store)
     time.sleep(1.0)  # ten periods more, in which it is not waited for again
     round_.active = False
     thread.join(LIMIT)

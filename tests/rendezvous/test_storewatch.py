@@ -117,7 +117,6 @@ def test_numarun_connections_are_closed_with_their_round(make_job: Callable[...,
     assert sockets() <= before - 2  # the round's two connections (its waits and its posts)
 
 
-
 @pytest.mark.parametrize("watched", [True, False])
 def test_events_that_failed_are_said_only_while_their_round_is_watched(
     watched: bool, capfd: pytest.CaptureFixture[str]
@@ -133,6 +132,7 @@ def test_events_that_failed_are_said_only_while_their_round_is_watched(
     err = capfd.readouterr().err
     assert (storewatch.EVENTS in err) == watched, err
     assert round_.trouble is None  # said or dropped, once
+
 
 # --- posting an event, reading a counter ---------------------------------------------------------
 
